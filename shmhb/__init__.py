@@ -1,0 +1,31 @@
+"""shmhb: a shared-memory liveness board for co-located workers.
+
+Workers register a slot in their host's board and beat; any local process reads the
+board lock-free to learn whether a worker (local or on a followed remote host) is
+alive, suspect, dead, left, or unknown, and which incarnation it is.
+"""
+
+from __future__ import annotations
+
+from .board import Board
+from .clock import FakeClock, MonotonicClock
+from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
+from .errors import (
+    BoardCorrupt, BoardExists, BoardFull, BoardNotFound, BoardPermissionError,
+    BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidConfig, InvalidKey,
+    InvalidName, KeyInUse, LockTimeout, ProtocolError, ShmhbError, StaleBoard,
+    WatchTableFull,
+)
+from .heartbeat import Heartbeat
+from .status import AgentStatus, PeerStatus, SlotStatus, Status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentConfig", "AgentStatus", "Board", "BoardCorrupt", "BoardExists", "BoardFull",
+    "BoardNotFound", "BoardPermissionError", "BoardSpaceError", "BoardVersionMismatch",
+    "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
+    "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
+    "MonotonicClock", "PeerStatus", "PingerConfig", "Policy", "ProtocolError", "ShmhbError",
+    "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__",
+]

@@ -1,0 +1,342 @@
+"""The host agent role: one process per host watches local workers (and, with the
+network half, remote hosts) and writes verdicts into the board.
+
+Election: the role is an OFD lock on the board (``LOCK_AGENT``); the kernel drops it
+when its holder dies, and a standby polling every ``election_poll_s`` takes over.  Each
+takeover bumps ``agent_term``, so the agent's words name the term that wrote them.
+The role runs as ``shmhb pinger`` or embedded in a worker (a daemon thread started by
+``Board.register``), and behaves the same either way: the pinger's settings come from
+the board, not from the command line of whoever holds the role.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Protocol
+
+import zmq
+
+from . import locks
+from .board import Board
+from .clock import MONOTONIC, Clock
+from .config import AgentConfig
+from .layout import (
+    HEADER_DTYPE, INC_SHIFT, LEFT_BIT, LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, STAT_NAMES,
+    TS_SHIFT, pack_agent_id, pack_hb, pack_verdict,
+)
+from .procinfo import own_pid_namespace, pidfd_open, start_time
+
+log = logging.getLogger(__name__)
+
+_STAT = {n: i for i, n in enumerate(STAT_NAMES)}
+
+
+class Component(Protocol):
+    """A part of the agent's loop: sockets or fds to poll, and a periodic tick."""
+
+    def pollables(self) -> list[zmq.Socket | int]: ...
+    def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None: ...
+    def tick(self, now_ns: int, late_ns: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class AgentWriter:
+    """What the role holder may write into the header: its words and its counters."""
+
+    def __init__(self, board: Board, term: int) -> None:
+        self.board = board
+        self.term = term
+        q = board._q
+        fields = HEADER_DTYPE.fields
+        self._q = q
+        self._hb_i = fields["agent_hb"][1] // 8
+        self._gen_i = fields["agent_gen"][1] // 8
+        self._late_i = fields["agent_lateness_us"][1] // 8
+        self._stats0 = fields["stats"][1] // 8
+        q[fields["agent_id"][1] // 8] = pack_agent_id(term, os.getpid())
+
+    def alive(self, now_ns: int) -> None:
+        self._q[self._hb_i] = pack_hb(self.term, now_ns >> TS_SHIFT)
+
+    def left(self, now_ns: int) -> None:
+        self._q[self._hb_i] = pack_hb(self.term, now_ns >> TS_SHIFT, left=True)
+
+    def changed(self) -> None:
+        """Bump the change counter readers use to skip work when nothing moved."""
+        self._q[self._gen_i] = self._q[self._gen_i] + 1
+
+    def count(self, stat: str, n: int = 1) -> None:
+        i = self._stats0 + _STAT[stat]
+        self._q[i] = self._q[i] + n
+
+    def lateness(self, late_us: int) -> None:
+        self._q[self._late_i] = late_us
+
+
+class _Watched:
+    __slots__ = ("tag", "pid", "pidfd", "done")
+
+    def __init__(self, tag: int, pid: int, pidfd: int | None, done: bool) -> None:
+        self.tag, self.pid, self.pidfd, self.done = tag, pid, pidfd, done
+
+
+class LocalWatch:
+    """Watches every registered local worker and records its death at once.
+
+    Workers in our pid namespace are watched through a pidfd: the kernel wakes us when
+    the process exits.  The pid is verified against the start time the worker recorded
+    at registration, so a reused pid is never mistaken for the worker.  Workers in
+    another namespace, or where pidfd_open is missing, are checked every tick through
+    their slot lock, which the kernel releases when they die.
+    """
+
+    def __init__(self, board: Board, writer: AgentWriter) -> None:
+        self.board = board
+        self.w = writer
+        self._watched: dict[int, _Watched] = {}
+        self._by_fd: dict[int, int] = {}
+        self._lockfd = board._new_fd()
+        self._ns = own_pid_namespace()
+        self._pidfd_ok = hasattr(os, "pidfd_open")
+        self.changed_fds = False
+
+    def pollables(self) -> list[zmq.Socket | int]:
+        return list(self._by_fd)
+
+    def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None:
+        i = self._by_fd.pop(what, None)  # type: ignore[arg-type]
+        if i is None:
+            return
+        self.changed_fds = True
+        wt = self._watched[i]
+        os.close(wt.pidfd)  # type: ignore[arg-type]
+        wt.pidfd = None
+        self._convict(i, wt, now_ns, "exited")
+
+    def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
+        wt.done = True
+        hb = self.board._q[self.board._hb0 + i * 8]
+        if hb >> INC_SHIFT != wt.tag or hb & LEFT_BIT:
+            return  # it left gracefully, or the slot was registered again meanwhile
+        self.board._q[self.board._hb0 + i * 8 + 1] = pack_verdict(wt.tag, now_ns >> TS_SHIFT)
+        self.w.changed()
+        self.w.count("deaths_seen")
+        info = self.board._read_slot(i)
+        log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
+                 info[0] if info else f"slot {i}", wt.pid, why)
+
+    def tick(self, now_ns: int, late_ns: int) -> None:
+        b = self.board
+        hbs = b._hb.copy()
+        verdicts = b._verdict.copy()
+        for i in hbs.nonzero()[0]:
+            i = int(i)
+            hb = int(hbs[i])
+            tag = hb >> INC_SHIFT
+            wt = self._watched.get(i)
+            if wt is not None and wt.tag == tag:
+                if hb & LEFT_BIT and not wt.done:
+                    self._forget(i)
+                    self._watched[i] = _Watched(tag, wt.pid, None, True)
+                elif not wt.done and wt.pidfd is None and not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                    self._convict(i, wt, now_ns, "released its slot lock")
+                continue
+            self._forget(i)
+            if hb & LEFT_BIT or int(verdicts[i]) >> INC_SHIFT == tag:
+                self._watched[i] = _Watched(tag, 0, None, True)
+                continue
+            info = b._read_slot(i)
+            if info is None:
+                continue  # mid-registration: next tick
+            pid = info[1]
+            rec = b._records[i]
+            pidfd = None
+            if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
+                try:
+                    pidfd = pidfd_open(pid)
+                except OSError as e:
+                    log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
+                    self._pidfd_ok = False
+                wt = _Watched(tag, pid, pidfd, False)
+                self._watched[i] = wt
+                if pidfd is None and self._pidfd_ok:
+                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
+                    continue
+                if pidfd is not None and start_time(pid) != int(rec["pid_start"]):
+                    os.close(pidfd)
+                    wt.pidfd = None
+                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
+                    continue
+                if pidfd is not None:
+                    self._by_fd[pidfd] = i
+                    self.changed_fds = True
+                    continue
+            wt = _Watched(tag, pid, None, False)
+            self._watched[i] = wt
+            if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                self._convict(i, wt, now_ns, "released its slot lock")
+
+    def _forget(self, i: int) -> None:
+        wt = self._watched.pop(i, None)
+        if wt is not None and wt.pidfd is not None:
+            self._by_fd.pop(wt.pidfd, None)
+            os.close(wt.pidfd)
+            self.changed_fds = True
+
+    def close(self) -> None:
+        for i in list(self._watched):
+            self._forget(i)
+        os.close(self._lockfd)
+
+
+class Agent:
+    """Runs the agent role for one board: wait for the role, then hold it until stopped.
+
+    ``network``: also run the pinger (the network half) with the settings stored in the
+    board.  ``run()`` blocks; ``start()`` runs it in a daemon thread.
+    """
+
+    def __init__(self, board_name: str, *, config: AgentConfig | None = None,
+                 network: bool = False, clock: Clock = MONOTONIC) -> None:
+        self.board_name = board_name
+        self.config = config or AgentConfig()
+        self.network = network
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fd = -1
+        self.holding = threading.Event()
+        locks.on_fork(self)
+
+    def start(self) -> Agent:
+        t = threading.Thread(target=self.run, name=f"shmhb-agent-{self.board_name}", daemon=True)
+        self._thread = t
+        t.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+
+    def run(self) -> None:
+        board = Board.attach(self.board_name, clock=self.clock)
+        self._fd = board._new_fd()
+        try:
+            while not self._stop.is_set():
+                if locks.try_lock(self._fd, LOCK_AGENT):
+                    self._hold(board)
+                    break
+                self._stop.wait(self.config.election_poll_s)
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)  # releases the role
+                self._fd = -1
+            self.holding.clear()
+            board.close()
+
+    def _hold(self, board: Board) -> None:
+        locks.lock(board._seg.fd, LOCK_REGISTRY, timeout_s=5.0, what="board registry")
+        try:
+            term = int(board._head["agent_term"]) + 1
+            board._head["agent_term"] = term
+        finally:
+            locks.unlock(board._seg.fd, LOCK_REGISTRY)
+        now = self.clock.monotonic_ns
+        w = AgentWriter(board, term)
+        w.alive(now())
+        log.info("board %s: this process (pid %d) holds the agent role, term %d",
+                 board.name, os.getpid(), term)
+        self.holding.set()
+        comps: list[Component] = [LocalWatch(board, w)]
+        if self.network:
+            from .pinger import NetworkHalf
+            comps.append(NetworkHalf(board, w, self.clock))
+        tick_ns = int(self.config.tick_s * 1e9)
+        poller = zmq.Poller()
+        registered: dict[object, Component] = {}
+        try:
+            next_tick = now()
+            worst_late = 0
+            window_end = next_tick + 1_000_000_000
+            while not self._stop.is_set():
+                want = {p: c for c in comps for p in c.pollables()}
+                for p in list(registered):
+                    if p not in want:
+                        poller.unregister(p)
+                        del registered[p]
+                for p, c in want.items():
+                    if p not in registered:
+                        poller.register(p, zmq.POLLIN)
+                        registered[p] = c
+                t = now()
+                timeout_ms = max(0.0, (next_tick - t) / 1e6)
+                for what, _ev in poller.poll(timeout_ms):
+                    c = registered.get(what)
+                    if c is not None:
+                        c.on_ready(what, now())
+                t = now()
+                if t < next_tick:
+                    continue
+                late = t - next_tick
+                worst_late = max(worst_late, late)
+                if late > 4 * tick_ns:
+                    w.count("loop_late")
+                w.alive(t)
+                for c in comps:
+                    c.tick(t, late)
+                next_tick = next_tick + tick_ns if late < tick_ns else t + tick_ns
+                if t >= window_end:
+                    w.lateness(worst_late // 1000)
+                    worst_late, window_end = 0, t + 1_000_000_000
+        finally:
+            for c in comps:
+                c.close()
+            w.left(now())
+            log.info("board %s: agent role released (pid %d)", board.name, os.getpid())
+
+    def _after_fork_in_child(self) -> None:
+        self._thread = None
+        self._stop = threading.Event()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# -- embedded agents: one per process and board, alive while it has heartbeats ------------
+
+_embedded: dict[str, tuple[Agent, set[int]]] = {}
+_embedded_lock = threading.Lock()
+
+
+def embedded_join(board_name: str, hb: object) -> None:
+    with _embedded_lock:
+        entry = _embedded.get(board_name)
+        if entry is None:
+            entry = (Agent(board_name).start(), set())
+            _embedded[board_name] = entry
+        entry[1].add(id(hb))
+
+
+def embedded_leave(board_name: str, hb: object) -> None:
+    with _embedded_lock:
+        entry = _embedded.get(board_name)
+        if entry is None:
+            return
+        entry[1].discard(id(hb))
+        if entry[1]:
+            return
+        del _embedded[board_name]
+    entry[0].stop()
+
+
+def _reset_after_fork() -> None:
+    global _embedded_lock
+    _embedded_lock = threading.Lock()
+    _embedded.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

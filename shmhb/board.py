@@ -1,0 +1,639 @@
+"""The board: one host's liveness table in POSIX shared memory.
+
+Readers (``slot``, ``status``, ``slots``, ``peer``, ``remote``) take no lock and make no
+syscall but the clock: they load single aligned 64-bit words and judge them with
+``shmhb.judge``.  Registration and watches take the kernel-released registry lock.
+See ``shmhb.layout`` for the byte map and the one-writer-per-word rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from . import locks, segment
+from .clock import MONOTONIC, Clock
+from .config import Capacity, Policy, board_name, parse_hostport
+from .errors import (
+    BoardFull, BoardNotFound, InvalidKey, KeyInUse, StaleBoard, WatchTableFull,
+)
+from .judge import Thresholds, agent_fresh, combine_remote, judge_agent, judge_local, judge_row
+from .layout import (
+    ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_MASK, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
+    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
+    REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
+    TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, decode_endpoints, encode_endpoints,
+    inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
+)
+from .procinfo import boot_id, own_pid_namespace, start_time
+from .status import AgentStatus, PeerStatus, SlotStatus, Status
+
+log = logging.getLogger(__name__)
+
+UNIT_S = TS_UNIT_NS / 1e9
+REGISTRY_TIMEOUT_S = 5.0
+_RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
+
+
+def _word_index(byte_offset: int) -> int:
+    assert byte_offset % 8 == 0, "board words must be 8-byte aligned"
+    return byte_offset // 8
+
+
+class Board:
+    """A handle on one host's board.  Create, attach or open it with the classmethods."""
+
+    # -- construction ---------------------------------------------------------------------
+
+    def __init__(self, seg: segment.Segment, clock: Clock = MONOTONIC) -> None:
+        self._seg = seg
+        self.name = seg.name
+        self._clock = clock
+        self._now_ns = clock.monotonic_ns
+        mm = seg.mm
+        base = np.frombuffer(mm, dtype=np.uint8, count=1)
+        # Alignment is what makes single-word loads and stores atomic: assert it.
+        assert base.ctypes.data % 64 == 0, "board mapping is not cache-line aligned"
+        self._head = np.ndarray((), HEADER_DTYPE, buffer=mm)
+        h = self._head
+        self.sizes = Sizes(int(h["nslots"]), int(h["npeers"]), int(h["nremote"]), int(h["nwatch"]))
+        sz = self.sizes
+        self._words = np.ndarray(sz.nslots, SLOT_WORDS_DTYPE, buffer=mm, offset=sz.slot_off)
+        self._records = np.ndarray(sz.nslots, SLOT_RECORD_DTYPE, buffer=mm, offset=sz.record_off)
+        self._peers = np.ndarray(sz.npeers, PEER_ROW_DTYPE, buffer=mm, offset=sz.peer_off)
+        self._remotes = np.ndarray(sz.nremote, REMOTE_ROW_DTYPE, buffer=mm, offset=sz.remote_off)
+        self._watches = np.ndarray(sz.nwatch, WATCH_ROW_DTYPE, buffer=mm, offset=sz.watch_off)
+        self._hb = self._words["hb"]  # strided views, one word per 64-byte line
+        self._verdict = self._words["verdict"]
+        # Whole-segment array of words for the hot path: q[i] is one aligned 8-byte load.
+        self._q = memoryview(mm).cast("B").cast("Q")
+        self._hb0 = _word_index(sz.slot_off)
+        off = HEADER_DTYPE.fields
+        self._agent_hb_i = _word_index(off["agent_hb"][1])
+        self._agent_id_i = _word_index(off["agent_id"][1])
+        self._reg_gen_i = _word_index(off["reg_gen"][1])
+        self._agent_gen_i = _word_index(off["agent_gen"][1])
+        self.policy = Policy(
+            suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
+            dead_after_s=int(h["dead_after_ns"]) / 1e9,
+            agent_stale_s=int(h["agent_stale_ns"]) / 1e9,
+            peer_suspect_after_s=int(h["peer_suspect_after_ns"]) / 1e9,
+            peer_dead_after_s=int(h["peer_dead_after_ns"]) / 1e9,
+        )
+        self.thresholds = Thresholds(*(int(h[f]) >> TS_SHIFT for f in (
+            "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
+            "peer_suspect_after_ns", "peer_dead_after_ns")))
+        self.capacity = Capacity(sz.nslots, sz.npeers, sz.nremote, sz.nwatch)
+        self.board_inc = int(h["board_inc"])
+        self.boot_id = bytes(h["boot_id"]).ljust(16, b"\0")
+        # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
+        self._by_key: dict[str, tuple[int, int, int, int, tuple[str, ...]]] = {}
+        self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
+        self._remote_cache: dict[str, tuple[int, int]] = {}
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls,
+        name: str | None = None,
+        *,
+        slots: int = 64,
+        suspect_after_s: float | None = None,
+        dead_after_s: float | None = None,
+        mode: int = 0o600,
+        peers: int | None = None,
+        remote_slots: int | None = None,
+        watches: int | None = None,
+        policy: Policy | None = None,
+        clock: Clock = MONOTONIC,
+    ) -> Board:
+        """Create a new board; ``BoardExists`` if the name is taken."""
+        name = board_name(name)
+        pol = policy or Policy()
+        if suspect_after_s is not None or dead_after_s is not None:
+            pol = Policy(
+                suspect_after_s=pol.suspect_after_s if suspect_after_s is None else suspect_after_s,
+                dead_after_s=pol.dead_after_s if dead_after_s is None else dead_after_s,
+                agent_stale_s=pol.agent_stale_s,
+                peer_suspect_after_s=pol.peer_suspect_after_s,
+                peer_dead_after_s=pol.peer_dead_after_s,
+            )
+        d = Capacity()
+        cap = Capacity(slots, peers or d.peers, remote_slots or d.remote_slots, watches or d.watches)
+        sizes = Sizes(cap.slots, cap.peers, cap.remote_slots, cap.watches)
+        seg = segment.Segment.create(name, sizes, mode)
+        try:
+            h = np.ndarray((), HEADER_DTYPE, buffer=seg.mm)
+            h["version"] = LAYOUT_VERSION
+            h["header_bytes"] = segment.HEADER_BYTES
+            h["total_bytes"] = sizes.total_bytes
+            h["nslots"], h["npeers"], h["nremote"], h["nwatch"] = (
+                sizes.nslots, sizes.npeers, sizes.nremote, sizes.nwatch)
+            for f in ("slot_off", "record_off", "peer_off", "remote_off", "watch_off"):
+                h[f] = getattr(sizes, f)
+            h["boot_id"] = boot_id()
+            h["board_inc"] = secrets.randbits(63) | 1
+            h["created_ns"] = clock.monotonic_ns()
+            h["creator_pid"] = os.getpid()
+            h["suspect_after_ns"] = int(pol.suspect_after_s * 1e9)
+            h["dead_after_ns"] = int(pol.dead_after_s * 1e9)
+            h["agent_stale_ns"] = int(pol.agent_stale_s * 1e9)
+            h["peer_suspect_after_ns"] = int(pol.peer_suspect_after_s * 1e9)
+            h["peer_dead_after_ns"] = int(pol.peer_dead_after_s * 1e9)
+            h["magic"] = MAGIC
+            h["state"] = STATE_READY
+            del h
+            seg.finish_create()
+            log.info("created board %s: %d slots, %d bytes", name, cap.slots, sizes.total_bytes)
+            return cls(seg, clock)
+        except BaseException:
+            seg.close()
+            segment._unlink_quietly(name)
+            raise
+
+    @classmethod
+    def attach(cls, name: str | None = None, *, clock: Clock = MONOTONIC) -> Board:
+        """Attach to an existing board; ``BoardNotFound`` if there is none."""
+        return cls(segment.Segment.attach(board_name(name)), clock)
+
+    @classmethod
+    def open(cls, name: str | None = None, **create_kwargs: Any) -> Board:
+        """Attach to the board, creating it if absent.  A board left by an earlier boot or
+        by a creator that crashed before finishing it is removed and created anew."""
+        name = board_name(name)
+        clock = create_kwargs.get("clock", MONOTONIC)
+        for _ in range(5):
+            try:
+                return cls.attach(name, clock=clock)
+            except BoardNotFound:
+                pass
+            except StaleBoard as e:
+                log.warning("board %s: %s; recreating it", name, e)
+                try:
+                    segment.unlink(name)
+                except BoardNotFound:
+                    pass
+            try:
+                return cls.create(name, **create_kwargs)
+            except segment.BoardExists:
+                continue  # another process created it first: attach to theirs
+        raise BoardNotFound(f"board {name!r} kept appearing and vanishing; is something removing it?")
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop this handle (the board stays for other processes)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._by_key.clear()
+        for attr in ("_head", "_words", "_records", "_peers", "_remotes", "_watches",
+                     "_hb", "_verdict"):
+            setattr(self, attr, None)
+        self._q.release()
+        self._seg.close()
+
+    def unlink(self) -> None:
+        """Remove the board's name from the host; processes that have it mapped keep it."""
+        try:
+            segment.unlink(self.name)
+        except BoardNotFound:
+            pass
+
+    def __enter__(self) -> Board:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<shmhb.Board {self.name!r} slots={self.sizes.nslots}>"
+
+    def _new_fd(self) -> int:
+        return self._seg.new_fd()
+
+    # -- registration ---------------------------------------------------------------------
+
+    def register(self, key: str, endpoints: Iterable[str] = (), *, agent: bool = True) -> Any:
+        """Claim a slot for ``key`` in this process and return its ``Heartbeat``.
+
+        The slot of a key whose previous holder died or left is reused with a new
+        incarnation.  ``KeyInUse`` if a live process holds the key, ``BoardFull`` if no
+        slot is free.  ``agent``: also join the election for the host's agent role, so
+        deaths are detected with no separate daemon.
+        """
+        from .heartbeat import Heartbeat
+
+        kb, eb, eps = _check_key(key, endpoints)
+        fd = self._new_fd()
+        try:
+            index, inc = self._claim(key, kb, eb, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        hb = Heartbeat(self, index, key, inc, eps, fd, self._hb0 + index * 8)
+        if agent:
+            from .agent import embedded_join
+            embedded_join(self.name, hb)
+        return hb
+
+    def _claim(self, key: str, kb: bytes, eb: bytes, fd: int) -> tuple[int, int]:
+        locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
+                   what=f"board {self.name!r} registry")
+        try:
+            recs = self._records
+            valid = np.flatnonzero(recs["checksum"] != 0)
+            same = [int(i) for i in valid[recs["key"][valid] == kb]]
+            index = -1
+            for i in same:
+                if locks.try_lock(fd, LOCK_SLOT_BASE + i):
+                    index = i
+                    break
+                raise KeyInUse(
+                    f"key {key!r} is registered by live process {int(recs[i]['pid'])}: "
+                    "close its heartbeat or choose another key"
+                )
+            if index < 0:
+                index = self._free_slot(fd, valid)
+            h = self._head
+            inc = int(h["inc_counter"]) + 1
+            if inc_tag(inc) == 0:
+                inc += 1  # tag 0 would read as "never registered"
+            h["inc_counter"] = inc
+            now = self._now_ns()
+            rec = recs[index]
+            rec["checksum"] = 0
+            rec["incarnation"] = inc
+            rec["pid"] = os.getpid()
+            rec["pid_start"] = start_time() or 0
+            rec["pid_ns"] = own_pid_namespace()
+            rec["registered_ns"] = now
+            rec["key"] = kb
+            rec["endpoints"] = eb
+            rec["checksum"] = record_checksum(rec)
+            # The record first, then the word that names it: a reader that sees the new
+            # word but an old record notices the incarnation mismatch and retries.
+            self._q[self._hb0 + index * 8] = pack_hb(inc, now >> TS_SHIFT)
+            h["reg_gen"] = int(h["reg_gen"]) + 1
+            log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
+            return index, inc
+        finally:
+            locks.unlock(self._seg.fd, LOCK_REGISTRY)
+
+    def _free_slot(self, fd: int, valid: np.ndarray) -> int:
+        """A slot nobody holds: never used first, then left, then the longest dead."""
+        recs = self._records
+        unused = np.flatnonzero(recs["checksum"] == 0)
+        if len(unused):
+            i = int(unused[0])
+            if locks.try_lock(fd, LOCK_SLOT_BASE + i):
+                return i
+        hb = self._hb
+        order = sorted((int(i) for i in valid), key=lambda i: (not int(hb[i]) >> 39 & 1,
+                                                              int(recs[i]["registered_ns"])))
+        for i in order:
+            if locks.try_lock(fd, LOCK_SLOT_BASE + i):
+                return i
+        raise BoardFull(
+            f"board {self.name!r} is full: all {self.sizes.nslots} slots are held by live "
+            "processes; create it with more slots (Board.create(slots=...))"
+        )
+
+    def _bump_reg_gen(self) -> None:
+        locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
+                   what=f"board {self.name!r} registry")
+        try:
+            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+        finally:
+            locks.unlock(self._seg.fd, LOCK_REGISTRY)
+
+    # -- local reads: the hot path ----------------------------------------------------------
+
+    def slot(self, key: str) -> SlotStatus | None:
+        """The worker registered under ``key`` on this host, judged now; None if absent."""
+        c = self._by_key.get(key)
+        if c is not None:
+            i, tag, pid, inc, eps = c
+            q = self._q
+            hb = q[i]
+            if hb >> INC_SHIFT == tag:
+                st, age = judge_local(hb, q[i + 1], self._now_ns() >> TS_SHIFT, self.thresholds)
+                return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+        return self._slot_slow(key)
+
+    def status(self, key: str) -> Status | None:
+        """Just the status of ``key``: the cheapest read."""
+        c = self._by_key.get(key)
+        if c is not None:
+            i = c[0]
+            q = self._q
+            hb = q[i]
+            if hb >> INC_SHIFT == c[1]:
+                return judge_local(hb, q[i + 1], self._now_ns() >> TS_SHIFT, self.thresholds)[0]
+        s = self._slot_slow(key)
+        return None if s is None else s.status
+
+    def _slot_slow(self, key: str) -> SlotStatus | None:
+        kb = key.encode()
+        recs = self._records
+        for i in np.flatnonzero(recs["key"] == kb):
+            got = self._read_slot(int(i))
+            if got is not None and got[0] == key:
+                k, pid, inc, eps = got
+                wi = self._hb0 + int(i) * 8
+                self._by_key[key] = (wi, inc_tag(inc), pid, inc, eps)
+                hb = self._q[wi]
+                if hb >> INC_SHIFT == inc_tag(inc):
+                    st, age = judge_local(hb, self._q[wi + 1], self._now_ns() >> TS_SHIFT,
+                                          self.thresholds)
+                    return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+        return None
+
+    def _read_slot(self, i: int) -> tuple[str, int, int, tuple[str, ...]] | None:
+        """The validated record of slot ``i`` that matches its heartbeat word, or None if
+        the slot is empty or being rewritten."""
+        for _ in range(_RETRIES):
+            tag = self._q[self._hb0 + i * 8] >> INC_SHIFT
+            if tag == 0:
+                return None
+            cached = self._rec_cache.get(i)
+            if cached is not None and cached[0] == tag:
+                return cached[1]
+            rec = self._records[i].copy()  # one pass over the bytes, then validate the copy
+            ck = int(rec["checksum"])
+            if ck and ck == record_checksum(rec) and inc_tag(int(rec["incarnation"])) == tag:
+                info = (bytes(rec["key"]).decode(), int(rec["pid"]), int(rec["incarnation"]),
+                        decode_endpoints(bytes(rec["endpoints"])))
+                self._rec_cache[i] = (tag, info)
+                return info
+        return None
+
+    def slots(self) -> list[SlotStatus]:
+        """Every registered local slot, judged now."""
+        hbs = self._hb.copy()
+        verdicts = self._verdict.copy()
+        now = self._now_ns() >> TS_SHIFT
+        out = []
+        for i in np.flatnonzero(hbs):
+            i = int(i)
+            info = self._read_slot(i)
+            if info is None:
+                continue
+            key, pid, inc, eps = info
+            hb = int(hbs[i])
+            if hb >> INC_SHIFT != inc_tag(inc):
+                hb = self._q[self._hb0 + i * 8]
+            st, age = judge_local(hb, int(verdicts[i]), now, self.thresholds)
+            out.append(SlotStatus(key, pid, inc, st, age * UNIT_S, eps))
+        return out
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorised view of every slot: (hb words, verdict words, now) for
+        ``judge.judge_local_array``; the cheap way to scan a large board."""
+        return self._hb.copy(), self._verdict.copy(), np.uint64(self._now_ns() >> TS_SHIFT)
+
+    # -- the agent, as readers see it -------------------------------------------------------
+
+    def agent(self) -> AgentStatus:
+        """The holder of the host agent role: its pid and whether it is running."""
+        q = self._q
+        ahb, aid = q[self._agent_hb_i], q[self._agent_id_i]
+        now = self._now_ns() >> TS_SHIFT
+        st, age = judge_agent(ahb, now, self.thresholds)
+        term = ahb >> INC_SHIFT
+        pid = aid & ((1 << 40) - 1) if aid >> INC_SHIFT == term else 0
+        return AgentStatus(pid, st, None if age is None else age * UNIT_S, term)
+
+    def agent_held(self) -> bool:
+        """Whether a live process holds the agent role (a syscall: not for hot paths)."""
+        return locks.is_held(self._seg.fd, LOCK_AGENT)
+
+    def changes(self) -> int:
+        """A counter that moves whenever a registration, a leave, a watch or any verdict
+        the agent writes changes: equal values mean nothing changed but time."""
+        q = self._q
+        return q[self._reg_gen_i] + q[self._agent_gen_i]
+
+    def stats(self) -> dict[str, int]:
+        """The agent's counters (pings, acks, bad frames by reason, deaths seen)."""
+        vals = self._head["stats"].copy()
+        return {n: int(vals[k]) for k, n in enumerate(STAT_NAMES)}
+
+    def lateness_ms(self) -> float:
+        return int(self._head["agent_lateness_us"]) / 1000.0
+
+    # -- watches ----------------------------------------------------------------------------
+
+    def watch(self, endpoint: str) -> None:
+        """Ask this host's pinger to follow the host behind ``endpoint`` ("host:port").
+        Watches are counted per process and dropped when the process dies."""
+        self._watch_change(endpoint, +1)
+
+    def unwatch(self, endpoint: str) -> None:
+        self._watch_change(endpoint, -1)
+
+    def _watch_change(self, endpoint: str, delta: int, owner_pid: int | None = None) -> None:
+        host, port = parse_hostport(endpoint)
+        ab = host.encode()
+        if len(ab) >= ADDR_BYTES:
+            raise InvalidKey(f"endpoint host too long: {endpoint!r}")
+        pid = os.getpid() if owner_pid is None else owner_pid
+        pstart = (start_time() or 0) if pid else 0
+        locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
+                   what=f"board {self.name!r} registry")
+        try:
+            w = self._watches
+            mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
+                                  & (w["address"] == ab))
+            if len(mine):
+                row = w[int(mine[0])]
+                refs = int(row["refs"]) + delta if int(row["owner_start"]) == pstart else delta
+                if refs <= 0:
+                    row["checksum"] = 0
+                else:
+                    row["checksum"] = 0
+                    row["owner_start"] = pstart
+                    row["refs"] = refs
+                    row["checksum"] = watch_checksum(row)
+            elif delta > 0:
+                free = np.flatnonzero(w["checksum"] == 0)
+                if not len(free):
+                    free = self._reclaim_watches()
+                if not len(free):
+                    raise WatchTableFull(
+                        f"board {self.name!r}: all {self.sizes.nwatch} watch rows are in use")
+                row = w[int(free[0])]
+                row["owner_pid"] = pid
+                row["owner_start"] = pstart
+                row["refs"] = delta
+                row["address"] = ab
+                row["checksum"] = watch_checksum(row)
+            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+        finally:
+            locks.unlock(self._seg.fd, LOCK_REGISTRY)
+
+    def _reclaim_watches(self) -> np.ndarray:
+        """Free watch rows of processes that are gone (caller holds the registry lock)."""
+        w = self._watches
+        for i in np.flatnonzero(w["checksum"] != 0):
+            row = w[int(i)]
+            pid = int(row["owner_pid"])
+            if pid and start_time(pid) != int(row["owner_start"]):
+                row["checksum"] = 0
+        return np.flatnonzero(w["checksum"] == 0)
+
+    def watched_hosts(self) -> dict[str, int]:
+        """Hosts that live local processes (or the pinger's --peer list) watch, with the
+        number of watching processes.  Read lock-free; rows caught mid-write are skipped."""
+        w = self._watches.copy()
+        out: dict[str, int] = {}
+        for i in np.flatnonzero(w["checksum"] != 0):
+            row = w[int(i)]
+            if int(row["checksum"]) != watch_checksum(row):
+                continue
+            host = bytes(row["address"]).decode()
+            out[host] = out.get(host, 0) + 1
+        return out
+
+    # -- remote hosts (written by this host's pinger) --------------------------------------
+
+    def _agent_ok(self, now: int) -> bool:
+        return agent_fresh(self._q[self._agent_hb_i], now, self.thresholds)
+
+    def _peer_row(self, i: int, now: int, agent_ok: bool) -> tuple[str, int, Status, float | None, float | None] | None:
+        for _ in range(_RETRIES):
+            row = self._peers[i].copy()
+            ck = int(row["checksum"])
+            if ck == 0:
+                return None
+            if ck != peer_checksum(row):
+                continue
+            gen = int(row["gen"])
+            j = judge_row(int(row["status"]), gen, agent_ok, now)
+            if j is None:
+                continue
+            st, age = j
+            rtt = int(row["rtt"])
+            rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
+            last = int(row["status"]) & ((1 << 40) - 1)
+            return (bytes(row["address"]).decode(), gen, st, rtt_ms,
+                    age * UNIT_S if last else None)
+        return None
+
+    def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
+                     host_status: dict[int, tuple[int, Status]] | None = None,
+                     ) -> list[tuple[int, SlotStatus]]:
+        r = self._remotes.copy()
+        out = []
+        live = np.flatnonzero(r["checksum"] != 0)
+        if peer_filter is not None:
+            live = live[r["peer"][live] == peer_filter]
+        for i in live:
+            row = r[int(i)]
+            if int(row["checksum"]) != remote_checksum(row):
+                continue
+            j = judge_row(int(row["status"]), int(row["gen"]), agent_ok, now)
+            if j is None:
+                continue
+            reported, age = j
+            p = int(row["peer"])
+            hs = (host_status or {}).get(p)
+            if hs is None or hs[0] != int(row["peer_gen"]):
+                continue  # the row belongs to a peer row that has since been reused
+            st = combine_remote(reported, hs[1])
+            out.append((p, SlotStatus(bytes(row["key"]).decode(), int(row["pid"]),
+                                      int(row["incarnation"]), st, age * UNIT_S,
+                                      decode_endpoints(bytes(row["endpoints"])))))
+        return out
+
+    def peers(self) -> list[PeerStatus]:
+        """Every remote host this host's pinger follows, with its workers."""
+        now = self._now_ns() >> TS_SHIFT
+        ok = self._agent_ok(now)
+        heads = {}
+        for i in np.flatnonzero(self._peers["checksum"] != 0):
+            pr = self._peer_row(int(i), now, ok)
+            if pr is not None:
+                heads[int(i)] = pr
+        hosts = {i: (pr[1], pr[2]) for i, pr in heads.items()}
+        slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
+        for p, s in self._remote_rows(now, ok, host_status=hosts):
+            slots[p].append(s)
+        return [PeerStatus(pr[0], pr[2], pr[3], pr[4], sorted(slots[i], key=lambda s: s.key))
+                for i, pr in sorted(heads.items(), key=lambda kv: kv[1][0])]
+
+    def peer(self, address: str) -> PeerStatus | None:
+        """The remote host at ``address`` ("host" or "host:port" of its pinger)."""
+        host, port = parse_hostport(address)
+        for p in self.peers():
+            h, pp = parse_hostport(p.address)
+            if h == host and (pp == port or ":" not in address.replace("[", "").split("]")[-1]):
+                return p
+        return None
+
+    def remote(self, endpoint: str) -> SlotStatus | None:
+        """The remote worker that advertises ``endpoint``, as this host's pinger last
+        heard from its host; None if no followed host reports it."""
+        now = self._now_ns() >> TS_SHIFT
+        ok = self._agent_ok(now)
+        c = self._remote_cache.get(endpoint)
+        if c is not None:
+            got = self._remote_at(c[0], c[1], endpoint, now, ok)
+            if got is not None:
+                return got
+        r = self._remotes
+        live = np.flatnonzero(r["checksum"] != 0)
+        best: tuple[int, int, SlotStatus] | None = None
+        for i in live:
+            i = int(i)
+            gen = int(r[i]["gen"])
+            got = self._remote_at(i, gen, endpoint, now, ok)
+            if got is not None and (best is None or got.incarnation > best[2].incarnation):
+                best = (i, gen, got)
+        if best is None:
+            return None
+        self._remote_cache[endpoint] = (best[0], best[1])
+        return best[2]
+
+    def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool) -> SlotStatus | None:
+        row = self._remotes[i].copy()
+        if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
+            return None
+        eps = decode_endpoints(bytes(row["endpoints"]))
+        if endpoint not in eps:
+            return None
+        j = judge_row(int(row["status"]), gen, ok, now)
+        if j is None:
+            return None
+        p = int(row["peer"])
+        pr = self._peer_row(p, now, ok)
+        if pr is None or pr[1] != int(row["peer_gen"]):
+            return None
+        return SlotStatus(bytes(row["key"]).decode(), int(row["pid"]), int(row["incarnation"]),
+                          combine_remote(j[0], pr[2]), j[1] * UNIT_S, eps)
+
+
+def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"a key must be a non-empty str, got {key!r}")
+    kb = key.encode()
+    if len(kb) >= KEY_BYTES or b"\0" in kb:
+        raise InvalidKey(f"key {key!r} is longer than {KEY_BYTES - 1} bytes or contains NUL")
+    eps = tuple(endpoints)
+    if isinstance(endpoints, str):
+        eps = (endpoints,)
+    if len(eps) > MAX_ENDPOINTS:
+        raise InvalidKey(f"at most {MAX_ENDPOINTS} endpoints per slot, got {len(eps)}")
+    for e in eps:
+        if not isinstance(e, str) or not e or "," in e or "\0" in e:
+            raise InvalidKey(f"bad endpoint {e!r}: use 'host:port'")
+        parse_hostport(e)
+    eb = encode_endpoints(eps)
+    if len(eb) >= ENDPOINTS_BYTES:
+        raise InvalidKey(f"endpoints take {len(eb)} bytes; at most {ENDPOINTS_BYTES - 1}")
+    return kb, eb, eps

@@ -1,0 +1,150 @@
+"""Configuration: frozen dataclasses with units in their names, validated on creation."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+from .errors import InvalidConfig, InvalidName
+from .layout import ADDR_BYTES, PATH_BYTES
+
+DEFAULT_BOARD = "shmhb"
+BOARD_ENV = "SHMHB_BOARD"
+#: The pinger port, one number for the whole cluster; ``--listen``/``--peer`` override it.
+DEFAULT_PORT = 45645
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def board_name(name: str | None = None) -> str:
+    """The board to use: ``name``, else ``$SHMHB_BOARD``, else ``shmhb``; validated."""
+    chosen = name if name is not None else (os.environ.get(BOARD_ENV) or DEFAULT_BOARD)
+    if not _NAME_RE.match(chosen) or chosen in (".", ".."):
+        raise InvalidName(
+            f"invalid board name {chosen!r}: use 1-200 characters from A-Z a-z 0-9 _ . -"
+        )
+    return chosen
+
+
+def _positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise InvalidConfig(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How every reader of a board judges silence.  Stored in the board's header, so all
+    readers of one board judge a slot alike (invariant 6).
+
+    Defaults: a Python worker beating every 0.1 s from a thread can be held off the GIL
+    or the CPU for a second or more by a long C call, a GC pause or a loaded host, so
+    SUSPECT waits 2 s (20 missed beats).  DEAD waits 10 s: a hang is declared well
+    inside what the seed's design needed (4 s to suspect, ~60 s to purge) while a
+    stall of a few seconds never convicts.  Kills do not wait for either: the agent sees
+    them through pidfd within milliseconds.
+    """
+
+    suspect_after_s: float = 2.0
+    dead_after_s: float = 10.0
+    #: the agent's own heartbeat older than this: remote verdicts read UNKNOWN
+    agent_stale_s: float = 1.0
+    peer_suspect_after_s: float = 1.0
+    peer_dead_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for f in ("suspect_after_s", "dead_after_s", "agent_stale_s",
+                  "peer_suspect_after_s", "peer_dead_after_s"):
+            _positive(f, getattr(self, f))
+        if self.dead_after_s < self.suspect_after_s:
+            raise InvalidConfig("dead_after_s must be >= suspect_after_s")
+        if self.peer_dead_after_s < self.peer_suspect_after_s:
+            raise InvalidConfig("peer_dead_after_s must be >= peer_suspect_after_s")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Row counts of a board's tables, fixed at creation."""
+
+    slots: int = 64
+    peers: int = 256
+    remote_slots: int = 4096
+    watches: int = 512
+
+    def __post_init__(self) -> None:
+        for f, hi in (("slots", 1 << 16), ("peers", 4096), ("remote_slots", 1 << 17),
+                      ("watches", 1 << 14)):
+            v = getattr(self, f)
+            if not isinstance(v, int) or not 1 <= v <= hi:
+                raise InvalidConfig(f"{f} must be an integer in 1..{hi}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The local half of the agent role: how often it ticks and polls the election."""
+
+    tick_s: float = 0.05
+    election_poll_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        _positive("tick_s", self.tick_s)
+        _positive("election_poll_s", self.election_poll_s)
+
+
+def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``"host"``, ``"host:port"`` or ``"[v6]:port"`` -> (host, port)."""
+    t = text.strip()
+    if t.startswith("["):
+        host, _, rest = t[1:].partition("]")
+        port_s = rest[1:] if rest.startswith(":") else ""
+    elif t.count(":") == 1:
+        host, port_s = t.split(":")
+    else:
+        host, port_s = t, ""
+    if not host:
+        raise InvalidConfig(f"no host in address {text!r}")
+    try:
+        port = int(port_s) if port_s else default_port
+    except ValueError:
+        raise InvalidConfig(f"bad port in address {text!r}") from None
+    if not 0 < port < 65536:
+        raise InvalidConfig(f"port out of range in address {text!r}")
+    return host, port
+
+
+def format_hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class PingerConfig:
+    """The network half of the agent role.  Written into the board by ``shmhb pinger`` so
+    that whoever holds the role (the daemon, or a worker after the daemon died) applies
+    the same settings."""
+
+    listen: str | None = None  # "host:port"; None: the network half is off
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    interval_s: float = 0.2
+    secret_file: str | None = None
+    curve_keys: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive("interval_s", self.interval_s)
+        if self.listen is not None:
+            host, port = parse_hostport(self.listen)
+            object.__setattr__(self, "listen", format_hostport(host, port))
+            if len(self.listen.encode()) >= ADDR_BYTES:
+                raise InvalidConfig(f"listen address too long: {self.listen!r}")
+        object.__setattr__(
+            self, "peers", tuple(format_hostport(*parse_hostport(p)) for p in self.peers)
+        )
+        for name in ("secret_file", "curve_keys"):
+            v = getattr(self, name)
+            if v is not None:
+                v = os.path.abspath(v)
+                if len(v.encode()) >= PATH_BYTES:
+                    raise InvalidConfig(f"{name} path too long: {v!r}")
+                object.__setattr__(self, name, v)
+        if self.secret_file and self.curve_keys:
+            raise InvalidConfig("give either a secret file or CURVE keys, not both")

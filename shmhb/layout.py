@@ -1,0 +1,333 @@
+"""The byte map of a board segment, and the packing of its 64-bit words.
+
+A board is one POSIX shared-memory segment::
+
+    offset          size                  what                         written by
+    0               HEADER_BYTES (4096)   Header (HEADER_DTYPE)        see field table below
+    slot_off        nslots * 64           SlotWords: hb, verdict       hb: its worker; verdict: the agent
+    record_off      nslots * 384          SlotRecord                   the registrant, under the lock
+    peer_off        npeers * 128          PeerRow                      the agent
+    remote_off      nremote * 384         RemoteRow                    the agent
+    watch_off       nwatch * 128          WatchRow                     any process, under the lock
+
+Every section starts on a 64-byte boundary and every 64-bit word sits on an 8-byte
+boundary, so a load or a store of one word is a single aligned access: atomic on x86-64
+and on aarch64 (invariant 2 of the design).  ``Board`` asserts the alignment of the mapping.
+
+Words a reader uses to judge without a lock are *self-describing*: each carries the
+incarnation (or row generation) it belongs to, so a reader that sees a new word next to
+an old record, or the reverse, notices the mismatch instead of mixing them.  Records
+(several words, written rarely) carry a checksum over all their fields, incarnation
+included; a reader that catches one half-written sees a bad checksum and retries.
+
+Timestamps are CLOCK_MONOTONIC nanoseconds shifted right by ``TS_SHIFT`` (units of
+2**20 ns, about 1.05 ms): coarse enough to fit next to an incarnation in one word, fine
+enough for verdicts measured in seconds.
+
+Word maps (bit 63 on the left)::
+
+    hb        | incarnation:24 | left:1 | ts:39 |      worker; left=1 after a graceful close
+    verdict   | incarnation:24 | ts:40          |      agent; DEAD for that incarnation, ts of death
+    agent_hb  | term:24        | left:1 | ts:39 |      agent; term = takeover counter
+    agent_id  | term:24        | pid:40         |      agent
+    peer/remote row status word
+              | gen:20 | code:4 | ts:40         |      agent; code is a Status code
+    rtt word  | gen:20 | rtt_us:44              |      agent
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+import numpy as np
+
+MAGIC: Final = int.from_bytes(b"SHMHBRD\x01", "little")
+LAYOUT_VERSION: Final = 1
+HEADER_BYTES: Final = 4096
+ALIGN: Final = 64
+
+# --- word packing ---------------------------------------------------------------------
+
+TS_SHIFT: Final = 20
+TS_UNIT_NS: Final = 1 << TS_SHIFT
+INC_BITS: Final = 24
+INC_SHIFT: Final = 40
+INC_MASK: Final = (1 << INC_BITS) - 1
+LEFT_BIT: Final = 1 << 39
+TS39_MASK: Final = (1 << 39) - 1
+TS40_MASK: Final = (1 << 40) - 1
+GEN_BITS: Final = 20
+GEN_SHIFT: Final = 44
+GEN_MASK: Final = (1 << GEN_BITS) - 1
+CODE_SHIFT: Final = 40
+CODE_MASK: Final = 0xF
+RTT_MASK: Final = (1 << 44) - 1
+
+
+def ts_units(ns: int) -> int:
+    """A monotonic-nanosecond instant in the board's timestamp units."""
+    return ns >> TS_SHIFT
+
+
+def units_to_s(units: int) -> float:
+    return units * TS_UNIT_NS / 1e9
+
+
+def inc_tag(incarnation: int) -> int:
+    """The 24 low bits of an incarnation, as stored in words. Never 0 for a real one."""
+    return incarnation & INC_MASK
+
+
+def pack_hb(incarnation: int, ts: int, left: bool = False) -> int:
+    return (inc_tag(incarnation) << INC_SHIFT) | (LEFT_BIT if left else 0) | (ts & TS39_MASK)
+
+
+def pack_verdict(incarnation: int, ts: int) -> int:
+    return (inc_tag(incarnation) << INC_SHIFT) | (ts & TS40_MASK)
+
+
+def pack_agent_id(term: int, pid: int) -> int:
+    return ((term & INC_MASK) << INC_SHIFT) | (pid & TS40_MASK)
+
+
+def pack_row(gen: int, code: int, ts: int) -> int:
+    return ((gen & GEN_MASK) << GEN_SHIFT) | ((code & CODE_MASK) << CODE_SHIFT) | (ts & TS40_MASK)
+
+
+def unpack_row(word: int) -> tuple[int, int, int]:
+    """(gen, code, ts) of a peer or remote row word."""
+    return (word >> GEN_SHIFT) & GEN_MASK, (word >> CODE_SHIFT) & CODE_MASK, word & TS40_MASK
+
+
+def pack_rtt(gen: int, rtt_us: int) -> int:
+    return ((gen & GEN_MASK) << GEN_SHIFT) | (min(rtt_us, RTT_MASK) & RTT_MASK)
+
+
+# --- sizes of fixed fields --------------------------------------------------------------
+
+KEY_BYTES: Final = 64  # utf-8 key, NUL padded; at most KEY_BYTES - 1 bytes used
+ENDPOINTS_BYTES: Final = 256  # endpoints joined by b",", NUL padded
+ADDR_BYTES: Final = 64  # "host:port" of a pinger or watched endpoint
+PATH_BYTES: Final = 256
+MAX_ENDPOINTS: Final = 8
+
+# --- header -----------------------------------------------------------------------------
+#
+# field                 writer                                  when
+# magic .. watch_off    creator                                 before the board is ready
+# boot_id, board_inc    creator
+# policy (*_ns)         creator
+# created_ns, creator_pid
+# state                 creator                                 last, under the init lock
+# inc_counter           registrants, under the registration lock
+# reg_gen               registrants, under the registration lock (bumped on register/leave/watch)
+# agent_hb, agent_id    the agent role holder
+# agent_gen             the agent role holder (bumped on every verdict or remote change)
+# agent_term            agents, under the registration lock (a takeover counter)
+# agent_lateness_us     the agent role holder: its worst loop lateness of the last second
+# stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
+# cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings
+#                       any holder of the role applies (listen address, secret, interval)
+
+STAT_NAMES: Final = (
+    "pings_sent",
+    "acks_received",
+    "pings_answered",
+    "pushes_sent",
+    "pushes_received",
+    "bad_truncated",
+    "bad_oversized",
+    "bad_magic",
+    "bad_version",
+    "bad_type",
+    "bad_malformed",
+    "bad_auth",
+    "bad_replay",
+    "bad_unsolicited",
+    "loop_late",
+    "deaths_seen",
+)
+NSTATS: Final = 32
+
+HEADER_DTYPE: Final = np.dtype(
+    {
+        "names": [
+            "magic", "version", "header_bytes", "total_bytes",
+            "nslots", "npeers", "nremote", "nwatch",
+            "slot_off", "record_off", "peer_off", "remote_off", "watch_off",
+            "boot_id", "board_inc", "created_ns", "creator_pid",
+            "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
+            "peer_suspect_after_ns", "peer_dead_after_ns",
+            "state",
+            "inc_counter", "reg_gen", "agent_term",
+            "agent_hb", "agent_id", "agent_gen", "agent_lateness_us",
+            "stats",
+            "cfg_gen", "cfg_listen", "cfg_secret_path", "cfg_curve_dir",
+            "cfg_interval_ns", "cfg_checksum",
+        ],
+        "formats": [
+            "<u8", "<u4", "<u4", "<u8",
+            "<u4", "<u4", "<u4", "<u4",
+            "<u8", "<u8", "<u8", "<u8", "<u8",
+            "S16", "<u8", "<u8", "<u8",
+            "<u8", "<u8", "<u8",
+            "<u8", "<u8",
+            "<u8",
+            "<u8", "<u8", "<u8",
+            "<u8", "<u8", "<u8", "<u8",
+            ("<u8", NSTATS),
+            "<u8", f"S{ADDR_BYTES}", f"S{PATH_BYTES}", f"S{PATH_BYTES}",
+            "<u8", "<u8",
+        ],
+        "offsets": [
+            0, 8, 12, 16,
+            24, 28, 32, 36,
+            40, 48, 56, 64, 72,
+            80, 96, 104, 112,
+            120, 128, 136,
+            144, 152,
+            160,
+            # lock-protected and agent words each on their own cache line
+            192, 200, 208,
+            256, 264, 272, 280,
+            320,
+            # pinger settings
+            640, 648, 712, 968,
+            1224, 1232,
+        ],
+        "itemsize": HEADER_BYTES,
+    }
+)
+
+STATE_READY: Final = 0x5245_4144_59  # "READY"
+
+# --- slot words: one 64-byte line per slot so beating workers do not share a line ---------
+
+SLOT_WORDS_DTYPE: Final = np.dtype(
+    {"names": ["hb", "verdict"], "formats": ["<u8", "<u8"], "offsets": [0, 8], "itemsize": 64}
+)
+
+SLOT_RECORD_DTYPE: Final = np.dtype(
+    {
+        "names": ["incarnation", "pid", "pid_start", "pid_ns", "registered_ns",
+                  "key", "endpoints", "checksum"],
+        "formats": ["<u8", "<u8", "<u8", "<u8", "<u8",
+                    f"S{KEY_BYTES}", f"S{ENDPOINTS_BYTES}", "<u8"],
+        "offsets": [0, 8, 16, 24, 32, 40, 104, 360],
+        "itemsize": 384,
+    }
+)
+
+PEER_ROW_DTYPE: Final = np.dtype(
+    {
+        # status: gen|code|ts(last ack, local clock); rtt: gen|rtt_us
+        "names": ["status", "rtt", "gen", "board_inc", "boot_id", "address", "checksum"],
+        "formats": ["<u8", "<u8", "<u8", "<u8", "S16", f"S{ADDR_BYTES}", "<u8"],
+        "offsets": [0, 8, 16, 24, 32, 48, 112],
+        "itemsize": 128,
+    }
+)
+
+REMOTE_ROW_DTYPE: Final = np.dtype(
+    {
+        # status: gen|code(reported)|ts(of the ack that reported it); peer: owning peer row
+        "names": ["status", "gen", "peer", "peer_gen", "incarnation", "pid",
+                  "key", "endpoints", "checksum"],
+        "formats": ["<u8", "<u8", "<u8", "<u8", "<u8", "<u8",
+                    f"S{KEY_BYTES}", f"S{ENDPOINTS_BYTES}", "<u8"],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 112, 368],
+        "itemsize": 384,
+    }
+)
+
+WATCH_ROW_DTYPE: Final = np.dtype(
+    {
+        # owner_pid 0 = configured by `shmhb pinger --peer` (kept until the next daemon)
+        "names": ["owner_pid", "owner_start", "refs", "address", "checksum"],
+        "formats": ["<u8", "<u8", "<u8", f"S{ADDR_BYTES}", "<u8"],
+        "offsets": [0, 8, 16, 24, 120],
+        "itemsize": 128,
+    }
+)
+
+# --- OFD lock bytes (byte ranges of the segment file; they need not lie inside it) --------
+
+LOCK_REGISTRY: Final = 0  # registration, watch writes and pinger settings; also init
+LOCK_AGENT: Final = 1  # the host agent role (local watch + pinger)
+LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
+
+
+class Sizes:
+    """Offsets of every section for a board of the given capacity."""
+
+    __slots__ = ("nslots", "npeers", "nremote", "nwatch", "slot_off", "record_off",
+                 "peer_off", "remote_off", "watch_off", "total_bytes")
+
+    def __init__(self, nslots: int, npeers: int, nremote: int, nwatch: int) -> None:
+        self.nslots, self.npeers, self.nremote, self.nwatch = nslots, npeers, nremote, nwatch
+        off = HEADER_BYTES
+        self.slot_off = off
+        off = _align(off + nslots * SLOT_WORDS_DTYPE.itemsize)
+        self.record_off = off
+        off = _align(off + nslots * SLOT_RECORD_DTYPE.itemsize)
+        self.peer_off = off
+        off = _align(off + npeers * PEER_ROW_DTYPE.itemsize)
+        self.remote_off = off
+        off = _align(off + nremote * REMOTE_ROW_DTYPE.itemsize)
+        self.watch_off = off
+        off = _align(off + nwatch * WATCH_ROW_DTYPE.itemsize)
+        self.total_bytes = _align(off, 4096)
+
+
+def _align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+# --- checksums --------------------------------------------------------------------------
+
+
+def checksum(*parts: bytes | int) -> int:
+    """A 64-bit keyed-free digest of a record's fields; never 0 (0 marks an empty row)."""
+    h = hashlib.blake2b(digest_size=8, person=b"shmhb-row")
+    for p in parts:
+        if isinstance(p, int):
+            h.update(p.to_bytes(8, "little"))
+        else:
+            h.update(len(p).to_bytes(2, "little"))
+            h.update(p)
+    return int.from_bytes(h.digest(), "little") or 1
+
+
+def record_checksum(rec: np.void) -> int:
+    """Checksum of a SlotRecord (all fields but the checksum itself)."""
+    return checksum(
+        int(rec["incarnation"]), int(rec["pid"]), int(rec["pid_start"]), int(rec["pid_ns"]),
+        int(rec["registered_ns"]), bytes(rec["key"]), bytes(rec["endpoints"]),
+    )
+
+
+def peer_checksum(row: np.void) -> int:
+    """Checksum of a PeerRow's record fields (not its status and rtt words)."""
+    return checksum(int(row["gen"]), int(row["board_inc"]), bytes(row["boot_id"]),
+                    bytes(row["address"]))
+
+
+def remote_checksum(row: np.void) -> int:
+    """Checksum of a RemoteRow's record fields (not its status word)."""
+    return checksum(int(row["gen"]), int(row["peer"]), int(row["peer_gen"]),
+                    int(row["incarnation"]), int(row["pid"]), bytes(row["key"]),
+                    bytes(row["endpoints"]))
+
+
+def watch_checksum(row: np.void) -> int:
+    return checksum(int(row["owner_pid"]), int(row["owner_start"]), int(row["refs"]),
+                    bytes(row["address"]))
+
+
+def encode_endpoints(endpoints: tuple[str, ...]) -> bytes:
+    return ",".join(endpoints).encode()
+
+
+def decode_endpoints(raw: bytes) -> tuple[str, ...]:
+    return tuple(raw.decode().split(",")) if raw else ()

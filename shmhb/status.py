@@ -1,0 +1,97 @@
+"""The state model: one ``Status`` enum and the read-only views the board hands out."""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Status(str, enum.Enum):
+    """What the board knows about a worker or a host.
+
+    ALIVE    it beats (or its host answers) within suspect-after.
+    SUSPECT  silent for longer than suspect-after, not yet dead-after.
+    DEAD     evidence of death: its process is gone, or silence for dead-after while
+             the observer was itself running.
+    LEFT     it closed its registration gracefully.
+    UNKNOWN  whoever should observe it (the host's agent) is absent or stalled: no verdict.
+    """
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+    UNKNOWN = "unknown"
+
+    @property
+    def code(self) -> int:
+        return _CODES[self]
+
+    @classmethod
+    def from_code(cls, code: int) -> Status:
+        return _BY_CODE.get(code, Status.UNKNOWN)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_CODES = {Status.ALIVE: 1, Status.SUSPECT: 2, Status.DEAD: 3, Status.LEFT: 4, Status.UNKNOWN: 5}
+_BY_CODE = {v: k for k, v in _CODES.items()}
+
+
+class SlotStatus(NamedTuple):
+    """One worker as a reader sees it now.  ``age_s``: time since its last beat (local
+    slot) or since the ack that reported it (remote slot)."""
+
+    key: str
+    pid: int
+    incarnation: int
+    status: Status
+    age_s: float
+    endpoints: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "pid": self.pid,
+            "incarnation": self.incarnation,
+            "status": self.status.value,
+            "age_s": round(self.age_s, 3),
+            "endpoints": list(self.endpoints),
+        }
+
+
+class PeerStatus(NamedTuple):
+    """A remote host as this host's pinger sees it.  ``age_s``: since its last ack."""
+
+    address: str
+    status: Status
+    rtt_ms: float | None
+    age_s: float | None
+    slots: list[SlotStatus]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "address": self.address,
+            "status": self.status.value,
+            "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
+            "age_s": None if self.age_s is None else round(self.age_s, 3),
+            "slots": [s.to_json() for s in self.slots],
+        }
+
+
+class AgentStatus(NamedTuple):
+    """The host agent (local watcher and pinger) as the board shows it."""
+
+    pid: int
+    status: Status
+    age_s: float | None
+    term: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "pid": self.pid,
+            "status": self.status.value,
+            "age_s": None if self.age_s is None else round(self.age_s, 3),
+            "term": self.term,
+        }

@@ -1,0 +1,152 @@
+"""Shared fixtures: unique boards that are always removed, real worker processes that
+are always reaped, and deadline-based waiting (never fixed sleeps)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import posix_ipc
+import pytest
+
+import shmhb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wait_until(pred: Callable[[], Any], timeout_s: float = 10.0, poll_s: float = 0.002,
+               what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def unlink_quietly(name: str) -> None:
+    try:
+        posix_ipc.unlink_shared_memory("/" + name)
+    except posix_ipc.ExistentialError:
+        pass
+
+
+@pytest.fixture
+def board_name() -> Iterator[str]:
+    name = f"shmhb-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    unlink_quietly(name)
+
+
+@pytest.fixture
+def board(board_name: str) -> Iterator[shmhb.Board]:
+    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=0.5, dead_after_s=1.5)
+    yield b
+    b.close()
+
+
+WORKER = textwrap.dedent("""
+    import os, signal, sys, time
+    import shmhb
+    name, key, interval, agent = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
+    eps = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] else ()
+    b = shmhb.Board.attach(name)
+    try:
+        hb = b.register(key, endpoints=eps, agent=agent)
+    except shmhb.KeyInUse:
+        print("keyinuse", flush=True)
+        sys.exit(3)
+    hb.start(interval)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    print(f"ready {hb.incarnation} {hb.index}", flush=True)
+    while not stop:
+        signal.pause()
+    hb.close()
+    print("closed", flush=True)
+""")
+
+
+class Procs:
+    """Starts real worker processes and makes sure they are gone after the test."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def spawn(self, args: list[str], *, ready: bool = True, env: dict[str, str] | None = None
+              ) -> subprocess.Popen[str]:
+        e = dict(os.environ)
+        e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+        if env:
+            e.update(env)
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=e)
+        self.procs.append(p)
+        if ready:
+            line = p.stdout.readline() if p.stdout else ""
+            assert line.startswith("ready"), f"worker did not start: {line!r}"
+            p.ready_line = line  # type: ignore[attr-defined]
+        return p
+
+    def worker(self, name: str, key: str, *, interval_s: float = 0.02, agent: bool = False,
+               endpoints: str = "", ready: bool = True) -> subprocess.Popen[str]:
+        return self.spawn([sys.executable, "-c", WORKER, name, key, str(interval_s),
+                           "1" if agent else "0", endpoints], ready=ready)
+
+    def python(self, code: str, *args: str, ready: bool = True) -> subprocess.Popen[str]:
+        return self.spawn([sys.executable, "-c", textwrap.dedent(code), *args], ready=ready)
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                p.kill()
+            p.wait(10)
+            if p.stdout:
+                p.stdout.close()
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    ps = Procs()
+    yield ps
+    ps.cleanup()
+
+
+@pytest.fixture
+def agent(board: shmhb.Board) -> Iterator[Any]:
+    """This test's own agent (local half), holding the role on ``board``."""
+    from shmhb.agent import Agent
+
+    a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02)).start()
+    assert a.holding.wait(5), "agent never took the role"
+    yield a
+    a.stop()
+
+
+def pids_with_cmdline(needle: str) -> list[int]:
+    """Pids of live processes whose command line contains ``needle`` (zombies excluded)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd and int(d) != os.getpid():
+            out.append(int(d))
+    return out
