@@ -28,7 +28,7 @@ from __future__ import annotations
 import hmac
 import struct
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Final, Union
 
@@ -400,7 +400,8 @@ def _decode_push(buf: bytes, end: int) -> Push:
     return Push(Identity(boot, inc), addr, seq, gen, entries)
 
 
-_DECODERS = {PING: _decode_ping, ACK: _decode_ack, PUSH: _decode_push}
+_DECODERS: dict[int, Callable[[bytes, int], Frame]] = {
+    PING: _decode_ping, ACK: _decode_ack, PUSH: _decode_push}
 
 
 def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -> Frame:

@@ -36,12 +36,16 @@ def max_entry(i: int) -> DigestEntry:
 
 
 ENTRIES = tuple(entry(i) for i in range(5))
+FIRST_PING = Ping(ME, "hosta:7070", 1)
+PING_WITH_GEN = Ping(ME, "hosta:7070", 2**64 - 1, known_gen=42, known_identity=PEER)
+STEADY_ACK = Ack(1, PEER, "hostb:7070", 42, full=False)
+FULL_ACK = Ack(3, PEER, "hostb:7070", 44, full=True, entries=ENTRIES)
 FRAMES: list[Frame] = [
-    Ping(ME, "hosta:7070", 1),
-    Ping(ME, "hosta:7070", 2**64 - 1, known_gen=42, known_identity=PEER),
-    Ack(1, PEER, "hostb:7070", 42, full=False),
+    FIRST_PING,
+    PING_WITH_GEN,
+    STEADY_ACK,
     Ack(2, PEER, "hostb:7070", 43, full=True, entries=()),
-    Ack(3, PEER, "hostb:7070", 44, full=True, entries=ENTRIES),
+    FULL_ACK,
     Push(ME, "hosta:7070", 9, 45, entries=(entry(1, 0, 3), entry(2, 1, 4), entry(3, 8, 1))),
     Push(ME, "hosta:7070", 10, 46, entries=()),
 ]
@@ -79,14 +83,14 @@ def test_encode_ack_raw_matches_encode_ack() -> None:
     body = encode_entries(ENTRIES)
     for secret in (None, SECRET):
         raw = encode_ack_raw(3, PEER, "hostb:7070", 44, body, secret)
-        assert raw == encode_ack(FRAMES[4], secret)
+        assert raw == encode_ack(FULL_ACK, secret)
         raw = encode_ack_raw(1, PEER, "hostb:7070", 42, None, secret)
-        assert raw == encode_ack(FRAMES[2], secret)
+        assert raw == encode_ack(STEADY_ACK, secret)
 
 
 def test_steady_state_ack_is_small() -> None:
-    assert len(encode_ack(FRAMES[2])) == 50 + len("hostb:7070")
-    assert len(encode_ack(FRAMES[2], SECRET)) == 50 + len("hostb:7070") + TAG_BYTES
+    assert len(encode_ack(STEADY_ACK)) == 50 + len("hostb:7070")
+    assert len(encode_ack(STEADY_ACK, SECRET)) == 50 + len("hostb:7070") + TAG_BYTES
 
 
 def test_unknown_identity_is_zero_on_the_wire() -> None:
@@ -192,7 +196,7 @@ def test_age_saturates() -> None:
 # --- rejection reasons -------------------------------------------------------------------
 
 def test_header_reasons() -> None:
-    raw = encode_ping(FRAMES[1])
+    raw = encode_ping(PING_WITH_GEN)
     assert reason(b"") == "truncated"
     assert reason(raw[:7]) == "truncated"
     assert reason(b"XHHB" + raw[4:]) == "magic"
@@ -209,7 +213,7 @@ def test_header_reasons() -> None:
 
 
 def test_auth_reasons() -> None:
-    plain, tagged = encode_ping(FRAMES[0]), encode_ping(FRAMES[0], SECRET)
+    plain, tagged = encode_ping(FIRST_PING), encode_ping(FIRST_PING, SECRET)
     assert reason(plain, SECRET) == "auth"  # tag missing
     assert reason(tagged) == "auth"  # tag present, decoder has no secret
     assert reason(tagged, OTHER_SECRET) == "auth"
