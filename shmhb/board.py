@@ -92,7 +92,7 @@ class Board:
         self.board_inc = int(h["board_inc"])
         self.boot_id = bytes(h["boot_id"]).ljust(16, b"\0")
         # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
-        self._by_key: dict[str, tuple[int, int, int, int, tuple[str, ...]]] = {}
+        self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
         self._remote_cache: dict[str, tuple[int, int]] = {}
         self._closed = False
@@ -315,27 +315,31 @@ class Board:
     # -- local reads: the hot path ----------------------------------------------------------
 
     def slot(self, key: str) -> SlotStatus | None:
-        """The worker registered under ``key`` on this host, judged now; None if absent."""
+        """The worker registered under ``key`` on this host, judged now; None if absent.
+
+        Hot path: two single-word loads and a clock read.  Judging is a pure function
+        of (heartbeat word, verdict word, now in units), so when all three are what the
+        previous call saw, the previous answer is returned as it is.
+        """
         c = self._by_key.get(key)
         if c is not None:
-            i, tag, pid, inc, eps = c
             q = self._q
+            i = c[0]
             hb = q[i]
-            if hb >> INC_SHIFT == tag:
-                st, age = judge_local(hb, q[i + 1], self._now_ns() >> TS_SHIFT, self.thresholds)
-                return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+            v = q[i + 1]
+            now = self._now_ns() >> TS_SHIFT
+            if hb == c[5] and v == c[6] and now == c[7]:
+                return c[8]  # type: ignore[no-any-return]
+            if hb >> INC_SHIFT == c[1]:
+                st, age = judge_local(hb, v, now, self.thresholds)
+                r = SlotStatus(key, c[2], c[3], st, age * UNIT_S, c[4])
+                c[5], c[6], c[7], c[8] = hb, v, now, r
+                return r
         return self._slot_slow(key)
 
     def status(self, key: str) -> Status | None:
         """Just the status of ``key``: the cheapest read."""
-        c = self._by_key.get(key)
-        if c is not None:
-            i = c[0]
-            q = self._q
-            hb = q[i]
-            if hb >> INC_SHIFT == c[1]:
-                return judge_local(hb, q[i + 1], self._now_ns() >> TS_SHIFT, self.thresholds)[0]
-        s = self._slot_slow(key)
+        s = self.slot(key)
         return None if s is None else s.status
 
     def _slot_slow(self, key: str) -> SlotStatus | None:
@@ -344,14 +348,16 @@ class Board:
         for i in np.flatnonzero(recs["key"] == kb):
             got = self._read_slot(int(i))
             if got is not None and got[0] == key:
-                k, pid, inc, eps = got
+                _, pid, inc, eps = got
                 wi = self._hb0 + int(i) * 8
-                self._by_key[key] = (wi, inc_tag(inc), pid, inc, eps)
+                # [word index, tag, pid, incarnation, endpoints, memo: hb, verdict, now, result]
+                self._by_key[key] = [wi, inc_tag(inc), pid, inc, eps, -1, -1, -1, None]
                 hb = self._q[wi]
                 if hb >> INC_SHIFT == inc_tag(inc):
                     st, age = judge_local(hb, self._q[wi + 1], self._now_ns() >> TS_SHIFT,
                                           self.thresholds)
                     return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+        self._by_key.pop(key, None)
         return None
 
     def _read_slot(self, i: int) -> tuple[str, int, int, tuple[str, ...]] | None:
