@@ -39,6 +39,8 @@ class Component(Protocol):
     def pollables(self) -> list[zmq.Socket | int]: ...
     def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None: ...
     def tick(self, now_ns: int, late_ns: int) -> None: ...
+    def flush(self, now_ns: int) -> None:
+        """Act at once on what the last readiness events changed."""
     def close(self) -> None: ...
 
 
@@ -178,6 +180,9 @@ class LocalWatch:
             if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
                 self._convict(i, wt, now_ns, "released its slot lock")
 
+    def flush(self, now_ns: int) -> None:
+        """Nothing to do: verdicts are written as each pidfd fires."""
+
     def _forget(self, i: int) -> None:
         wt = self._watched.pop(i, None)
         if wt is not None and wt.pidfd is not None:
@@ -199,7 +204,7 @@ class Agent:
     """
 
     def __init__(self, board_name: str, *, config: AgentConfig | None = None,
-                 network: bool = False, clock: Clock = MONOTONIC) -> None:
+                 network: bool = True, clock: Clock = MONOTONIC) -> None:
         self.board_name = board_name
         self.config = config or AgentConfig()
         self.network = network
@@ -231,6 +236,10 @@ class Agent:
                     self._hold(board)
                     break
                 self._stop.wait(self.config.election_poll_s)
+        except BaseException:
+            # The role is released below, so a standby takes over; say why loudly.
+            log.exception("board %s: the agent stopped on an unexpected error", self.board_name)
+            raise
         finally:
             if self._fd >= 0:
                 os.close(self._fd)  # releases the role
@@ -274,11 +283,16 @@ class Agent:
                         registered[p] = c
                 t = now()
                 timeout_ms = max(0.0, (next_tick - t) / 1e6)
-                for what, _ev in poller.poll(timeout_ms):
+                events = poller.poll(timeout_ms)
+                for what, _ev in events:
                     c = registered.get(what)
                     if c is not None:
                         c.on_ready(what, now())
                 t = now()
+                if events:
+                    # Deaths seen now are pushed now, all of this poll's in one batch.
+                    for c in comps:
+                        c.flush(t)
                 if t < next_tick:
                     continue
                 late = t - next_tick

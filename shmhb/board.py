@@ -18,7 +18,7 @@ import numpy as np
 
 from . import locks, segment
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy, board_name, parse_hostport
+from .config import Capacity, Policy, board_name, format_hostport, parse_hostport
 from .errors import (
     BoardFull, BoardNotFound, InvalidKey, KeyInUse, StaleBoard, WatchTableFull,
 )
@@ -443,9 +443,12 @@ class Board:
     def unwatch(self, endpoint: str) -> None:
         self._watch_change(endpoint, -1)
 
-    def _watch_change(self, endpoint: str, delta: int, owner_pid: int | None = None) -> None:
+    def _watch_change(self, endpoint: str, delta: int, owner_pid: int | None = None,
+                      keep_port: bool = False) -> None:
         host, port = parse_hostport(endpoint)
-        ab = host.encode()
+        # A watch names a host (its pinger listens on the cluster's pinger port); the
+        # pinger's --peer list may name a host with its own port.
+        ab = (format_hostport(host, port) if keep_port else host).encode()
         if len(ab) >= ADDR_BYTES:
             raise InvalidKey(f"endpoint host too long: {endpoint!r}")
         pid = os.getpid() if owner_pid is None else owner_pid

@@ -1,10 +1,14 @@
-"""The ``shmhb`` command: status, pinger, demo.  The only place that sets up logging."""
+"""The ``shmhb`` command: status, monitor, events, exporter, gc, pinger, demo.
+
+The only place that sets up logging.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 from . import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, board_name
-from .errors import ShmhbError
+from .errors import InvalidConfig, ShmhbError
 from .status import Status
 
 log = logging.getLogger(__name__)
@@ -38,37 +42,120 @@ def _status_doc(board: Board) -> dict[str, object]:
     }
 
 
-def _print_table(doc: dict[str, object]) -> None:
-    p = doc["pinger"]
-    assert isinstance(p, dict)
-    print(f"board {doc['board']}   agent pid {p['pid'] or '-'}: {p['status']}")
-    rows = [("KEY", "STATUS", "PID", "INC", "AGE_S", "ENDPOINTS")]
-    for s in doc["slots"]:  # type: ignore[attr-defined]
-        rows.append((s["key"], s["status"], str(s["pid"]), str(s["incarnation"]),
-                     f"{s['age_s']:.3f}", ",".join(s["endpoints"])))
-    for peer in doc["peers"]:  # type: ignore[attr-defined]
-        rtt = "-" if peer["rtt_ms"] is None else f"{peer['rtt_ms']:.2f}ms"
-        age = "-" if peer["age_s"] is None else f"{peer['age_s']:.3f}"
-        rows.append((f"@{peer['address']}", peer["status"], "", "", age, f"rtt {rtt}"))
-        for s in peer["slots"]:
-            rows.append((f"  {s['key']}", s["status"], str(s["pid"]), str(s["incarnation"]),
-                         f"{s['age_s']:.3f}", ",".join(s["endpoints"])))
-    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    with Board.attach(args.board) as board:
-        doc = _status_doc(board)
     if args.json:
+        with Board.attach(args.board) as board:
+            doc = _status_doc(board)
         json.dump(doc, sys.stdout, indent=2)
         print()
-    else:
-        _print_table(doc)
-    slots = doc["slots"]
-    assert isinstance(slots, list)
-    return 0 if all(Status(s["status"]) in HEALTHY for s in slots) else 1
+        slots = doc["slots"]
+        assert isinstance(slots, list)
+        return 0 if all(Status(s["status"]) in HEALTHY for s in slots) else 1
+    from .monitor import print_status
+    from .view import read_view
+
+    with Board.attach(args.board) as board:
+        view = read_view(board)
+    print_status(view)
+    return 0 if not view.unhealthy() else 1
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from .monitor import run_monitor
+
+    if not args.refresh_hz > 0:
+        raise InvalidConfig(f"--refresh-hz must be positive, got {args.refresh_hz}")
+    stop = threading.Event()
+    _stop_on_sigterm(stop)
+    with Board.attach(args.board) as board:
+        return run_monitor(board, refresh_hz=args.refresh_hz, stop=stop)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from .events import EventLog
+    from .view import read_view
+
+    if not args.interval_s > 0:
+        raise InvalidConfig(f"--interval-s must be positive, got {args.interval_s}")
+    stop = threading.Event()
+    _stop_on_sigterm(stop)
+    evlog = EventLog(keep=1)
+
+    def emit(board: Board) -> None:
+        for e in evlog.update(read_view(board)):
+            print(json.dumps(e.to_json()) if args.json else str(e), flush=True)
+
+    try:
+        with Board.attach(args.board) as board:
+            emit(board)
+            while args.follow and not stop.wait(args.interval_s):
+                emit(board)
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        # the reader went away (`shmhb events --follow | head`): not an error; point
+        # stdout at /dev/null so the interpreter's final flush does not complain
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    from .exporter import Exporter
+
+    stop = threading.Event()
+    _stop_on_sigterm(stop)
+    exp = Exporter(args.board, addr=args.addr, port=args.port).start()
+    print(f"shmhb exporter: board {exp.collector.name} on {exp.url}", flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        exp.stop()
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from .gc import list_boards, remove
+    from .monitor import Columns
+
+    boards = list_boards(args.names or None)
+    if not boards:
+        print("no shmhb boards on this host" if not args.names else "no such board")
+        return 0
+    t = Columns(None, [("NAME", "left"), ("SIZE", "right"), ("STATE", "left"),
+                       ("DETAIL", "left"), ("ACTION", "left")])
+    for b in boards:
+        t.add_row(b.name, f"{b.size / 2**20:.1f} MiB", b.state, b.detail,
+                  "remove" if b.removable else f"keep: {b.why_kept()}")
+    from rich.console import Console
+    Console(soft_wrap=True).print(t.render())
+    doomed = [b for b in boards if b.removable]
+    if not doomed:
+        print("nothing to remove: every board is in use")
+        return 0
+    if not args.yes:
+        names = ", ".join(b.name for b in doomed)
+        print(f"remove {len(doomed)} unused board(s): {names}? [y/N] ", end="", flush=True)
+        answer = sys.stdin.readline().strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    failed = 0
+    for b in doomed:
+        if remove(b):
+            print(f"removed {b.name}")
+        else:
+            print(f"kept {b.name}: it came into use (see the log)")
+            failed += 1
+    return 1 if failed else 0
+
+
+def _stop_on_sigterm(stop: threading.Event) -> None:
+    """SIGTERM ends a long-running command cleanly (the terminal restored, sockets
+    closed), as Ctrl-C does."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.set())
 
 
 def cmd_pinger(args: argparse.Namespace) -> int:
@@ -76,11 +163,10 @@ def cmd_pinger(args: argparse.Namespace) -> int:
     from .config import AgentConfig
 
     Board.open(args.board).close()
-    network = False
-    if getattr(args, "listen", None) is not None or getattr(args, "peer", None):
+    if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
         from .pinger import configure_from_args
-        network = configure_from_args(args)
-    agent = Agent(board_name(args.board), config=AgentConfig(tick_s=args.tick_s), network=network)
+        configure_from_args(args)  # stored in the board: any holder of the role applies them
+    agent = Agent(board_name(args.board), config=AgentConfig(tick_s=args.tick_s))
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
@@ -125,11 +211,36 @@ def build_parser() -> argparse.ArgumentParser:
     board_arg(sp)
     sp.add_argument("--tick-s", type=float, default=0.05, help="agent loop period (default 0.05)")
     sp.set_defaults(func=cmd_pinger)
-    try:
-        from .pinger import add_pinger_args
-        add_pinger_args(sp)
-    except ImportError:
-        pass
+    from .pinger import add_pinger_args
+    add_pinger_args(sp)
+
+    sp = sub.add_parser("monitor", help="live full-screen view of the board (Ctrl-C quits)")
+    board_arg(sp)
+    sp.add_argument("--refresh-hz", type=float, default=4.0,
+                    help="screen refreshes per second (default 4)")
+    sp.set_defaults(func=cmd_monitor)
+
+    sp = sub.add_parser("events", help="what changes on the board, one line per event")
+    board_arg(sp)
+    sp.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing events as they happen (default: print the state and exit)")
+    sp.add_argument("--json", action="store_true", help="JSON lines")
+    sp.add_argument("--interval-s", type=float, default=0.1,
+                    help="with --follow: how often to read the board (default 0.1)")
+    sp.set_defaults(func=cmd_events)
+
+    sp = sub.add_parser("exporter", help="serve Prometheus metrics of the board over HTTP")
+    board_arg(sp)
+    sp.add_argument("--port", type=int, default=9645, help="TCP port (default 9645; 0: any free)")
+    sp.add_argument("--addr", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    sp.set_defaults(func=cmd_exporter)
+
+    sp = sub.add_parser("gc", help="remove boards that no live process uses")
+    sp.add_argument("names", nargs="*", metavar="NAME",
+                    help="only these boards (default: every board in /dev/shm)")
+    sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    sp.set_defaults(func=cmd_gc)
 
     sp = sub.add_parser("demo", help="a self-contained tour: kill, hang and restart workers")
     sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")

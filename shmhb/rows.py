@@ -1,0 +1,149 @@
+"""The agent's writes to the board's peer and remote tables.
+
+Only the holder of the agent role calls these.  Each row has a record (several words,
+checksummed) and a status word ``gen:20 | code:4 | ts:40`` that names the record
+generation it belongs to.  To change a record: zero its checksum, write the fields,
+write the new checksum, then the status word with the new generation.  A reader that
+catches any intermediate state sees a bad checksum or a generation mismatch and retries
+or skips the row; it never combines halves of two records.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .board import Board
+from .layout import (
+    ENDPOINTS_BYTES, GEN_MASK, KEY_BYTES, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS_SHIFT, encode_endpoints, pack_row, pack_rtt,
+    peer_checksum, remote_checksum,
+)
+from .protocol import DigestEntry, Identity
+from .status import Status
+
+log = logging.getLogger(__name__)
+
+_PEER_WORDS = PEER_ROW_DTYPE.itemsize // 8
+_REMOTE_WORDS = REMOTE_ROW_DTYPE.itemsize // 8
+
+
+class RowWriter:
+    def __init__(self, board: Board) -> None:
+        self.b = board
+        self._q = board._q
+        sz = board.sizes
+        self._peer0 = sz.peer_off // 8
+        self._remote0 = sz.remote_off // 8
+
+    # -- peers ------------------------------------------------------------------------------
+
+    def adopt_peers(self) -> dict[str, tuple[int, int]]:
+        """Valid peer rows left by an earlier holder: address -> (row, gen)."""
+        out = {}
+        for i in np.flatnonzero(self.b._peers["checksum"] != 0):
+            row = self.b._peers[int(i)]
+            if int(row["checksum"]) == peer_checksum(row):
+                out[bytes(row["address"]).decode()] = (int(i), int(row["gen"]))
+            else:
+                row["checksum"] = 0
+        return out
+
+    def adopt_remotes(self, peer_row: int, peer_gen: int) -> dict[str, tuple[int, int, int]]:
+        """Valid remote rows of a peer: key -> (row, gen, incarnation)."""
+        r = self.b._remotes
+        out = {}
+        for i in np.flatnonzero((r["checksum"] != 0) & (r["peer"] == peer_row)):
+            row = r[int(i)]
+            if int(row["checksum"]) == remote_checksum(row) and int(row["peer_gen"]) == peer_gen:
+                out[bytes(row["key"]).decode()] = (int(i), int(row["gen"]), int(row["incarnation"]))
+        return out
+
+    def new_peer(self, address: str) -> tuple[int, int] | None:
+        free = np.flatnonzero(self.b._peers["checksum"] == 0)
+        if not len(free):
+            log.warning("board %s: peer table full (%d rows); not following %s",
+                        self.b.name, self.b.sizes.npeers, address)
+            return None
+        i = int(free[0])
+        row = self.b._peers[i]
+        gen = (int(row["gen"]) + 1) & GEN_MASK or 1
+        row["gen"] = gen
+        row["address"] = address.encode()
+        row["board_inc"] = 0
+        row["boot_id"] = bytes(16)
+        row["rtt"] = 0
+        row["checksum"] = peer_checksum(row)
+        self._q[self._peer0 + i * _PEER_WORDS] = pack_row(gen, Status.UNKNOWN.code, 0)
+        return i, gen
+
+    def peer_identity(self, i: int, identity: Identity) -> None:
+        row = self.b._peers[i]
+        if int(row["board_inc"]) == identity.board_inc and bytes(row["boot_id"]) == identity.boot_id.rstrip(b"\0"):
+            return
+        row["checksum"] = 0
+        row["board_inc"] = identity.board_inc
+        row["boot_id"] = identity.boot_id
+        row["checksum"] = peer_checksum(row)
+
+    def peer_status(self, i: int, gen: int, status: Status, last_ack_ns: int) -> None:
+        self._q[self._peer0 + i * _PEER_WORDS] = pack_row(gen, status.code, last_ack_ns >> TS_SHIFT)
+
+    def peer_rtt(self, i: int, gen: int, rtt_ns: int) -> None:
+        self._q[self._peer0 + i * _PEER_WORDS + 1] = pack_rtt(gen, max(1, rtt_ns // 1000))
+
+    def free_peer(self, i: int) -> None:
+        self.b._peers[i]["checksum"] = 0
+        self._q[self._peer0 + i * _PEER_WORDS] = 0
+
+    # -- remote slots -----------------------------------------------------------------------
+
+    def put_remote(self, peer_row: int, peer_gen: int, held: tuple[int, int, int] | None,
+                   e: DigestEntry, now_ns: int) -> tuple[int, int, int] | None:
+        """Write entry ``e`` for a peer; ``held`` is the row it had.  Returns the new
+        (row, gen, incarnation), or None if the remote table is full."""
+        ts = now_ns >> TS_SHIFT
+        r = self.b._remotes
+        eps = _fit_endpoints(e.endpoints)
+        if held is not None:
+            i, gen, inc = held
+            row = r[i]
+            if inc == e.incarnation and int(row["pid"]) == e.pid and bytes(row["endpoints"]) == eps:
+                self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, e.status, ts)
+                return held
+        else:
+            free = np.flatnonzero(r["checksum"] == 0)
+            if not len(free):
+                log.warning("board %s: remote table full (%d rows)", self.b.name, self.b.sizes.nremote)
+                return None
+            i = int(free[0])
+            row = r[i]
+        gen = (int(row["gen"]) + 1) & GEN_MASK or 1
+        row["checksum"] = 0
+        row["gen"] = gen
+        row["peer"] = peer_row
+        row["peer_gen"] = peer_gen
+        row["incarnation"] = e.incarnation
+        row["pid"] = e.pid
+        row["key"] = e.key.encode()[: KEY_BYTES - 1]
+        row["endpoints"] = eps
+        row["checksum"] = remote_checksum(row)
+        self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, e.status, ts)
+        return i, gen, e.incarnation
+
+    def remote_status(self, held: tuple[int, int, int], code: int, now_ns: int) -> None:
+        i, gen, _ = held
+        self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, code, now_ns >> TS_SHIFT)
+
+    def free_remote(self, i: int) -> None:
+        self.b._remotes[i]["checksum"] = 0
+        self._q[self._remote0 + i * _REMOTE_WORDS] = 0
+
+
+def _fit_endpoints(endpoints: tuple[str, ...]) -> bytes:
+    eps = list(endpoints)
+    raw = encode_endpoints(tuple(eps))
+    while len(raw) >= ENDPOINTS_BYTES and eps:
+        eps.pop()
+        raw = encode_endpoints(tuple(eps))
+    return raw
