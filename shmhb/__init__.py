@@ -17,13 +17,14 @@ from .errors import (
     WatchTableFull,
 )
 from .heartbeat import Heartbeat
+from .reaper import DropReason, Link, LinkReaper
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentConfig", "AgentStatus", "Board", "BoardCorrupt", "BoardExists", "BoardFull",
-    "BoardNotFound", "BoardPermissionError", "BoardSpaceError", "BoardVersionMismatch",
+    "BoardNotFound", "BoardPermissionError", "DropReason", "Link", "LinkReaper", "BoardSpaceError", "BoardVersionMismatch",
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
     "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
     "MonotonicClock", "PeerStatus", "PingerConfig", "Policy", "ProtocolError", "ShmhbError",
