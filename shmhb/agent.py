@@ -16,6 +16,7 @@ import os
 import threading
 from typing import Protocol
 
+import numpy as np
 import zmq
 
 from . import locks
@@ -23,7 +24,7 @@ from .board import Board
 from .clock import MONOTONIC, Clock
 from .config import AgentConfig
 from .layout import (
-    HEADER_DTYPE, INC_SHIFT, LEFT_BIT, LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, STAT_NAMES,
+    HEADER_DTYPE, INC_SHIFT, LEFT_BIT, LOCK_AGENT, LOCK_SLOT_BASE, STAT_NAMES,
     TS_SHIFT, pack_agent_id, pack_hb, pack_verdict,
 )
 from .procinfo import own_pid_namespace, pidfd_open, start_time
@@ -31,6 +32,7 @@ from .procinfo import own_pid_namespace, pidfd_open, start_time
 log = logging.getLogger(__name__)
 
 _STAT = {n: i for i, n in enumerate(STAT_NAMES)}
+_SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
 
 
 class Component(Protocol):
@@ -102,7 +104,9 @@ class LocalWatch:
         self._lockfd = board._new_fd()
         self._ns = own_pid_namespace()
         self._pidfd_ok = hasattr(os, "pidfd_open")
-        self.changed_fds = False
+        self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
+        self._retry: set[int] = set()
+        self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
 
     def pollables(self) -> list[zmq.Socket | int]:
         return list(self._by_fd)
@@ -111,7 +115,6 @@ class LocalWatch:
         i = self._by_fd.pop(what, None)  # type: ignore[arg-type]
         if i is None:
             return
-        self.changed_fds = True
         wt = self._watched[i]
         os.close(wt.pidfd)  # type: ignore[arg-type]
         wt.pidfd = None
@@ -119,6 +122,7 @@ class LocalWatch:
 
     def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
         wt.done = True
+        self._by_lock.discard(i)
         hb = self.board._q[self.board._hb0 + i * 8]
         if hb >> INC_SHIFT != wt.tag or hb & LEFT_BIT:
             return  # it left gracefully, or the slot was registered again meanwhile
@@ -130,65 +134,74 @@ class LocalWatch:
                  info[0] if info else f"slot {i}", wt.pid, why)
 
     def tick(self, now_ns: int, late_ns: int) -> None:
+        """Start watching new registrations, stop watching leaves, and check the slot
+        locks of workers that have no pidfd.  Only slots whose (incarnation, left) bits
+        changed since the last tick are examined one by one."""
         b = self.board
         hbs = b._hb.copy()
-        verdicts = b._verdict.copy()
-        for i in hbs.nonzero()[0]:
-            i = int(i)
-            hb = int(hbs[i])
-            tag = hb >> INC_SHIFT
-            wt = self._watched.get(i)
-            if wt is not None and wt.tag == tag:
-                if hb & LEFT_BIT and not wt.done:
-                    self._forget(i)
-                    self._watched[i] = _Watched(tag, wt.pid, None, True)
-                elif not wt.done and wt.pidfd is None and not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-                    self._convict(i, wt, now_ns, "released its slot lock")
-                continue
-            self._forget(i)
-            if hb & LEFT_BIT or int(verdicts[i]) >> INC_SHIFT == tag:
-                self._watched[i] = _Watched(tag, 0, None, True)
-                continue
-            info = b._read_slot(i)
-            if info is None:
-                continue  # mid-registration: next tick
-            pid = info[1]
-            rec = b._records[i]
-            pidfd = None
-            if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
-                try:
-                    pidfd = pidfd_open(pid)
-                except OSError as e:
-                    log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
-                    self._pidfd_ok = False
-                wt = _Watched(tag, pid, pidfd, False)
-                self._watched[i] = wt
-                if pidfd is None and self._pidfd_ok:
-                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
-                    continue
-                if pidfd is not None and start_time(pid) != int(rec["pid_start"]):
-                    os.close(pidfd)
-                    wt.pidfd = None
-                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
-                    continue
-                if pidfd is not None:
-                    self._by_fd[pidfd] = i
-                    self.changed_fds = True
-                    continue
-            wt = _Watched(tag, pid, None, False)
-            self._watched[i] = wt
+        marks = hbs >> _SHIFT39
+        todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
+        self._marks = marks
+        self._retry = set()
+        if todo:
+            verdicts = b._verdict.copy()
+            for i in sorted(todo):
+                if hbs[i]:
+                    self._examine(i, int(hbs[i]), int(verdicts[i]), now_ns)
+        for i in list(self._by_lock):
             if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-                self._convict(i, wt, now_ns, "released its slot lock")
+                self._convict(i, self._watched[i], now_ns, "released its slot lock")
+
+    def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
+        tag = hb >> INC_SHIFT
+        wt = self._watched.get(i)
+        if wt is not None and wt.tag == tag:
+            if hb & LEFT_BIT and not wt.done:  # it left gracefully: stop watching
+                self._forget(i)
+                self._watched[i] = _Watched(tag, wt.pid, None, True)
+            return
+        self._forget(i)
+        if hb & LEFT_BIT or verdict >> INC_SHIFT == tag:
+            self._watched[i] = _Watched(tag, 0, None, True)
+            return
+        info = self.board._read_slot(i)
+        if info is None:
+            self._retry.add(i)  # caught mid-registration: look again next tick
+            return
+        pid = info[1]
+        rec = self.board._records[i]
+        wt = _Watched(tag, pid, None, False)
+        self._watched[i] = wt
+        if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
+            try:
+                pidfd = pidfd_open(pid)
+            except OSError as e:
+                log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
+                self._pidfd_ok = False
+            else:
+                if pidfd is None:
+                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
+                elif start_time(pid) != int(rec["pid_start"]):
+                    os.close(pidfd)
+                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
+                else:
+                    wt.pidfd = pidfd
+                    self._by_fd[pidfd] = i
+                return
+        # another pid namespace, or no pidfd: the slot lock tells, checked every tick
+        self._by_lock.add(i)
+        if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+            self._convict(i, wt, now_ns, "released its slot lock")
 
     def flush(self, now_ns: int) -> None:
         """Nothing to do: verdicts are written as each pidfd fires."""
 
     def _forget(self, i: int) -> None:
+        self._by_lock.discard(i)
         wt = self._watched.pop(i, None)
         if wt is not None and wt.pidfd is not None:
             self._by_fd.pop(wt.pidfd, None)
             os.close(wt.pidfd)
-            self.changed_fds = True
 
     def close(self) -> None:
         for i in list(self._watched):
@@ -248,12 +261,9 @@ class Agent:
             board.close()
 
     def _hold(self, board: Board) -> None:
-        locks.lock(board._seg.fd, LOCK_REGISTRY, timeout_s=5.0, what="board registry")
-        try:
+        with board.registry():
             term = int(board._head["agent_term"]) + 1
             board._head["agent_term"] = term
-        finally:
-            locks.unlock(board._seg.fd, LOCK_REGISTRY)
         now = self.clock.monotonic_ns
         w = AgentWriter(board, term)
         w.alive(now())

@@ -8,10 +8,12 @@ See ``shmhb.layout`` for the byte map and the one-writer-per-word rules.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ from .errors import (
 )
 from .judge import Thresholds, agent_fresh, combine_remote, judge_agent, judge_local, judge_row
 from .layout import (
-    ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_MASK, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
+    ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
     LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
     TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, decode_endpoints, encode_endpoints,
@@ -96,6 +98,7 @@ class Board:
         self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
         self._remote_cache: dict[str, tuple[int, int]] = {}
         self._closed = False
+        self._thread_lock = threading.Lock()
 
     @classmethod
     def create(
@@ -217,6 +220,20 @@ class Board:
     def _new_fd(self) -> int:
         return self._seg.new_fd()
 
+    @contextlib.contextmanager
+    def registry(self) -> Iterator[None]:
+        """Hold the board's registry lock: the kernel-released OFD lock that orders
+        registrations, watches and settings between processes, plus a thread lock,
+        since threads sharing this handle share its open file description and an OFD
+        lock does not exclude them from each other."""
+        with self._thread_lock:
+            locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
+                       what=f"board {self.name!r} registry")
+            try:
+                yield
+            finally:
+                locks.unlock(self._seg.fd, LOCK_REGISTRY)
+
     # -- registration ---------------------------------------------------------------------
 
     def register(self, key: str, endpoints: Iterable[str] = (), *, agent: bool = True) -> Any:
@@ -243,9 +260,7 @@ class Board:
         return hb
 
     def _claim(self, key: str, kb: bytes, eb: bytes, fd: int) -> tuple[int, int]:
-        locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
-                   what=f"board {self.name!r} registry")
-        try:
+        with self.registry():
             recs = self._records
             valid = np.flatnonzero(recs["checksum"] != 0)
             same = [int(i) for i in valid[recs["key"][valid] == kb]]
@@ -282,8 +297,6 @@ class Board:
             h["reg_gen"] = int(h["reg_gen"]) + 1
             log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
             return index, inc
-        finally:
-            locks.unlock(self._seg.fd, LOCK_REGISTRY)
 
     def _free_slot(self, fd: int, valid: np.ndarray) -> int:
         """A slot nobody holds: never used first, then left, then the longest dead."""
@@ -305,12 +318,8 @@ class Board:
         )
 
     def _bump_reg_gen(self) -> None:
-        locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
-                   what=f"board {self.name!r} registry")
-        try:
+        with self.registry():
             self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
-        finally:
-            locks.unlock(self._seg.fd, LOCK_REGISTRY)
 
     # -- local reads: the hot path ----------------------------------------------------------
 
@@ -453,9 +462,7 @@ class Board:
             raise InvalidKey(f"endpoint host too long: {endpoint!r}")
         pid = os.getpid() if owner_pid is None else owner_pid
         pstart = (start_time() or 0) if pid else 0
-        locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
-                   what=f"board {self.name!r} registry")
-        try:
+        with self.registry():
             w = self._watches
             mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
                                   & (w["address"] == ab))
@@ -483,8 +490,6 @@ class Board:
                 row["address"] = ab
                 row["checksum"] = watch_checksum(row)
             self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
-        finally:
-            locks.unlock(self._seg.fd, LOCK_REGISTRY)
 
     def _reclaim_watches(self) -> np.ndarray:
         """Free watch rows of processes that are gone (caller holds the registry lock)."""

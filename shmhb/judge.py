@@ -119,21 +119,28 @@ def hb_incarnation_tag(hb: int) -> int:
     return (hb >> INC_SHIFT) & INC_MASK
 
 
+_U39 = np.uint64(TS39_MASK)
+_ULEFT = np.uint64(LEFT_BIT)
+_USHIFT = np.uint64(INC_SHIFT)
+
+
 def judge_local_array(hb: np.ndarray, verdict: np.ndarray, now: int, th: Thresholds
                       ) -> tuple[np.ndarray, np.ndarray]:
     """``judge_local`` over whole arrays of words: status codes (``Status.code``, 0 for
-    an empty slot) and ages in units.  Same rules, element by element (tested so)."""
-    hb = np.asarray(hb, dtype=np.uint64)
-    verdict = np.asarray(verdict, dtype=np.uint64)
+    an empty slot) and ages in units.  Same rules, element by element (tested so);
+    written as few whole-array operations as possible, since each costs about as much
+    as its data on a board of a thousand slots."""
     now_u = np.uint64(now)
-    ts = hb & np.uint64(TS39_MASK)
-    age = np.where(now_u > ts, now_u - ts, np.uint64(0))
-    left = (hb & np.uint64(LEFT_BIT)) != 0
-    inc = hb >> np.uint64(INC_SHIFT)
-    dead = ((verdict != 0) & ((verdict >> np.uint64(INC_SHIFT)) == inc)) | (age >= np.uint64(th.dead))
-    codes = np.where(
-        hb == 0, 0,
-        np.where(left, LEFT.code,
-                 np.where(dead, DEAD.code,
-                          np.where(age >= np.uint64(th.suspect), SUSPECT.code, ALIVE.code))))
-    return codes.astype(np.uint8), age
+    age = hb & _U39
+    np.minimum(age, now_u, out=age)
+    np.subtract(now_u, age, out=age)
+    # ALIVE=1, SUSPECT=2, DEAD=3 by age alone; a verdict on this incarnation is DEAD
+    codes = (age >= th.suspect).view(np.uint8) + (age >= th.dead).view(np.uint8)
+    codes += 1
+    vdead = (verdict >> _USHIFT) == (hb >> _USHIFT)
+    vdead &= verdict != 0
+    np.maximum(codes, vdead.view(np.uint8) * np.uint8(DEAD.code), out=codes)
+    left = (hb & _ULEFT) != 0
+    np.putmask(codes, left, LEFT.code)
+    np.putmask(codes, hb == 0, 0)
+    return codes, age

@@ -29,14 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from . import locks
 from .board import Board
 from .clock import Clock
 from .config import DEFAULT_PORT, PingerConfig, format_hostport, parse_hostport
 from .errors import InvalidConfig
 from .judge import judge_local_array
 from .layout import (
-    HEADER_DTYPE, INC_MASK, INC_SHIFT, LOCK_REGISTRY, checksum,
+    INC_MASK, INC_SHIFT, checksum,
 )
 from .protocol import (
     MAX_ACK_ENTRIES, MAX_FRAME_BYTES, MAX_PUSH_ENTRIES, Ack, DigestEntry, FrameRejected,
@@ -64,8 +63,7 @@ def _cfg_checksum(h: np.ndarray) -> int:
 def store_config(board: Board, cfg: PingerConfig) -> None:
     """Write the pinger settings into the board, replacing the configured peer list.
     Under the registry lock; the agent applies them at its next tick."""
-    locks.lock(board._seg.fd, LOCK_REGISTRY, timeout_s=5.0, what=f"board {board.name!r} registry")
-    try:
+    with board.registry():
         h = board._head
         h["cfg_checksum"] = 0
         h["cfg_gen"] = int(h["cfg_gen"]) + 1
@@ -78,8 +76,6 @@ def store_config(board: Board, cfg: PingerConfig) -> None:
         for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == 0)):
             w[int(i)]["checksum"] = 0
         h["reg_gen"] = int(h["reg_gen"]) + 1
-    finally:
-        locks.unlock(board._seg.fd, LOCK_REGISTRY)
     for p in cfg.peers:
         board._watch_change(p, +1, owner_pid=0, keep_port=True)
 
@@ -441,6 +437,7 @@ class NetworkHalf:
             self._bad("unsolicited", t.address)  # replayed, duplicated or never asked for
             return
         self.w.count("acks_received")  # type: ignore[attr-defined]
+        log.info("DBG ack gen=%d full=%s held=%d n=%d", a.gen, a.full, t.digest_gen, len(a.entries))
         if t.identity != a.identity:
             if t.identity is not None:
                 log.info("pinger: %s has a new board (rebooted or recreated): its slots are new peers",
@@ -497,6 +494,7 @@ class NetworkHalf:
             self._bad("replay", t.address)
             return
         self.w.count("pushes_received")  # type: ignore[attr-defined]
+        log.info("DBG push %s", p)
         changed = False
         for e in p.entries:
             held = t.remotes.get(e.key)
@@ -576,6 +574,7 @@ class NetworkHalf:
             return
         self._dentries = entries
         self._dgen += 1
+        log.info("DBG dgen=%d %s", self._dgen, [(e.key, e.status) for e in entries.values()])
         items = list(entries.values())[:MAX_ACK_ENTRIES]
         self._dbody = encode_entries(items)
         if news and self.router is not None and self.watchers:

@@ -266,3 +266,25 @@ def test_demo_interrupted_leaves_nothing_behind() -> None:
     # and no worker process of that demo is left running
     wait_until(lambda: not pids_with_cmdline(f"shmhb-demo-{p.pid}"), timeout_s=10,
                what="demo workers to exit")
+
+
+def test_worker_in_another_pid_namespace_is_watched_through_its_slot_lock(board: shmhb.Board, procs: Procs, agent) -> None:  # type: ignore[no-untyped-def]
+    """Its pid means nothing here (it is pid 1 in its namespace), so no pidfd: the agent
+    falls back to the slot lock, which the kernel releases when the worker dies."""
+    import shutil
+
+    from .conftest import WORKER
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private pid namespace")
+    probe = subprocess.run(["unshare", "-p", "-f", "--kill-child", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a pid namespace here: {probe.stderr.decode().strip()}")
+    p = procs.spawn(["unshare", "-p", "-f", "--kill-child", sys.executable, "-c", WORKER,
+                     board.name, "ns-worker", "0.02", "0", ""])
+    s = board.slot("ns-worker")
+    assert s is not None and s.pid == 1 and s.status is Status.ALIVE
+    p.kill()  # unshare dies; --kill-child takes the worker with it
+    wait_until(lambda: status_of(board, "ns-worker") is Status.DEAD, timeout_s=1.0,
+               what="DEAD through the slot lock, well before dead-after")
+    assert board.stats()["deaths_seen"] == 1
