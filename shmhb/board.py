@@ -337,12 +337,13 @@ class Board:
             hb = q[i]
             v = q[i + 1]
             now = self._now_ns() >> TS_SHIFT
-            if hb == c[5] and v == c[6] and now == c[7]:
-                return c[8]  # type: ignore[no-any-return]
+            m = c[5]  # (hb, verdict, now, answer), replaced whole: threads may share c
+            if hb == m[0] and v == m[1] and now == m[2]:
+                return m[3]  # type: ignore[no-any-return]
             if hb >> INC_SHIFT == c[1]:
                 st, age = judge_local(hb, v, now, self.thresholds)
                 r = SlotStatus(key, c[2], c[3], st, age * UNIT_S, c[4])
-                c[5], c[6], c[7], c[8] = hb, v, now, r
+                c[5] = (hb, v, now, r)
                 return r
         return self._slot_slow(key)
 
@@ -359,8 +360,8 @@ class Board:
             if got is not None and got[0] == key:
                 _, pid, inc, eps = got
                 wi = self._hb0 + int(i) * 8
-                # [word index, tag, pid, incarnation, endpoints, memo: hb, verdict, now, result]
-                self._by_key[key] = [wi, inc_tag(inc), pid, inc, eps, -1, -1, -1, None]
+                # [word index, tag, pid, incarnation, endpoints, memo (hb, verdict, now, answer)]
+                self._by_key[key] = [wi, inc_tag(inc), pid, inc, eps, (-1, -1, -1, None)]
                 hb = self._q[wi]
                 if hb >> INC_SHIFT == inc_tag(inc):
                     st, age = judge_local(hb, self._q[wi + 1], self._now_ns() >> TS_SHIFT,

@@ -15,9 +15,9 @@ the number of links.  Only when something changed does it judge links one by one
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from .board import Board
-from .layout import TS39_MASK, TS_SHIFT
 from .config import parse_hostport
+from .layout import TS39_MASK, TS_SHIFT
 from .status import PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class LinkReaper:
         self._pending = False  # some link could not be judged: re-judge on every poll
         self._seen_changes = -1
         self._local_words = np.empty(0, np.intp)  # slot indices of tracked local links
+        self._remote_links = 0  # how many tracked links are remote
         self._stale_units = board.thresholds.suspect if drop_suspect else board.thresholds.dead
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -82,16 +83,25 @@ class LinkReaper:
     def track(self, endpoint: str, payload: Any = None, *, incarnation: int | None = None) -> Link:
         """Start tracking the link to ``endpoint`` made just now.  Remembers the current
         incarnation of the peer that serves it (or ``incarnation`` if the handshake told
-        it), and asks this host's pinger to follow the peer's host if it is remote."""
-        s = self._local(endpoint)
-        if s is not None:
-            link = Link(endpoint, s.key, incarnation or s.incarnation, True, payload)
-        else:
-            r = self.board.remote(endpoint)
-            known = r is not None and r.status is not Status.UNKNOWN
-            inc = incarnation or (r.incarnation if known and r is not None else 0)
-            link = Link(endpoint, r.key if r is not None else None, inc, False, payload)
+        it), and asks this host's pinger to follow the peer's host if it is remote.
+
+        For a remote peer, pass the incarnation the handshake returned: this host's view
+        of a remote host lags by a round trip, so right after a peer restarts the board
+        may still show the old incarnation, or no row at all for a new key."""
+        # Under the lock: track() and poll() never use the board's per-key read memo
+        # (Board.slot) from two threads at once.
         with self._lock:
+            s = self._local(endpoint)
+            if s is not None:
+                link = Link(endpoint, s.key, incarnation or s.incarnation, True, payload)
+            else:
+                r = self.board.remote(endpoint)
+                known = r is not None and r.status is not Status.UNKNOWN
+                inc = incarnation or (r.incarnation if known and r is not None else 0)
+                # the key comes from a report about this very incarnation, or later from
+                # the first report that names it (see _judge_remote)
+                key = r.key if r is not None and r.incarnation == inc else None
+                link = Link(endpoint, key, inc, False, payload)
             old = self._links.get(endpoint)
             if old is not None and not old.local:
                 self.board.unwatch(endpoint)
@@ -103,11 +113,14 @@ class LinkReaper:
         return link
 
     def untrack(self, endpoint: str) -> Link | None:
-        """Stop tracking ``endpoint`` without calling ``on_drop``; returns the link."""
+        """Stop tracking ``endpoint`` without calling ``on_drop``; returns the link, or
+        None if it was not tracked or a poll has already dropped it (whose ``on_drop``
+        may still be running on another thread)."""
         with self._lock:
             link = self._links.pop(endpoint, None)
             if link is not None:
                 self._forget(link)
+                self._reindex()
         return link
 
     def links(self) -> list[Link]:
@@ -117,10 +130,11 @@ class LinkReaper:
     def _forget(self, link: Link) -> None:
         if not link.local:
             self.board.unwatch(link.endpoint)
-        self._reindex()
 
     def _reindex(self) -> None:
+        """Recompute what the fast path needs after the set of links changed."""
         idx = set()
+        self._remote_links = sum(1 for lk in self._links.values() if not lk.local)
         for link in self._links.values():
             if link.local and link.key is not None:
                 c = self.board._by_key.get(link.key)
@@ -129,12 +143,21 @@ class LinkReaper:
         self._local_words = np.array(sorted(idx), np.intp)
 
     def _local(self, endpoint: str) -> SlotStatus | None:
-        """The live local slot that advertises ``endpoint``, if any."""
+        """The local slot that advertises ``endpoint``: a live one if any, else the
+        newest dead or left one (a link made to a peer that has died since is local
+        all the same, and the next poll drops it)."""
+        best = None
         for s in self.board.slots():
-            if endpoint in s.endpoints and s.status not in (Status.LEFT, Status.DEAD):
-                self.board.slot(s.key)  # prime the hot-path cache for this key
-                return s
-        return None
+            if endpoint not in s.endpoints:
+                continue
+            if s.status not in (Status.LEFT, Status.DEAD):
+                best = s
+                break
+            if best is None or s.incarnation > best.incarnation:
+                best = s
+        if best is not None:
+            self.board.slot(best.key)  # prime the hot-path cache for this key
+        return best
 
     # -- polling --------------------------------------------------------------------------
 
@@ -149,13 +172,15 @@ class LinkReaper:
             self._seen_changes = changes
             dropped: list[tuple[Link, DropReason]] = []
             pending = False
-            view = _RemoteView(b) if any(not lk.local for lk in self._links.values()) else None
+            view = _RemoteView(b) if self._remote_links else None
             for ep, link in list(self._links.items()):
-                verdict = self._judge(link, view)
+                if link.local:
+                    verdict = self._judge_local(link)
+                else:
+                    assert view is not None
+                    link, verdict = self._judge_remote(link, view)
+                    self._links[ep] = link  # the same, or completed by a first report
                 if verdict is None:
-                    continue
-                if isinstance(verdict, Link):  # first report of a remote peer: adopt it
-                    self._links[ep] = verdict
                     continue
                 if verdict is _PENDING:
                     pending = True
@@ -165,6 +190,8 @@ class LinkReaper:
             self._pending = pending
             for link, _ in dropped:
                 self._forget(link)
+            if dropped:
+                self._reindex()
         for link, reason in dropped:
             log.info("link to %s (incarnation %d) dropped: %s", link.endpoint, link.incarnation, reason)
             if self.on_drop is not None:
@@ -181,32 +208,52 @@ class LinkReaper:
         if not len(idx):
             return False
         ts = self.board._hb[idx] & np.uint64(TS39_MASK)
-        now = time.monotonic_ns() >> TS_SHIFT
+        now = self.board._now_ns() >> TS_SHIFT  # the board's clock, as slot() judges
         return bool(now - int(ts.min()) >= self._stale_units)
 
-    def _judge(self, link: Link, view: _RemoteView | None) -> DropReason | Link | object | None:
-        if link.local:
-            s = self.board.slot(link.key) if link.key is not None else None
-            if s is None:
-                return DropReason.GONE
-        else:
-            assert view is not None
+    def _judge_local(self, link: Link) -> DropReason | object | None:
+        s = self.board.slot(link.key) if link.key is not None else None
+        if s is None:
+            return DropReason.GONE  # no slot holds the key any more: reused by another key
+        return self._verdict(link, s)
+
+    def _judge_remote(self, link: Link, view: _RemoteView) -> tuple[Link, DropReason | object | None]:
+        """A remote link against this host's latest reports.  Those lag the peer by a
+        round trip, so a report older than the handshake (a lower incarnation, or no row
+        yet for a key the handshake just met) is waited for, never taken as a verdict."""
+        host = view.hosts.get(_host_of(link.endpoint))
+        if host is None or host.status is Status.UNKNOWN:
+            return link, _PENDING  # that host never reported yet, or nobody observes here
+        host_dead = DropReason.DEAD if host.status is Status.DEAD else _PENDING
+        if link.incarnation == 0:  # the handshake did not say: adopt the first live report
             s = view.by_endpoint.get(link.endpoint)
-            if s is None:
-                host = view.hosts.get(parse_hostport(link.endpoint)[0])
-                if link.incarnation and host is not None and host.status is Status.ALIVE:
-                    return DropReason.GONE  # a fresh digest of a live host lacks it
-                if host is not None and host.status is Status.DEAD and link.incarnation:
-                    return DropReason.DEAD
-                return _PENDING
-            if s.status is Status.UNKNOWN:
-                return _PENDING
-            if link.incarnation == 0:
-                if s.status in (Status.ALIVE, Status.SUSPECT):
-                    return Link(link.endpoint, s.key, s.incarnation, False, link.payload)
-                return _PENDING
+            if s is None or s.status not in (Status.ALIVE, Status.SUSPECT):
+                return link, _PENDING
+            link = Link(link.endpoint, s.key, s.incarnation, False, link.payload)
+        elif link.key is None:  # incarnation known, but no report named the peer yet
+            s = view.by_endpoint.get(link.endpoint)
+            if s is None or s.incarnation < link.incarnation:
+                return link, host_dead
+            if s.incarnation > link.incarnation:
+                return link, DropReason.RESTARTED
+            link = Link(link.endpoint, s.key, link.incarnation, False, link.payload)
+        s = view.by_key.get((host.address, link.key))  # type: ignore[arg-type]
+        if s is None:
+            # a report of a live host lacks the key: its slot went to another key (or
+            # the host's board was recreated)
+            return link, DropReason.DEAD if host.status is Status.DEAD else DropReason.GONE
+        if s.incarnation < link.incarnation:
+            return link, host_dead  # the report predates our handshake: wait for a newer one
+        return link, self._verdict(link, s)
+
+    def _verdict(self, link: Link, s: SlotStatus) -> DropReason | object | None:
+        """The link against the current holder of its key, local or remote alike."""
+        if s.status is Status.UNKNOWN:
+            return _PENDING
         if s.incarnation != link.incarnation:
-            return DropReason.RESTARTED
+            # A new incarnation holds the key: the link is to the old one.  If the new
+            # one no longer serves the endpoint, a re-handshake there would find nobody.
+            return DropReason.RESTARTED if link.endpoint in s.endpoints else DropReason.GONE
         if s.status is Status.DEAD:
             return DropReason.DEAD
         if s.status is Status.LEFT:
@@ -255,16 +302,24 @@ class LinkReaper:
 _PENDING = object()
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _host_of(endpoint: str) -> str:
+    """The host part of "host:port" (memoised: a full judge asks it once per link)."""
+    return parse_hostport(endpoint)[0]
+
+
 class _RemoteView:
     """Remote hosts and workers as of one poll: one pass over the board's remote tables
     instead of one per link."""
 
     def __init__(self, board: Board) -> None:
-        self.hosts: dict[str, PeerStatus] = {}
-        self.by_endpoint: dict[str, SlotStatus] = {}
+        self.hosts: dict[str, PeerStatus] = {}  # host (no port) -> its pinger's report
+        self.by_endpoint: dict[str, SlotStatus] = {}  # the newest worker advertising it
+        self.by_key: dict[tuple[str, str], SlotStatus] = {}  # (pinger address, key)
         for p in board.peers():
-            self.hosts[parse_hostport(p.address)[0]] = p
+            self.hosts[_host_of(p.address)] = p
             for s in p.slots:
+                self.by_key[(p.address, s.key)] = s
                 for ep in s.endpoints:
                     old = self.by_endpoint.get(ep)
                     if old is None or s.incarnation > old.incarnation:
