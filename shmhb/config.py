@@ -113,6 +113,14 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
     return host, port
 
 
+def has_port(text: str) -> bool:
+    """Whether ``text`` (as :func:`parse_hostport` reads it) names a port."""
+    t = text.strip()
+    if t.startswith("["):
+        return "]:" in t
+    return t.count(":") == 1
+
+
 def format_hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -136,8 +144,12 @@ class PingerConfig:
             object.__setattr__(self, "listen", format_hostport(host, port))
             if len(self.listen.encode()) >= ADDR_BYTES:
                 raise InvalidConfig(f"listen address too long: {self.listen!r}")
+        # A peer given without a port is pinged at the cluster's port (that of --listen),
+        # like the host behind a watch: keep it port-less here.  Normalising it with
+        # DEFAULT_PORT made `--peer HOST` ping 45645 whatever port the cluster used.
         object.__setattr__(
-            self, "peers", tuple(format_hostport(*parse_hostport(p)) for p in self.peers)
+            self, "peers", tuple(format_hostport(h, p) if has_port(s) else h
+                                 for s in self.peers for h, p in (parse_hostport(s),))
         )
         for name in ("secret_file", "curve_keys"):
             v = getattr(self, name)
