@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -142,6 +143,10 @@ class Board:
             h["boot_id"] = boot_id()
             h["board_inc"] = secrets.randbits(63) | 1
             h["created_ns"] = clock.monotonic_ns()
+            # Incarnations count up from the wall-clock time of creation (in µs), not
+            # from 1: a board removed and created anew (a restarted host) must never
+            # hand a worker an incarnation that links to its predecessor were made with.
+            h["inc_counter"] = time.time_ns() // 1000
             h["creator_pid"] = os.getpid()
             h["suspect_after_ns"] = int(pol.suspect_after_s * 1e9)
             h["dead_after_ns"] = int(pol.dead_after_s * 1e9)
@@ -493,7 +498,8 @@ class Board:
             self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
 
     def _reclaim_watches(self) -> np.ndarray:
-        """Free watch rows of processes that are gone (caller holds the registry lock)."""
+        """Free watch rows of processes that are gone (caller holds the registry lock);
+        returns the free rows."""
         w = self._watches
         for i in np.flatnonzero(w["checksum"] != 0):
             row = w[int(i)]
@@ -501,6 +507,23 @@ class Board:
             if pid and start_time(pid) != int(row["owner_start"]):
                 row["checksum"] = 0
         return np.flatnonzero(w["checksum"] == 0)
+
+    def reclaim_watches(self) -> int:
+        """Drop the watches of processes that died without unwatching; the agent calls
+        this periodically.  Returns how many rows were freed."""
+        w = self._watches
+        owners = {(int(w[int(i)]["owner_pid"]), int(w[int(i)]["owner_start"]))
+                  for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] != 0))}
+        if all(start_time(pid) == start for pid, start in owners):
+            return 0  # the common case, without the lock
+        with self.registry():
+            before = int(np.count_nonzero(w["checksum"] == 0))
+            freed = len(self._reclaim_watches()) - before
+            if freed:
+                self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+        if freed:
+            log.info("board %s: dropped %d watch(es) of processes that are gone", self.name, freed)
+        return freed
 
     def watched_hosts(self) -> dict[str, int]:
         """Hosts that live local processes (or the pinger's --peer list) watch, with the

@@ -190,6 +190,7 @@ class NetworkHalf:
         self._nonce = time.time_ns()
         self._push_seq = time.time_ns()
         self._watch_gen = -1
+        self._next_reclaim_ns = 0
         self._adopted = self.rows.adopt_peers()
         self._last_log: dict[str, int] = {}
         # local digest.  The generation starts at a random value, not 0: the board's
@@ -337,6 +338,9 @@ class NetworkHalf:
         log.info("pinger: no longer following %s", address)
 
     def _reconcile(self, now_ns: int) -> None:
+        if now_ns >= self._next_reclaim_ns:  # watches of processes that died unwatching
+            self._next_reclaim_ns = now_ns + 1_000_000_000
+            self.b.reclaim_watches()
         rg = self.b._q[self.b._reg_gen_i]
         if rg == self._watch_gen:
             return

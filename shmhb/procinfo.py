@@ -25,8 +25,9 @@ def own_pid_namespace() -> int:
 
 def start_time(pid: int | str = "self") -> int | None:
     """The process start time in clock ticks since boot (field 22 of /proc/PID/stat), or
-    None if no such process.  Together with the pid it names one process for the whole
-    boot, where the pid alone may be reused."""
+    None if no such process or it is a zombie (dead, not yet reaped by its parent).
+    Together with the pid it names one process for the whole boot, where the pid alone
+    may be reused."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -36,6 +37,8 @@ def start_time(pid: int | str = "self") -> int | None:
         return None
     # comm (field 2) may contain spaces and parentheses: split after the last ')'
     rest = data[data.rindex(b")") + 2:].split()
+    if rest[0] in (b"Z", b"X"):
+        return None
     return int(rest[19])
 
 

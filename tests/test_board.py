@@ -115,6 +115,16 @@ def test_wrong_version_size_and_policy_are_refused(board_name: str) -> None:
         shmhb.Board.attach(board_name)
 
 
+def test_a_recreated_board_never_repeats_an_incarnation(board_name: str) -> None:
+    with shmhb.Board.create(board_name) as b:
+        old = [b.register(f"k{i}", agent=False) for i in range(3)]
+        for h in old:
+            h.close()
+        b.unlink()
+    with shmhb.Board.create(board_name) as b2, b2.register("k0", agent=False) as h:
+        assert h.incarnation > max(o.incarnation for o in old)
+
+
 def test_board_from_an_earlier_boot_is_stale_and_open_recovers_it(board_name: str) -> None:
     b = shmhb.Board.create(board_name)
     old_inc = b.board_inc
@@ -132,7 +142,7 @@ def test_board_of_a_crashed_creator_is_recovered(board_name: str) -> None:
     with pytest.raises(shmhb.StaleBoard):
         shmhb.Board.attach(board_name)
     with shmhb.Board.open(board_name) as b:
-        assert b.register("k", agent=False).incarnation == 1
+        assert b.register("k", agent=False).incarnation > 0
 
 
 def test_no_permission(board_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -169,10 +179,10 @@ def test_full_shm_fails_up_front_not_with_sigbus(board_name: str) -> None:
 
 def test_register_rules(board: shmhb.Board) -> None:
     hb = board.register("rank-0", endpoints=("10.0.0.1:30003",), agent=False)
-    assert hb.key == "rank-0" and hb.incarnation == 1
+    assert hb.key == "rank-0" and hb.incarnation > 0
     s = board.slot("rank-0")
     assert s is not None and s.status is shmhb.Status.ALIVE and s.pid == os.getpid()
-    assert s.endpoints == ("10.0.0.1:30003",) and s.incarnation == 1
+    assert s.endpoints == ("10.0.0.1:30003",) and s.incarnation == hb.incarnation
     with pytest.raises(shmhb.KeyInUse):
         board.register("rank-0", agent=False)  # held by a live holder (this very process)
     hb.close()
