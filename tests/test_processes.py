@@ -212,10 +212,11 @@ while True:
 
 
 def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Board, procs: Procs) -> None:
-    from shmhb.layout import INC_SHIFT, LEFT_BIT, TS39_MASK
+    from shmhb.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
 
     p = procs.python(TORN_WRITER, board.name)
     inc, index = (int(x) for x in p.ready_line.split()[1:3])
+    tag = inc & INC_MASK  # the word carries the low 24 bits of the incarnation
     q = board._q
     i = board._hb0 + index * 8
     seen = bad = distinct = 0
@@ -225,7 +226,7 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
         for _ in range(20000):
             w = q[i]
             ts = w & TS39_MASK
-            if w >> INC_SHIFT != inc or w & LEFT_BIT or (ts >> 20) != (ts & 0x7FFFF):
+            if w >> INC_SHIFT != tag or w & LEFT_BIT or (ts >> 20) != (ts & 0x7FFFF):
                 bad += 1
             if w != last:
                 distinct += 1
