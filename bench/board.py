@@ -1,0 +1,379 @@
+"""Benchmark of the board: ``python -m bench.board [--quick] [--plain]``.
+
+Four figures, each beside the floor it cannot beat, measured in one run:
+
+1. the worker's hot path, ``hb.beat()``, against one ``time.monotonic_ns()`` plus one
+   store into a prepared 0-d numpy view of shared memory;
+2. a reader's hot path, ``board.slot(key)`` and ``board.status(key)``, against a plain
+   one-word read of shared memory;
+3. a scan of a full 1024-slot board: ``snapshot()`` + ``judge_local_array`` (the
+   vectorised path) and ``board.slots()`` (the Python-object path);
+4. the time from SIGKILL of a worker to a reader seeing DEAD, with the host agent
+   running as its own process (``python -m shmhb pinger``), against the time the same
+   polling reader sees the kernel report the exit on a pidfd of its own.
+
+Micro-benchmarks are interleaved (a sample of each variant in turn) so machine noise
+hits them alike.  Everything the run creates (boards, processes) is removed at the end,
+on Ctrl-C too.  See bench/README.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import mmap
+import os
+import queue
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import posix_ipc
+
+import shmhb
+from shmhb.judge import judge_local_array
+from shmhb.layout import TS_SHIFT
+from shmhb.status import Status
+
+from . import stats
+from .stats import Summary, Variant
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = {"beat": 150.0, "slot": 300.0, "scan": 10.0, "kill": 5.0}  # ns, ns, µs, ms
+# Verdicts come only from the agent in the kill test: silence takes 10 s to convict.
+LONG_POLICY = {"suspect_after_s": 60.0, "dead_after_s": 120.0}
+
+
+@dataclass
+class Row:
+    """One line of the result table."""
+
+    what: str
+    summary: Summary
+    unit: str
+    floor: float | None = None  # the median this figure is compared with
+    target: float | None = None  # met when the median is at most this
+
+    def cells(self) -> list[str]:
+        s = self.summary
+        met = "-" if self.target is None else ("yes" if s.median <= self.target else "NO")
+        return [self.what, stats.fmt(s.median, self.unit), stats.fmt(s.p99, self.unit), str(s.ops),
+                "" if self.floor is None else stats.ratio(s.median, self.floor),
+                "" if self.target is None else f"<= {self.target:g} {self.unit}", met]
+
+
+def unique_name(tag: str) -> str:
+    """A board name no other run (or concurrent benchmark) uses."""
+    return f"shmhb-bench-{os.getpid()}-{secrets.token_hex(3)}-{tag}"
+
+
+def new_board(stack: contextlib.ExitStack, tag: str, slots: int, **create: Any) -> shmhb.Board:
+    """A fresh board (``Board.create`` keywords) unlinked and closed when ``stack`` unwinds."""
+    board = shmhb.Board.create(unique_name(tag), slots=slots, **create)
+    stack.callback(board.close)
+    stack.callback(board.unlink)
+    return board
+
+
+def floor_memory() -> mmap.mmap:
+    """A page of POSIX shared memory, the same kind as a board, for the floor variants.
+    Unlinked at once: the mapping lives on, nothing is left behind."""
+    shm = posix_ipc.SharedMemory(f"/{unique_name('floor')}", posix_ipc.O_CREX, mode=0o600, size=4096)
+    try:
+        return mmap.mmap(shm.fd, 4096)
+    finally:
+        shm.close_fd()
+        shm.unlink()
+
+
+# -- 1 and 2: the hot paths ---------------------------------------------------------------
+
+class SteppingClock:
+    """A clock that moves one board time unit (2**20 ns) at every read, so no two reads
+    of a slot see the same "now": whatever a reader remembers from its previous call
+    cannot answer the next one.  ``count.__next__`` is a C call, cheaper than
+    ``time.monotonic_ns`` (compare the rows), so this figure errs on the fast side."""
+
+    def __init__(self) -> None:
+        self.monotonic_ns = itertools.count(time.monotonic_ns(), 1 << TS_SHIFT).__next__
+
+
+def bench_hot_paths(stack: contextlib.ExitStack, samples: int) -> list[Row]:
+    """``beat``, ``slot`` and ``status`` interleaved with the floors they are made of."""
+    key = "bench-worker"
+    board = new_board(stack, "hot", 64, **LONG_POLICY)
+    hb = board.register(key, agent=False)
+    stack.callback(hb.close)
+    hb.beat()
+    assert board.status(key) is Status.ALIVE  # also fills the reader's key cache
+    # Policy long enough that a clock stepping ~1 ms per read keeps the slot ALIVE.
+    stepping = new_board(stack, "step", 64, clock=SteppingClock(),
+                         suspect_after_s=1e6, dead_after_s=2e6)
+    stack.callback(stepping.register(key, agent=False).close)
+    assert stepping.status(key) is Status.ALIVE
+    mm = floor_memory()
+    ns = {
+        "HB": hb, "BOARD": board, "STEPPING": stepping, "KEY": key, "MONO": time.monotonic_ns,
+        "WORD": np.ndarray((), np.uint64, buffer=mm, offset=64),  # 0-d view, like Heartbeat's
+        "BASE": 7 << 40, "ARR": np.ndarray(512, np.uint64, buffer=mm),
+        "Q": memoryview(mm).cast("B").cast("Q"),  # how Board reads words
+    }
+    reader = "board, key = BOARD, KEY"
+    vs = [
+        Variant("loop overhead (empty statement)", "pass", ns),
+        Variant("time.monotonic_ns()", "mono()", ns, setup="mono = MONO"),
+        Variant("floor: clock + store into 0-d uint64 view of shm", "word[()] = mono()", ns,
+                setup="word, mono = WORD, MONO"),
+        Variant("clock + pack + store (beat's body, inline)",
+                f"word[()] = base | (mono() >> {TS_SHIFT})", ns,
+                setup="word, base, mono = WORD, BASE, MONO"),
+        Variant("hb.beat()", "hb.beat()", ns, setup="hb = HB"),
+        Variant("floor: read q[i] (memoryview 'Q' of shm, as Board)", "q[9]", ns, setup="q = Q"),
+        Variant("read arr[i] (numpy uint64 view of shm)", "arr[9]", ns, setup="arr = ARR"),
+        Variant("board.slot(key)", "board.slot(key)", ns, setup=reader),
+        Variant("board.status(key)", "board.status(key)", ns, setup=reader),
+        Variant("board.slot(key), clock moves every call", "board.slot(key)", ns,
+                setup="board, key = STEPPING, KEY"),
+    ]
+    got = stats.interleaved(vs, samples)
+    rows = [Row(v.name, Summary.of(got[v.name], samples * v.batch), "ns") for v in vs]
+    for r in rows[2:5]:
+        r.floor = rows[2].summary.median
+    for r in rows[5:]:
+        r.floor = rows[5].summary.median
+    rows[4].target = TARGETS["beat"]
+    rows[7].target = TARGETS["slot"]
+    return rows
+
+
+# -- 3: scanning a full board -------------------------------------------------------------
+
+def bench_scan(stack: contextlib.ExitStack, samples: int, slots: int = 1024) -> list[Row]:
+    """All slots of a full board: the vectorised snapshot against ``slots()``."""
+    board = new_board(stack, "scan", slots, **LONG_POLICY)
+    for k in range(slots):
+        stack.callback(board.register(f"scan-{k:04d}", agent=False).close)
+    hbs, verdicts, now = board.snapshot()
+    codes, _ = judge_local_array(hbs, verdicts, int(now), board.thresholds)
+    assert int((codes == Status.ALIVE.code).sum()) == slots and len(board.slots()) == slots
+    ns = {"BOARD": board, "JUDGE": judge_local_array, "SNAP": board.snapshot()}
+    setup = "board, judge, th = BOARD, JUDGE, BOARD.thresholds"
+    vs = [
+        Variant(f"snapshot() + judge_local_array, {slots} slots",
+                "judge(*board.snapshot(), th)", ns, batch=100, setup=setup),
+        Variant("  of which snapshot()", "board.snapshot()", ns, batch=100, setup=setup),
+        Variant("  of which judge_local_array", "judge(*snap, th)", ns, batch=100,
+                setup=setup + "; snap = SNAP"),
+        Variant(f"board.slots(), {slots} SlotStatus objects", "board.slots()", ns, batch=2,
+                setup=setup),
+    ]
+    got = stats.interleaved(vs, samples)
+    s = {v.name: Summary.of([x / 1000 for x in got[v.name]], samples * v.batch) for v in vs}
+    scan = s[vs[0].name].median
+    return [
+        Row(vs[0].name, s[vs[0].name], "µs", target=TARGETS["scan"]),
+        Row(vs[1].name, s[vs[1].name], "µs"),
+        Row(vs[2].name, s[vs[2].name], "µs"),
+        Row(vs[3].name, s[vs[3].name], "µs", floor=scan),
+    ]
+
+
+# -- 4: SIGKILL to DEAD -------------------------------------------------------------------
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Our environment with this checkout first on the import path, for subprocesses."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+class Victims:
+    """Victim workers forked on request by ``bench.worker``; each key is reused, so its
+    slot is recycled with a new incarnation."""
+
+    def __init__(self, stack: contextlib.ExitStack, board_name: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", board_name],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=child_env(OPENBLAS_NUM_THREADS="1"), cwd=REPO)
+        self.live: dict[str, int] = {}  # key -> pid
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        stack.callback(self.close)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+
+    def request(self, key: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(key + "\n")
+        self.proc.stdin.flush()
+
+    def wait_ready(self, timeout_s: float = 20.0) -> tuple[str, int]:
+        """The next worker that beats: (key, pid)."""
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RuntimeError(f"no victim worker became ready within {timeout_s} s") from None
+        what, key, rest = line.rstrip("\n").split(" ", 2)
+        if what != "ready":
+            raise RuntimeError(f"victim worker {key!r} failed: {rest}")
+        self.live[key] = int(rest)
+        return key, int(rest)
+
+    def close(self) -> None:
+        for pid in self.live.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]  # the server exits on EOF
+        _reap(self.proc)
+
+
+def _reap(proc: subprocess.Popen[str] | subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """Wait for ``proc`` to end, killing it after ``grace_s``."""
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def start_agent(stack: contextlib.ExitStack, board: shmhb.Board, tick_s: float) -> None:
+    """``python -m shmhb pinger`` for ``board``, stopped with SIGTERM when ``stack`` unwinds;
+    returns once it holds the agent role."""
+    log = stack.enter_context(tempfile.TemporaryFile("w+"))
+    proc = subprocess.Popen([sys.executable, "-m", "shmhb", "pinger", "--board", board.name,
+                             "--tick-s", str(tick_s)], stdout=log, stderr=log, cwd=REPO,
+                            env=child_env())
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+        _reap(proc)
+
+    stack.callback(stop)
+    deadline = time.monotonic() + 30
+    while board.agent().status is not Status.ALIVE:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.seek(0)
+            raise RuntimeError(f"the agent did not start; its log:\n{log.read()[-2000:]}")
+        time.sleep(0.02)
+
+
+def bench_kill(stack: contextlib.ExitStack, kills: int, pool: int, tick_s: float = 0.05,
+               poll_s: float = 50e-6) -> tuple[list[Row], list[str]]:
+    """Kill ``kills`` workers one at a time; time SIGKILL to ``status(key) is DEAD``.
+
+    ``pool`` workers are ready ahead of time; the one just killed is replaced (same key)
+    before the next kill, so no fork or registration runs during a measurement.  A worker
+    is killed only after it has beaten for ``settle_s``, so the agent, which notices new
+    registrations on its tick, already holds a pidfd on it.
+    """
+    board = new_board(stack, "kill", 64)  # default policy: only a verdict reads DEAD in ms
+    start_agent(stack, board, tick_s)
+    victims = Victims(stack, board.name)
+    keys = [f"victim-{k}" for k in range(pool)]
+    since: dict[str, float] = {}
+    for key in keys:
+        victims.request(key)
+    for _ in keys:
+        since[victims.wait_ready()[0]] = time.monotonic()
+    settle_s = 4 * tick_s
+    status, clock, sleep = board.status, time.perf_counter_ns, time.sleep
+    dead_ms: list[float] = []
+    exit_ms: list[float] = []
+    missed = 0
+    for n in range(kills):
+        key = keys[n % pool]
+        sleep(max(0.0, since[key] + settle_s - time.monotonic()))
+        if status(key) is not Status.ALIVE:  # also caches the new incarnation for the reader
+            raise RuntimeError(f"victim {key!r} reads {status(key)} before the kill")
+        pid = victims.live.pop(key)
+        # The floor: our own pidfd on the victim, checked by the same polling loop.
+        pidfd = os.pidfd_open(pid)
+        exited = select.poll()
+        exited.register(pidfd, select.POLLIN)
+        t_exit = 0
+        deadline = clock() + 2_000_000_000
+        t0 = clock()
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            if not t_exit and exited.poll(0):
+                t_exit = clock()
+            st = status(key)
+            t1 = clock()
+            if st is Status.DEAD or t1 > deadline:
+                break
+            sleep(poll_s)
+        os.close(pidfd)
+        if st is Status.DEAD:
+            dead_ms.append((t1 - t0) / 1e6)
+            exit_ms.append((t_exit - t0) / 1e6)
+        else:
+            missed += 1
+        victims.request(key)
+        got, _ = victims.wait_ready()
+        since[got] = time.monotonic()
+    used = int(np.count_nonzero(board.snapshot()[0]))
+    notes = [f"kill test: {kills} kills, {pool} keys reused in {used} of {board.sizes.nslots} "
+             f"slots; agent tick {tick_s * 1e3:g} ms, reader polls every {poll_s * 1e6:g} µs "
+             f"(+ sleep overshoot); agent counted {board.stats()['deaths_seen']} deaths"
+             + (f"; {missed} kills NOT seen as DEAD within 2 s" if missed else "")]
+    floor = Summary.of(exit_ms, len(exit_ms))
+    return [Row("floor: SIGKILL -> own pidfd readable (same poll loop)", floor, "ms",
+                floor=floor.median),
+            Row("SIGKILL -> reader sees DEAD in board.status", Summary.of(dead_ms, len(dead_ms)),
+                "ms", floor=floor.median, target=TARGETS["kill"])], notes
+
+
+# -- the run ----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.board", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples and kills (a smoke run)")
+    ap.add_argument("--plain", action="store_true", help="plain columns instead of markdown")
+    args = ap.parse_args(argv)
+    samples, scan_samples, kills, pool = (100, 30, 20, 5) if args.quick else (1000, 300, 200, 10)
+
+    load0 = stats.loadavg()
+    print(stats.table(["machine", ""], stats.machine_info(), markdown=not args.plain))
+    print()
+    t_start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        rows = bench_hot_paths(stack, samples)
+        rows += bench_scan(stack, scan_samples)
+        kill_rows, notes = bench_kill(stack, kills, pool)
+        rows += kill_rows
+    load1 = stats.loadavg()
+    print(stats.table(["what", "median", "p99", "ops", "x floor", "target", "met"],
+                      [r.cells() for r in rows], markdown=not args.plain))
+    print()
+    print(f"ns figures are per call, timed {samples} samples x 1000 calls, interleaved; they "
+          "include the loop overhead in the first row.  'x floor' divides the median by the "
+          "nearest 'floor' row above it (scan rows: by the snapshot + judge row).")
+    for note in notes + [stats.noise_note(load0, load1) or ""]:
+        if note:
+            print(note)
+    missed = [r.what for r in rows if r.target is not None and r.summary.median > r.target]
+    print("all targets met" if not missed else "targets missed: " + "; ".join(missed))
+    print(f"run took {time.monotonic() - t_start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted: the boards and processes of this run are removed", file=sys.stderr)
+        sys.exit(130)
