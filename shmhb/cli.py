@@ -65,6 +65,10 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     if not args.refresh_hz > 0:
         raise InvalidConfig(f"--refresh-hz must be positive, got {args.refresh_hz}")
+    if not sys.stdout.isatty():
+        print("shmhb: monitor needs a terminal; for logs and scripts use `shmhb events "
+              "--follow` or `shmhb status --json`", file=sys.stderr)
+        return 2
     stop = threading.Event()
     _stop_on_sigterm(stop)
     with Board.attach(args.board) as board:
@@ -104,7 +108,11 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     _stop_on_sigterm(stop)
-    exp = Exporter(args.board, addr=args.addr, port=args.port).start()
+    try:
+        exp = Exporter(args.board, addr=args.addr, port=args.port).start()
+    except OSError as e:
+        print(f"shmhb: cannot listen on {args.addr}:{args.port}: {e.strerror}", file=sys.stderr)
+        return 2
     print(f"shmhb exporter: board {exp.collector.name} on {exp.url}", flush=True)
     try:
         while not stop.wait(1.0):
@@ -138,7 +146,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if not args.yes:
         names = ", ".join(b.name for b in doomed)
         print(f"remove {len(doomed)} unused board(s): {names}? [y/N] ", end="", flush=True)
-        answer = sys.stdin.readline().strip().lower()
+        answer = sys.stdin.readline()
+        if not sys.stdin.isatty():
+            print(answer.strip())  # echo what a script answered
+        answer = answer.strip().lower()
         if answer not in ("y", "yes"):
             print("nothing removed")
             return 1

@@ -1,0 +1,283 @@
+"""``shmhb exporter``: the board as Prometheus metrics.
+
+A custom collector reads the board once per scrape (one ``View``: lock-free, one
+syscall) and turns it into metric families, so a scrape costs one board read however
+many metrics it yields, and a board nobody scrapes costs nothing.  Every metric is
+documented in docs/METRICS.md; keep the two in step.
+
+The exporter follows the board's name, not one mapping: if the board is removed
+(``shmhb gc``) or recreated (a reboot, a crashed creator), the next scrape reports
+``shmhb_board_up 0`` or attaches to the new board.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .board import Board
+from .config import board_name as _board_name
+from .errors import BoardNotFound, ShmhbError
+from .gc import shm_path
+from .status import Status
+from .view import View, read_view
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9645
+STATUSES = tuple(Status)
+
+#: board counters (``Board.stats``) exported as plain counters, by metric name
+MESSAGE_COUNTERS = {
+    "pings_sent": ("shmhb_pings_sent", "Pings this host's pinger sent to remote hosts."),
+    "acks_received": ("shmhb_acks_received", "Valid acks this host's pinger received."),
+    "pings_answered": ("shmhb_pings_answered", "Pings from remote hosts this pinger answered."),
+    "pushes_sent": ("shmhb_pushes_sent", "Digest pushes this pinger sent."),
+    "pushes_received": ("shmhb_pushes_received", "Digest pushes this pinger received."),
+}
+
+
+class BoardCollector:
+    """Collects one board's metrics; safe to call from concurrent scrapes.
+
+    Besides the board's own counters it keeps one piece of state: the incarnation of
+    every worker it has seen, to count restarts (``shmhb_restarts_total``).  Those
+    counts cover what this exporter observed since it started, scrape to scrape: two
+    restarts of one worker between two scrapes count once.
+    """
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = _board_name(name)
+        self._lock = threading.Lock()
+        self._board: Board | None = None
+        self._ino = 0
+        self._incs: dict[tuple[str, str], int] = {}
+        self._local_restarts = 0
+        self._remote_restarts: dict[str, int] = {}
+
+    # -- following the board by name -----------------------------------------------------
+
+    def _inode(self) -> int:
+        try:
+            return os.stat(shm_path(self.name)).st_ino
+        except FileNotFoundError:
+            return 0
+
+    def _current(self) -> Board | None:
+        """The board now behind the name: reattach if it was replaced, None if absent."""
+        ino = self._inode()
+        if self._board is not None and ino == self._ino and ino:
+            return self._board
+        if self._board is not None:
+            log.info("board %s was removed or replaced; reattaching", self.name)
+            self._board.close()
+            self._board = None
+        if not ino:
+            return None
+        try:
+            board = Board.attach(self.name)
+        except BoardNotFound:
+            return None
+        self._board, self._ino = board, ino
+        return board
+
+    def close(self) -> None:
+        with self._lock:
+            if self._board is not None:
+                self._board.close()
+                self._board = None
+
+    # -- the scrape ------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            up = GaugeMetricFamily("shmhb_board_up",
+                                   "1 if the board exists and was read by this scrape.")
+            try:
+                board = self._current()
+                view = None if board is None else read_view(board)
+            except ShmhbError as e:
+                log.warning("board %s cannot be read: %s", self.name, e)
+                view = None
+            up.add_metric([], 0 if view is None else 1)
+            yield up
+            if view is None or board is None:
+                return
+            yield from self._families(view, board.capacity.slots)
+
+    def _count_restarts(self, view: View) -> None:
+        first = not self._incs
+        for host, slots in [("", view.slots)] + [(p.address, p.slots) for p in view.peers]:
+            if host:
+                self._remote_restarts.setdefault(host, 0)
+            for s in slots:
+                k = (host, s.key)
+                old = self._incs.get(k)
+                if old is not None and old != s.incarnation and not first:
+                    if host:
+                        self._remote_restarts[host] += 1
+                    else:
+                        self._local_restarts += 1
+                self._incs[k] = s.incarnation
+
+    def _families(self, view: View, capacity: int) -> Iterator[Metric]:
+        self._count_restarts(view)
+        g = GaugeMetricFamily("shmhb_board_capacity_slots", "Local slots the board has room for.")
+        g.add_metric([], capacity)
+        yield g
+
+        # local slots
+        st = GaugeMetricFamily("shmhb_slot_status", "Status of each local worker slot: 1 for "
+                               "its current status, 0 for the others.", labels=["key", "status"])
+        age = GaugeMetricFamily("shmhb_slot_age_seconds",
+                                "Seconds since each local worker's last heartbeat.", labels=["key"])
+        inc = GaugeMetricFamily("shmhb_slot_incarnation",
+                                "Incarnation of each local worker's registration.", labels=["key"])
+        for s in view.slots:
+            for x in STATUSES:
+                st.add_metric([s.key, x.value], 1 if s.status is x else 0)
+            age.add_metric([s.key], s.age_s)
+            inc.add_metric([s.key], s.incarnation)
+        yield from (st, age, inc)
+
+        # the agent
+        a = view.agent
+        g = GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.")
+        g.add_metric([], 1 if a.status is Status.ALIVE else 0)
+        yield g
+        g = GaugeMetricFamily("shmhb_agent_role_held",
+                              "1 if a live process holds the host agent role.")
+        g.add_metric([], 1 if view.agent_held else 0)
+        yield g
+        g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
+        g.add_metric([], a.term)
+        yield g
+        if a.age_s is not None:
+            g = GaugeMetricFamily("shmhb_agent_heartbeat_age_seconds",
+                                  "Seconds since the host agent's last heartbeat.")
+            g.add_metric([], a.age_s)
+            yield g
+        g = GaugeMetricFamily("shmhb_agent_loop_lateness_seconds",
+                              "Worst lateness of the agent loop over its last one-second window.")
+        g.add_metric([], view.lateness_ms / 1000.0)
+        yield g
+
+        # remote hosts and their workers
+        pst = GaugeMetricFamily("shmhb_peer_status", "Status of each followed remote host: 1 "
+                                "for its current status, 0 for the others.", labels=["peer", "status"])
+        rtt = GaugeMetricFamily("shmhb_peer_rtt_seconds",
+                                "Last ping round-trip time to each remote host.", labels=["peer"])
+        ack = GaugeMetricFamily("shmhb_peer_last_ack_age_seconds",
+                                "Seconds since each remote host last acked a ping.", labels=["peer"])
+        rst = GaugeMetricFamily("shmhb_remote_slot_status", "Status of each worker on a remote "
+                                "host: 1 for its current status, 0 for the others.",
+                                labels=["peer", "key", "status"])
+        rinc = GaugeMetricFamily("shmhb_remote_slot_incarnation",
+                                 "Incarnation of each worker on a remote host.", labels=["peer", "key"])
+        for p in view.peers:
+            for x in STATUSES:
+                pst.add_metric([p.address, x.value], 1 if p.status is x else 0)
+            if p.rtt_ms is not None:
+                rtt.add_metric([p.address], p.rtt_ms / 1000.0)
+            if p.age_s is not None:
+                ack.add_metric([p.address], p.age_s)
+            for s in p.slots:
+                for x in STATUSES:
+                    rst.add_metric([p.address, s.key, x.value], 1 if s.status is x else 0)
+                rinc.add_metric([p.address, s.key], s.incarnation)
+        yield from (pst, rtt, ack, rst, rinc)
+
+        # counters
+        stats = view.stats
+        c = CounterMetricFamily("shmhb_deaths", "Worker deaths the host agent recorded through "
+                                "process exit (kills and crashes; hangs are not counted).")
+        c.add_metric([], stats.get("deaths_seen", 0))
+        yield c
+        c = CounterMetricFamily("shmhb_restarts", "Local workers seen with a new incarnation, "
+                                "as observed by this exporter since it started.")
+        c.add_metric([], self._local_restarts)
+        yield c
+        c = CounterMetricFamily("shmhb_remote_restarts", "Workers of each remote host seen with a "
+                                "new incarnation, as observed by this exporter since it started.",
+                                labels=["peer"])
+        for host, n in sorted(self._remote_restarts.items()):
+            c.add_metric([host], n)
+        yield c
+        c = CounterMetricFamily("shmhb_bad_frames", "Network frames the pinger dropped, by reason.",
+                                labels=["reason"])
+        for reason, n in view.bad_frames().items():
+            c.add_metric([reason], n)
+        yield c
+        c = CounterMetricFamily("shmhb_agent_late_loops",
+                                "Agent loop iterations that ran more than four ticks late.")
+        c.add_metric([], stats.get("loop_late", 0))
+        yield c
+        for stat, (name, doc) in MESSAGE_COUNTERS.items():
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], stats.get(stat, 0))
+            yield c
+
+
+# -- the HTTP side ---------------------------------------------------------------------------
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - " + format, self.address_string(), *args)
+
+
+class Exporter:
+    """An HTTP server with ``/metrics`` for one board, serving from a daemon thread."""
+
+    def __init__(self, board: str | None = None, *, addr: str = "127.0.0.1",
+                 port: int = DEFAULT_PORT) -> None:
+        self.collector = BoardCollector(board)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)  # type: ignore[arg-type]
+        server_cls = _Server6 if ":" in addr else _Server
+        self.httpd = make_server(addr, port, make_wsgi_app(self.registry), server_cls,
+                                 handler_class=_QuietHandler)
+        self.addr = addr
+        self.port = int(self.httpd.server_port)
+        self._thread = threading.Thread(target=self.httpd.serve_forever,
+                                        name="shmhb-exporter", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def start(self) -> Exporter:
+        self._thread.start()
+        log.info("exporting board %s on %s", self.collector.name, self.url)
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.httpd.shutdown()
+            self._thread.join(5)
+        self.httpd.server_close()
+        self.collector.close()
+
+    def __enter__(self) -> Exporter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
