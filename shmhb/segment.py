@@ -110,7 +110,12 @@ class Segment:
                 locks.lock(fd, LOCK_REGISTRY, timeout_s=LOCK_WAIT_S,
                            what=f"board {name!r} registry", exclusive=False)
                 try:
-                    size = os.fstat(fd).st_size
+                    st = os.fstat(fd)
+                    if st.st_nlink == 0:
+                        # removed (by `shmhb gc` or unlink) between our open and the
+                        # lock: this copy is gone for everyone else
+                        raise BoardNotFound(f"board {name!r} was removed while being opened")
+                    size = st.st_size
                     if 0 < size < HEADER_BYTES:
                         raise BoardCorrupt(
                             f"{name!r} is {size} bytes, too small for a board: it is not a "
