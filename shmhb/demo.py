@@ -1,8 +1,12 @@
-"""``shmhb demo``: a first run for a new user.
+"""``shmhb demo``: the whole system on one machine, for a new user.
 
-Starts a private board and a few worker processes, then kills one (SIGKILL), hangs one
-(SIGSTOP, later SIGCONT), and restarts one, printing what the board reports and when.
-Leaves no process and no segment behind, also on Ctrl-C.
+Two simulated hosts on loopback (127.0.0.2 and 127.0.0.3), each with its own board, its
+own ``shmhb pinger`` and a few worker processes; each host follows the other's workers.
+On each side the demo kills a worker (SIGKILL), hangs one (SIGSTOP, later SIGCONT) and
+restarts one, and reports when each host's board saw it.  On a terminal it shows host
+A's live view meanwhile (``shmhb monitor``) and prints the timeline after; with
+``--quick`` or without a terminal it prints the timeline as it goes.  It leaves no
+process and no segment behind, also when interrupted with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,20 +15,23 @@ import argparse
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
-from .agent import Agent
 from .board import Board
+from .config import Policy
 from .status import SlotStatus, Status
 
 _PR_SET_PDEATHSIG = 1
+RANKS = 3
 
 
 def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this worker if the demo dies first."""
+    """Linux: have the kernel SIGKILL this process if the demo dies first."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
@@ -36,101 +43,69 @@ def worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--board", required=True)
     ap.add_argument("--key", required=True)
-    ap.add_argument("--endpoint", default="127.0.0.1:30000")
+    ap.add_argument("--endpoint", required=True)
     a = ap.parse_args(argv)
     _die_with_parent()
     board = Board.attach(a.board)
     hb = board.register(a.key, endpoints=(a.endpoint,), agent=False).start(0.05)
-    done = False
-
-    def _term(*_: object) -> None:
-        nonlocal done
-        done = True
-
-    signal.signal(signal.SIGTERM, _term)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     print("ready", flush=True)
-    while not done:
-        signal.pause() if hasattr(signal, "pause") else time.sleep(0.1)
+    while not done.wait(0.5):
+        pass
     hb.close()
     board.close()
     return 0
 
 
-class Demo:
-    def __init__(self, quick: bool) -> None:
-        self.name = f"shmhb-demo-{os.getpid()}"
-        pol = dict(suspect_after_s=0.3, dead_after_s=1.0) if quick else dict(
-            suspect_after_s=1.0, dead_after_s=3.0)
-        self.board = Board.create(self.name, slots=16, **pol)
-        self.agent = Agent(self.name, network=False).start()
+def _free_port(*hosts: str) -> int:
+    """A TCP port free on every one of ``hosts``."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        try:
+            for h in hosts[1:]:
+                with socket.socket() as s:
+                    s.bind((h, port))
+            return int(port)
+        except OSError:
+            continue
+    raise OSError("no free port found on the demo's loopback addresses")
+
+
+class Host:
+    """A simulated host: a board, its pinger process and its workers."""
+
+    def __init__(self, demo: Demo, label: str, ip: str, port: int, policy: Policy) -> None:
+        self.demo, self.label, self.ip = demo, label, ip
+        self.name = f"shmhb-demo-{os.getpid()}-{label.lower()}"
+        self.board = Board.create(self.name, slots=16, policy=policy)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.t0 = time.monotonic()
+        self.pinger = subprocess.Popen(
+            [sys.executable, "-m", "shmhb", "pinger", "--board", self.name, "--tick-s", "0.02",
+             "--listen", f"{ip}:{port}", "--interval-s", "0.2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def say(self, msg: str) -> None:
-        print(f"[{time.monotonic() - self.t0:7.3f}s] {msg}", flush=True)
+    def endpoint(self, rank: int) -> str:
+        return f"{self.ip}:{30000 + rank}"
 
-    def spawn(self, key: str) -> None:
+    def key(self, rank: int) -> str:
+        return f"{self.label.lower()}-rank-{rank}"
+
+    def spawn(self, rank: int) -> None:
         p = subprocess.Popen(
-            [sys.executable, "-m", "shmhb.demo", "--board", self.name, "--key", key,
-             "--endpoint", f"127.0.0.1:{30000 + len(self.procs)}"],
-            stdout=subprocess.PIPE,
-        )
+            [sys.executable, "-m", "shmhb.demo", "--board", self.name, "--key", self.key(rank),
+             "--endpoint", self.endpoint(rank)], stdout=subprocess.PIPE)
         assert p.stdout is not None
         p.stdout.readline()  # "ready": registered and beating
-        self.procs[key] = p
+        self.procs[self.key(rank)] = p
 
-    def wait(self, key: str, pred: Callable[[SlotStatus], bool], what: str, timeout_s: float = 30.0) -> SlotStatus:
-        start = time.monotonic()
-        while True:
-            s = self.board.slot(key)
-            if s is not None and pred(s):
-                self.say(f"board: {key} {s.status.value} (incarnation {s.incarnation}) "
-                         f"after {(time.monotonic() - start) * 1000:.1f} ms - {what}")
-                return s
-            if time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"{key} never became {what}")
-            time.sleep(0.0005)
-
-    def table(self) -> None:
-        for s in sorted(self.board.slots(), key=lambda s: s.key):
-            self.say(f"  {s.key:8} {s.status.value:8} pid {s.pid:<7} inc {s.incarnation:<3} "
-                     f"age {s.age_s * 1000:6.1f} ms")
-
-    def run(self) -> None:
-        b = self.board
-        self.say(f"board {self.name}: suspect after {b.policy.suspect_after_s} s, dead after "
-                 f"{b.policy.dead_after_s} s; starting 4 workers")
-        for k in range(4):
-            self.spawn(f"rank-{k}")
-        if not self.agent.holding.wait(5):
-            raise TimeoutError("the agent never took its role")
-        self.table()
-
-        self.say("SIGKILL rank-1 (the agent sees the exit through its pidfd)")
-        self.procs["rank-1"].kill()
-        self.wait("rank-1", lambda s: s.status is Status.DEAD, "killed")
-
-        self.say("SIGSTOP rank-2 (a hang: only its silence tells)")
-        os.kill(self.procs["rank-2"].pid, signal.SIGSTOP)
-        self.wait("rank-2", lambda s: s.status is Status.SUSPECT, "silent past suspect-after")
-        self.wait("rank-2", lambda s: s.status is Status.DEAD, "silent past dead-after")
-        self.say("SIGCONT rank-2")
-        os.kill(self.procs["rank-2"].pid, signal.SIGCONT)
-        self.wait("rank-2", lambda s: s.status is Status.ALIVE, "beating again, same incarnation")
-
-        old = b.slot("rank-3")
-        assert old is not None
-        self.say("restart rank-3: graceful stop, then a new process")
-        self.procs["rank-3"].terminate()
-        self.procs["rank-3"].wait()
-        self.wait("rank-3", lambda s: s.status is Status.LEFT, "left gracefully")
-        self.spawn("rank-3")
-        self.wait("rank-3", lambda s: s.incarnation != old.incarnation and s.status is Status.ALIVE,
-                  f"restarted: links made with incarnation {old.incarnation} are stale")
-        self.table()
+    def proc(self, rank: int) -> subprocess.Popen[bytes]:
+        return self.procs[self.key(rank)]
 
     def cleanup(self) -> None:
-        for p in self.procs.values():
+        for p in [*self.procs.values(), self.pinger]:
             if p.poll() is None:
                 try:
                     os.kill(p.pid, signal.SIGCONT)
@@ -140,22 +115,137 @@ class Demo:
             p.wait()
             if p.stdout is not None:
                 p.stdout.close()
-        self.agent.stop()
         self.board.unlink()
         self.board.close()
-        self.say("cleaned up: no worker and no segment left")
 
 
-def run_demo(quick: bool = False) -> int:
-    demo = Demo(quick)
+class Demo:
+    def __init__(self, quick: bool, live: bool) -> None:
+        self.live = live
+        self.lines: list[str] = []
+        self.t0 = time.monotonic()
+        pol = Policy(suspect_after_s=0.5 if quick else 1.0, dead_after_s=1.5 if quick else 3.0,
+                     peer_suspect_after_s=1.0, peer_dead_after_s=3.0)
+        port = _free_port("127.0.0.2", "127.0.0.3")
+        self.hosts: list[Host] = []
+        self.a = self._host("A", "127.0.0.2", port, pol)
+        self.b = self._host("B", "127.0.0.3", port, pol)
+
+    def _host(self, label: str, ip: str, port: int, pol: Policy) -> Host:
+        h = Host(self, label, ip, port, pol)
+        self.hosts.append(h)
+        return h
+
+    def say(self, msg: str) -> None:
+        line = f"[{time.monotonic() - self.t0:7.3f}s] {msg}"
+        self.lines.append(line)
+        if not self.live:
+            print(line, flush=True)
+
+    def other(self, h: Host) -> Host:
+        return self.b if h is self.a else self.a
+
+    def wait(self, what: str, get: Callable[[], SlotStatus | None],
+             pred: Callable[[SlotStatus], bool], start: float, timeout_s: float = 30.0) -> None:
+        while True:
+            s = get()
+            if s is not None and pred(s):
+                self.say(f"  {what}: {s.status.value}, incarnation {s.incarnation}, "
+                         f"after {(time.monotonic() - start) * 1000:.0f} ms")
+                return
+            if time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"{what} never got there")
+            time.sleep(0.0005)
+
+    def both(self, h: Host, rank: int, pred: Callable[[SlotStatus], bool], start: float) -> None:
+        """Wait until the worker's own host, then the other host, see ``pred``."""
+        o = self.other(h)
+        key, ep = h.key(rank), h.endpoint(rank)
+        self.wait(f"host {h.label} sees {key}", lambda: h.board.slot(key), pred, start)
+        self.wait(f"host {o.label} sees {key}", lambda: o.board.remote(ep), pred, start)
+
+    def run(self) -> None:
+        a, b = self.a, self.b
+        self.say(f"hosts A ({a.ip}) and B ({b.ip}): one board and one pinger each; "
+                 f"suspect after {a.board.policy.suspect_after_s} s, dead after "
+                 f"{a.board.policy.dead_after_s} s")
+        for h in self.hosts:
+            for r in range(RANKS):
+                h.spawn(r)
+                self.other(h).board.watch(h.endpoint(r))  # each host follows the other's ranks
+        t = time.monotonic()
+        for h in self.hosts:
+            for r in range(RANKS):
+                self.both(h, r, lambda s: s.status is Status.ALIVE, t)
+        for h in self.hosts:
+            self.say(f"SIGKILL {h.key(0)} on host {h.label}: its pinger sees the exit through "
+                     "a pidfd and pushes it to the other host at once")
+            h.proc(0).kill()
+            self.both(h, 0, lambda s: s.status is Status.DEAD, time.monotonic())
+        for h in self.hosts:
+            self.say(f"SIGSTOP {h.key(1)} on host {h.label}: a hang, told only by its silence")
+            os.kill(h.proc(1).pid, signal.SIGSTOP)
+            t = time.monotonic()
+            self.both(h, 1, lambda s: s.status is Status.SUSPECT, t)
+            self.both(h, 1, lambda s: s.status is Status.DEAD, t)
+            self.say(f"SIGCONT {h.key(1)}: it beats again, same incarnation")
+            os.kill(h.proc(1).pid, signal.SIGCONT)
+            self.both(h, 1, lambda s: s.status is Status.ALIVE, time.monotonic())
+        for h in self.hosts:
+            old = h.board.slot(h.key(2))
+            assert old is not None
+            self.say(f"restart {h.key(2)} on host {h.label}: a graceful stop, then a new process")
+            h.proc(2).terminate()
+            h.proc(2).wait()
+            self.both(h, 2, lambda s: s.status is Status.LEFT, time.monotonic())
+            h.spawn(2)
+            self.both(h, 2, lambda s, old=old: s.incarnation != old.incarnation
+                      and s.status is Status.ALIVE, time.monotonic())
+            self.say(f"  links made with incarnation {old.incarnation} are stale now")
+        for h in self.hosts:
+            self.say(f"host {h.label}'s board:")
+            for s in sorted(h.board.slots(), key=lambda s: s.key):
+                self.say(f"  {s.key:10} {s.status.value:8} inc {s.incarnation}")
+            for p in h.board.peers():
+                self.say(f"  @{p.address} {p.status.value}: " + ", ".join(
+                    f"{s.key} {s.status.value}" for s in p.slots))
+
+    def cleanup(self) -> None:
+        for h in self.hosts:
+            h.cleanup()
+        self.say("cleaned up: no process and no segment left")
+
+
+def run_demo(quick: bool = False, live: bool | None = None) -> int:
+    """Run the tour; ``live``: show host A's live view meanwhile (default: on a terminal
+    and not quick)."""
+    if live is None:
+        live = sys.stdout.isatty() and not quick
+    demo = Demo(quick, live)
+    stop = threading.Event()
+    mon: threading.Thread | None = None
+    if live:
+        from .monitor import run_monitor
+        mon = threading.Thread(target=run_monitor, args=(demo.a.board,),
+                               kwargs={"stop": stop, "refresh_hz": 8}, daemon=True)
+        mon.start()
+    code = 0
     try:
         demo.run()
+        if live:
+            demo.say("done: the live view closes in 3 s")
+            stop.wait(3)
     except KeyboardInterrupt:
         demo.say("interrupted")
-        return 130
+        code = 130
     finally:
+        stop.set()
+        if mon is not None:
+            mon.join(5)
         demo.cleanup()
-    return 0
+        if live:
+            print("\n".join(demo.lines))
+    return code
 
 
 if __name__ == "__main__":

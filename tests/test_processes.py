@@ -241,8 +241,10 @@ def test_demo_quick_leaves_nothing_behind() -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "demo", "--quick"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
     assert out.returncode == 0, out.stderr
-    for needle in ("rank-1 dead", "rank-2 suspect", "rank-2 dead", "rank-2 alive", "rank-3 left",
-                   "cleaned up"):
+    for needle in ("host A sees a-rank-0: dead", "host B sees a-rank-0: dead",
+                   "host A sees b-rank-0: dead", "host B sees b-rank-1: suspect",
+                   "host A sees b-rank-1: dead", "host A sees b-rank-1: alive",
+                   "host B sees a-rank-2: left", "are stale now", "cleaned up"):
         assert needle in out.stdout, needle
     assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("shmhb-demo")}
 
