@@ -28,6 +28,7 @@ from .layout import (
     TS_SHIFT, pack_agent_id, pack_hb, pack_verdict,
 )
 from .procinfo import own_pid_namespace, pidfd_open, start_time
+from .rows import RowWriter
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,9 @@ class Agent:
             board._head["agent_term"] = term
         now = self.clock.monotonic_ns
         w = AgentWriter(board, term)
+        # Before our heartbeat makes readers trust the peer rows again: the previous
+        # holder's verdicts on remote hosts are not ours (invariant 5).
+        RowWriter(board).forget_peer_verdicts()
         w.alive(now())
         log.info("board %s: this process (pid %d) holds the agent role, term %d",
                  board.name, os.getpid(), term)

@@ -16,8 +16,8 @@ import numpy as np
 
 from .board import Board
 from .layout import (
-    ENDPOINTS_BYTES, GEN_MASK, KEY_BYTES, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS_SHIFT, encode_endpoints, pack_row, pack_rtt,
-    peer_checksum, remote_checksum,
+    ENDPOINTS_BYTES, GEN_MASK, GEN_SHIFT, KEY_BYTES, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS40_MASK,
+    TS_SHIFT, encode_endpoints, pack_row, pack_rtt, peer_checksum, remote_checksum,
 )
 from .protocol import DigestEntry, Identity
 from .status import Status
@@ -58,6 +58,23 @@ class RowWriter:
             if int(row["checksum"]) == remote_checksum(row) and int(row["peer_gen"]) == peer_gen:
                 out[bytes(row["key"]).decode()] = (int(i), int(row["gen"]), int(row["incarnation"]))
         return out
+
+    def forget_peer_verdicts(self) -> int:
+        """At a takeover of the agent role: every peer row reads UNKNOWN (its last-ack
+        time kept) until this holder hears from that host itself.  The rows hold the
+        previous holder's verdicts, and readers trust rows whenever the agent's own
+        heartbeat is fresh, so without this a new holder would vouch for a stale ALIVE
+        from the moment it took the role until its first tick rewrote the row -- or
+        forever, if it runs without the network half.  Returns the rows reset."""
+        n = 0
+        for i in np.flatnonzero(self.b._peers["checksum"] != 0):
+            wi = self._peer0 + int(i) * _PEER_WORDS
+            word = self._q[wi]
+            if word:
+                self._q[wi] = pack_row((word >> GEN_SHIFT) & GEN_MASK, Status.UNKNOWN.code,
+                                       word & TS40_MASK)
+                n += 1
+        return n
 
     def new_peer(self, address: str) -> tuple[int, int] | None:
         free = np.flatnonzero(self.b._peers["checksum"] == 0)
