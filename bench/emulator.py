@@ -1,0 +1,235 @@
+"""Many remote pingers in one light process, for the pinger CPU target of ``bench.cluster``.
+
+``python -m bench.emulator --hosts N --addr-prefix 127.0.1. --port P --target HOST:PORT
+--interval-s S``: emulates ``N`` remote hosts, each with its own identity (boot id and
+board incarnation) and a 16-slot digest, each bound on its own loopback address
+(``127.0.1.1`` ... ``127.0.1.N``) at the cluster pinger port.  Pings that reach them get
+valid acks built with ``shmhb.protocol`` (the full digest only when the pinger does not
+hold it yet, exactly as a real pinger answers).  With pinging on, every emulated host
+also pings the real pinger at ``TARGET`` every ``S`` seconds (DEALER, nonces strictly
+increasing, the digest generation it holds echoed back), so the real pinger answers as
+many pings as it sends, as in a cluster where every host follows every other.
+
+``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
+moves the same frames as a pinger on the same 50 ms tick: a prebuilt PING to each
+emulated host every ``S`` seconds, acks received and dropped unread, and one ROUTER
+answering every ping with a prebuilt ACK (no decoding, no state, no board); either one
+DEALER per host (the pinger's socket layout) or one ROUTER connected to all hosts (a
+poll set of two sockets).  The CPU of the real pinger is compared with both.
+
+Stdin commands: ``ping 1`` / ``ping 0``; EOF ends it.  It prints ``ready`` once bound,
+and ``stats PINGS_ANSWERED PINGS_SENT ACKS_RECEIVED`` after each command.  One thread,
+one ``zmq.Poller``; ~10 µs of Python per frame, so 64 hosts at 5 pings/s in both
+directions cost it a few % of a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import time
+
+import zmq
+
+from shmhb.protocol import (
+    Ack,
+    DigestEntry,
+    FrameRejected,
+    Identity,
+    Ping,
+    decode,
+    encode_ack_raw,
+    encode_entries,
+    encode_ping,
+    wants_full_digest,
+)
+
+
+class Host:
+    def __init__(self, ctx: zmq.Context, addr: str, port: int, slots: int) -> None:
+        self.addr = f"{addr}:{port}"
+        self.identity = Identity(os.urandom(16), random.getrandbits(62) | 1)
+        self.gen = 1
+        self.body = encode_entries(
+            DigestEntry(f"rank-{j}", j + 1, 1, 10000 + j, 5, (f"{addr}:{30000 + j}",))
+            for j in range(slots))
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(f"tcp://{self.addr}")
+        self.dealer: zmq.Socket | None = None
+        self.nonce = time.time_ns()
+        self.known: tuple[int, Identity | None] = (0, None)
+        self.next_ping = 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.emulator")
+    p.add_argument("--hosts", type=int, default=64)
+    p.add_argument("--addr-prefix", default="127.0.1.")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--target", required=True, help="the real pinger, HOST:PORT")
+    p.add_argument("--interval-s", type=float, default=0.2)
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--floor", choices=("dealers", "router"), default=None,
+                   help="be the floor pinger instead (see floor())")
+    p.add_argument("--listen", default=None, help="--floor: where to answer pings")
+    a = p.parse_args(argv)
+    if a.floor:
+        return floor(a)
+    ctx = zmq.Context()
+    hosts = [Host(ctx, f"{a.addr_prefix}{i + 1}", a.port, a.slots) for i in range(a.hosts)]
+    by_sock: dict[zmq.Socket, tuple[Host, bool]] = {}
+    poller = zmq.Poller()
+    for h in hosts:
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.IMMEDIATE, 1)
+        d.connect(f"tcp://{a.target}")
+        h.dealer = d
+        by_sock[h.router] = (h, True)
+        by_sock[d] = (h, False)
+        poller.register(h.router, zmq.POLLIN)
+        poller.register(d, zmq.POLLIN)
+    stdin = sys.stdin.fileno()
+    poller.register(stdin, zmq.POLLIN)
+    print("ready", flush=True)
+    pinging = False
+    answered = sent = acks = 0
+    while True:
+        now = time.monotonic()
+        if pinging:
+            for h in hosts:
+                if now >= h.next_ping:
+                    h.nonce += 1
+                    frame = encode_ping(Ping(h.identity, h.addr, h.nonce, h.known[0], h.known[1]))
+                    try:
+                        h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
+                        sent += 1
+                    except zmq.Again:
+                        pass
+                    h.next_ping = max(h.next_ping + a.interval_s, now)
+            wake = min(h.next_ping for h in hosts)
+            timeout = max(0, math.ceil((wake - time.monotonic()) * 1000))  # int ms: never spin
+        else:
+            timeout = None
+        for sock, _ in poller.poll(timeout):
+            if sock == stdin:
+                line = os.read(stdin, 256).decode()
+                if not line:
+                    return 0
+                for cmd in line.split("\n"):
+                    if cmd.startswith("ping "):
+                        pinging = cmd.split()[1] == "1"
+                        if pinging:
+                            t = time.monotonic()
+                            for h in hosts:  # spread the pings over one interval
+                                h.next_ping = t + random.uniform(0, a.interval_s)
+                        print(f"stats {answered} {sent} {acks}", flush=True)
+                continue
+            h, is_router = by_sock[sock]
+            for _ in range(256):
+                try:
+                    parts = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    msg = decode(parts[-1])
+                except FrameRejected:
+                    continue
+                if is_router and isinstance(msg, Ping) and len(parts) == 2:
+                    full = wants_full_digest(msg, h.identity, h.gen)
+                    ack = encode_ack_raw(msg.nonce, h.identity, h.addr, h.gen,
+                                         h.body if full else None)
+                    try:
+                        sock.send_multipart([parts[0], ack], zmq.NOBLOCK)
+                        answered += 1
+                    except zmq.ZMQError:
+                        pass
+                elif not is_router and isinstance(msg, Ack):
+                    acks += 1
+                    if msg.full:
+                        h.known = (msg.gen, msg.identity)
+
+
+def floor(a: argparse.Namespace) -> int:
+    """The transport floor of a pinger (see the module docstring): the same frames, on
+    the same 50 ms tick as the agent loop (pings due within a tick leave together), no
+    decoding and no state.  ``--floor dealers``: one DEALER per followed host, as the
+    pinger has (it also has one monitor socket per host).  ``--floor router``: one ROUTER
+    that connects to every followed host, so the poll set is two sockets whatever the
+    number of hosts."""
+    ctx = zmq.Context()
+    ident = Identity(os.urandom(16), 1)
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"tcp://{a.listen}")
+    ack = encode_ack_raw(1, ident, a.listen, 1, None)
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    peers = [f"{a.addr_prefix}{i + 1}:{a.port}" for i in range(a.hosts)]
+    pings = [encode_ping(Ping(ident, a.listen, 1 + i)) for i in range(a.hosts)]
+    t0 = time.monotonic()
+    due = [t0 + random.uniform(0, a.interval_s) for _ in peers]
+    if a.floor == "router":
+        out = ctx.socket(zmq.ROUTER)
+        out.setsockopt(zmq.LINGER, 0)
+        for i, peer in enumerate(peers):
+            out.setsockopt(zmq.CONNECT_ROUTING_ID, b"p%d" % i)
+            out.connect(f"tcp://{peer}")
+        poller.register(out, zmq.POLLIN)
+
+        def send(i: int) -> None:
+            try:
+                out.send_multipart([b"p%d" % i, pings[i]], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+    else:
+        dealers = []
+        for peer in peers:
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.IMMEDIATE, 1)
+            d.connect(f"tcp://{peer}")
+            poller.register(d, zmq.POLLIN)
+            dealers.append(d)
+
+        def send(i: int) -> None:
+            try:
+                dealers[i].send(pings[i], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+    stdin = sys.stdin.fileno()
+    poller.register(stdin, zmq.POLLIN)
+    print("ready", flush=True)
+    tick = 0.05
+    next_tick = t0
+    while True:
+        now = time.monotonic()
+        if now >= next_tick:
+            for i in range(len(peers)):
+                if now >= due[i]:
+                    send(i)
+                    due[i] = max(due[i] + a.interval_s, now)
+            next_tick = max(next_tick + tick, now)
+        for sock, _ in poller.poll(max(0, math.ceil((next_tick - time.monotonic()) * 1000))):
+            if sock == stdin:
+                if not os.read(stdin, 256):
+                    return 0
+                continue
+            for _ in range(256):
+                try:
+                    parts = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if sock is router and len(parts) == 2:
+                    try:
+                        router.send_multipart([parts[0], ack], zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
