@@ -37,7 +37,10 @@ _SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
 
 
 class Component(Protocol):
-    """A part of the agent's loop: sockets or fds to poll, and a periodic tick."""
+    """A part of the agent's loop: sockets or fds to poll, and a periodic tick.
+    ``pollables_gen`` moves whenever ``pollables()`` would return another set."""
+
+    pollables_gen: int
 
     def pollables(self) -> list[zmq.Socket | int]: ...
     def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None: ...
@@ -108,6 +111,7 @@ class LocalWatch:
         self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
         self._retry: set[int] = set()
         self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
+        self.pollables_gen = 0
 
     def pollables(self) -> list[zmq.Socket | int]:
         return list(self._by_fd)
@@ -116,6 +120,7 @@ class LocalWatch:
         i = self._by_fd.pop(what, None)  # type: ignore[arg-type]
         if i is None:
             return
+        self.pollables_gen += 1
         wt = self._watched[i]
         os.close(wt.pidfd)  # type: ignore[arg-type]
         wt.pidfd = None
@@ -188,6 +193,7 @@ class LocalWatch:
                 else:
                     wt.pidfd = pidfd
                     self._by_fd[pidfd] = i
+                    self.pollables_gen += 1
                 return
         # another pid namespace, or no pidfd: the slot lock tells, checked every tick
         self._by_lock.add(i)
@@ -203,6 +209,7 @@ class LocalWatch:
         if wt is not None and wt.pidfd is not None:
             self._by_fd.pop(wt.pidfd, None)
             os.close(wt.pidfd)
+            self.pollables_gen += 1
 
     def close(self) -> None:
         for i in list(self._watched):
@@ -285,28 +292,37 @@ class Agent:
             next_tick = now()
             worst_late = 0
             window_end = next_tick + 1_000_000_000
+            seen_gen = -1
             while not self._stop.is_set():
-                want = {p: c for c in comps for p in c.pollables()}
-                for p in list(registered):
-                    if p not in want:
-                        poller.unregister(p)
-                        del registered[p]
-                for p, c in want.items():
-                    if p not in registered:
-                        poller.register(p, zmq.POLLIN)
-                        registered[p] = c
+                gen = sum(c.pollables_gen for c in comps)
+                if gen != seen_gen:  # the set of fds and sockets changed: sync the poller
+                    seen_gen = gen
+                    want = {p: c for c in comps for p in c.pollables()}
+                    for p in list(registered):
+                        if p not in want:
+                            poller.unregister(p)
+                            del registered[p]
+                    for p, c in want.items():
+                        if p not in registered:
+                            poller.register(p, zmq.POLLIN)
+                            registered[p] = c
                 t = now()
-                timeout_ms = max(0.0, (next_tick - t) / 1e6)
+                # whole milliseconds, rounded up: pyzmq truncates, and a timeout that
+                # falls short of the tick makes the loop spin until it comes
+                timeout_ms = max(0, -(-(next_tick - t) // 1_000_000))
                 events = poller.poll(timeout_ms)
+                local_events = False
                 for what, _ev in events:
                     c = registered.get(what)
                     if c is not None:
                         c.on_ready(what, now())
-                t = now()
-                if events:
+                        local_events |= c is comps[0]
+                if local_events:
                     # Deaths seen now are pushed now, all of this poll's in one batch.
+                    t = now()
                     for c in comps:
                         c.flush(t)
+                t = now()
                 if t < next_tick:
                     continue
                 late = t - next_tick

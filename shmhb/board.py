@@ -564,7 +564,7 @@ class Board:
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
-                     host_status: dict[int, tuple[int, Status]] | None = None,
+                     host_status: dict[int, tuple[int, Status, float | None]] | None = None,
                      ) -> list[tuple[int, SlotStatus]]:
         r = self._remotes.copy()
         out = []
@@ -585,7 +585,7 @@ class Board:
                 continue  # the row belongs to a peer row that has since been reused
             st = combine_remote(reported, hs[1])
             out.append((p, SlotStatus(bytes(row["key"]).decode(), int(row["pid"]),
-                                      int(row["incarnation"]), st, age * UNIT_S,
+                                      int(row["incarnation"]), st, _remote_age(age, hs[2]),
                                       decode_endpoints(bytes(row["endpoints"])))))
         return out
 
@@ -598,7 +598,7 @@ class Board:
             pr = self._peer_row(int(i), now, ok)
             if pr is not None:
                 heads[int(i)] = pr
-        hosts = {i: (pr[1], pr[2]) for i, pr in heads.items()}
+        hosts = {i: (pr[1], pr[2], pr[4]) for i, pr in heads.items()}
         slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
         for p, s in self._remote_rows(now, ok, host_status=hosts):
             slots[p].append(s)
@@ -653,7 +653,15 @@ class Board:
         if pr is None or pr[1] != int(row["peer_gen"]):
             return None
         return SlotStatus(bytes(row["key"]).decode(), int(row["pid"]), int(row["incarnation"]),
-                          combine_remote(j[0], pr[2]), j[1] * UNIT_S, eps)
+                          combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps)
+
+
+def _remote_age(row_age: int, host_age_s: float | None) -> float:
+    """A remote worker's age: since the last report that covered it -- the ack or push
+    that wrote its row, or any later ack of its host (an ack whose digest did not change
+    confirms every row of that host without rewriting them)."""
+    age_s = row_age * UNIT_S
+    return age_s if host_age_s is None else min(age_s, host_age_s)
 
 
 def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:

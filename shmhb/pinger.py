@@ -7,11 +7,14 @@ restarts at once to the hosts that watch us.  The wire format is ``shmhb.protoco
 verdicts on hosts are decided by ``shmhb.suspicion``; table writes by ``shmhb.rows``.
 
 Sockets: one ROUTER bound to the listen address answers pings and sends pushes back over
-the connection each watcher opened; one DEALER per followed host sends pings and
-receives acks and pushes.  LINGER 0 everywhere (exit never hangs); IMMEDIATE on dealers,
-so pings are not queued for an absent peer and replayed in a burst when it appears;
-small high-water marks; MAXMSGSIZE bounds what a peer can make us allocate; the ROUTER
-is ROUTER_MANDATORY, so a push to a departed watcher fails loudly instead of vanishing.
+the connection each watcher opened; one more ROUTER, connected to every followed host
+under a routing id of our choosing (CONNECT_ROUTING_ID), sends our pings and receives
+acks and pushes.  Two sockets whatever the number of hosts, so one wake-up of the loop
+costs the same for 2 hosts or 256.  LINGER 0 everywhere (exit never hangs); both are
+ROUTER_MANDATORY: a ping to a host whose connection is down fails at once instead of
+queueing and being replayed in a burst when it comes back, and a push to a departed
+watcher fails loudly instead of vanishing; small high-water marks; MAXMSGSIZE bounds
+what a peer can make us allocate (libzmq drops such a connection before we see a byte).
 
 Settings live in the board (written by ``shmhb pinger``) so that whoever holds the role
 -- the daemon, or a worker after the daemon died -- runs the same network half.
@@ -20,6 +23,7 @@ Settings live in the board (written by ``shmhb pinger``) so that whoever holds t
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import random
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
+import zmq.auth
 
 from .board import Board
 from .clock import Clock
@@ -50,6 +55,7 @@ log = logging.getLogger(__name__)
 
 _RECV_BATCH = 256  # frames handled per readiness event: a flood cannot starve the loop
 _LOG_EVERY_NS = 10 * 10**9
+_RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
 # At most one push per this gap.  The first change after a quiet spell goes out at once;
 # changes within the gap are held and sent together by the first flush after it (every
 # tick runs one).  Workers killed together die one by one over milliseconds to tens of
@@ -151,15 +157,16 @@ def configure_from_args(args: argparse.Namespace) -> bool:
 
 @dataclass
 class _Target:
-    """A followed host: its DEALER socket, our verdict, and its rows in the board."""
+    """A followed host: its routing id on our client socket, our verdict, its rows."""
 
     address: str
-    sock: zmq.Socket
+    rid: bytes
+    endpoint: str
     state: PeerState
     row: int
     gen: int
     next_ping_ns: int
-    monitor: zmq.Socket | None = None
+    reachable: bool = True
     identity: Identity | None = None
     digest_gen: int = 0
     remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -176,12 +183,14 @@ class NetworkHalf:
         self.identity = Identity(board.boot_id, board.board_inc)
         self.ctx = zmq.Context()
         self.router: zmq.Socket | None = None
+        self.client: zmq.Socket | None = None
+        self.pollables_gen = 0  # moves whenever the set of sockets to poll changes
         self.cfg_gen = -1
         self.cfg = PingerConfig()
         self.secret: bytes | None = None
         self.address = ""
         self.targets: dict[str, _Target] = {}
-        self._by_sock: dict[zmq.Socket, _Target] = {}
+        self._by_rid: dict[bytes, _Target] = {}
         self.outstanding = OutstandingPings()
         self.ping_guard = ReplayGuard()
         self.push_guard = ReplayGuard()
@@ -223,6 +232,12 @@ class NetworkHalf:
         if self.router is not None:
             self.router.close(0)
             self.router = None
+        for t in list(self.targets.values()):
+            self._drop_target(t.address, keep_row=True)  # reconnect with the new settings
+        if self.client is not None:
+            self.client.close(0)
+            self.client = None
+        self.pollables_gen += 1
         if cfg.listen:
             host, port = parse_hostport(cfg.listen)
             r = self._socket(zmq.ROUTER)
@@ -236,8 +251,6 @@ class NetworkHalf:
             else:
                 self.router = r
         self.address = cfg.listen or ""
-        for t in list(self.targets.values()):
-            self._drop_target(t.address, keep_row=True)  # reconnect with the new settings
         self._watch_gen = -1
         log.info("pinger settings applied: listen %s, interval %.3f s, auth %s",
                  cfg.listen or "(none)", cfg.interval_s,
@@ -254,7 +267,6 @@ class NetworkHalf:
     def _curve_server(self, s: zmq.Socket, host: str) -> None:
         if not self.cfg.curve_keys:
             return
-        import zmq.auth
         pub, sec = zmq.auth.load_certificate(os.path.join(self.cfg.curve_keys, f"{host}.key_secret"))
         s.curve_secretkey, s.curve_publickey, s.curve_server = sec, pub, True
         if not hasattr(self, "_auth"):
@@ -263,15 +275,28 @@ class NetworkHalf:
             self._auth.start()
             self._auth.configure_curve(domain="*", location=self.cfg.curve_keys)
 
-    def _curve_client(self, s: zmq.Socket, host: str) -> None:
+    def _client(self) -> zmq.Socket:
+        """The socket our pings leave from, created on first use."""
+        if self.client is None:
+            c = self._socket(zmq.ROUTER)
+            c.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            c.setsockopt(zmq.RECONNECT_IVL, 100)
+            c.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # no backoff: a restarted pinger is seen soon
+            if self.cfg.curve_keys:
+                me = parse_hostport(self.cfg.listen)[0] if self.cfg.listen else "client"
+                pub, sec = zmq.auth.load_certificate(
+                    os.path.join(self.cfg.curve_keys, f"{me}.key_secret"))
+                c.curve_secretkey, c.curve_publickey = sec, pub
+            self.client = c
+            self.pollables_gen += 1
+        return self.client
+
+    def _curve_server_key(self, c: zmq.Socket, host: str) -> None:
+        """CURVE: the key of the host we connect to next (read by connect())."""
         if not self.cfg.curve_keys:
             return
-        import zmq.auth
-        d = self.cfg.curve_keys
-        me = parse_hostport(self.cfg.listen)[0] if self.cfg.listen else "client"
-        pub, sec = zmq.auth.load_certificate(os.path.join(d, f"{me}.key_secret"))
-        server_pub, _ = zmq.auth.load_certificate(os.path.join(d, f"{host}.key"))
-        s.curve_secretkey, s.curve_publickey, s.curve_serverkey = sec, pub, server_pub
+        server_pub, _ = zmq.auth.load_certificate(os.path.join(self.cfg.curve_keys, f"{host}.key"))
+        c.curve_serverkey = server_pub
 
     # -- targets --------------------------------------------------------------------------
 
@@ -300,33 +325,24 @@ class NetworkHalf:
             row, gen = got
             remotes = {}
         host, port = parse_hostport(address)
-        s = self._socket(zmq.DEALER)
-        s.setsockopt(zmq.IMMEDIATE, 1)
-        s.setsockopt(zmq.RECONNECT_IVL, 100)
-        s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self._curve_client(s, host)
-        # Connection events say something about the remote pinger process only: we use
-        # them to ping at once (a restarted pinger is confirmed within one round trip),
-        # never to convict its host's workers.
-        mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        s.connect(f"tcp://{format_hostport(host, port)}")
+        c = self._client()
+        self._curve_server_key(c, host)
+        rid = b"shmhb:" + address.encode()
+        endpoint = f"tcp://{format_hostport(host, port)}"
+        c.setsockopt(zmq.CONNECT_ROUTING_ID, rid)
+        c.connect(endpoint)
         interval = int(self.cfg.interval_s * 1e9)
-        t = _Target(address, s, PeerState(address), row, gen,
-                    now_ns + random.randrange(max(1, interval // 4)), monitor=mon,
-                    remotes=remotes)
+        t = _Target(address, rid, endpoint, PeerState(address), row, gen,
+                    now_ns + random.randrange(max(1, interval // 4)), remotes=remotes)
         self.targets[address] = t
-        self._by_sock[s] = t
-        self._by_sock[mon] = t
+        self._by_rid[rid] = t
         log.info("pinger: following %s", address)
 
     def _drop_target(self, address: str, keep_row: bool = False) -> None:
         t = self.targets.pop(address)
-        self._by_sock.pop(t.sock, None)
-        if t.monitor is not None:
-            self._by_sock.pop(t.monitor, None)
-            t.sock.disable_monitor()
-            t.monitor.close(0)
-        t.sock.close(0)
+        self._by_rid.pop(t.rid, None)
+        if self.client is not None:
+            self.client.disconnect(t.endpoint)
         self.outstanding.drop_peer(address)
         if keep_row:
             self._adopted[address] = (t.row, t.gen)
@@ -361,38 +377,13 @@ class NetworkHalf:
     # -- Component interface ----------------------------------------------------------------
 
     def pollables(self) -> list[zmq.Socket | int]:
-        socks: list[zmq.Socket | int] = [t.sock for t in self.targets.values()]
-        socks += [t.monitor for t in self.targets.values() if t.monitor is not None]
-        if self.router is not None:
-            socks.append(self.router)
-        return socks
+        return [s for s in (self.client, self.router) if s is not None]
 
     def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None:
         if what is self.router:
             self._drain_router(now_ns)
-        else:
-            t = self._by_sock.get(what)  # type: ignore[arg-type]
-            if t is None:
-                return
-            if what is t.monitor:
-                self._on_connection_event(t, now_ns)
-            else:
-                self._drain_dealer(t, now_ns)
-
-    def _on_connection_event(self, t: _Target, now_ns: int) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        assert t.monitor is not None
-        for _ in range(_RECV_BATCH):
-            try:
-                ev = recv_monitor_message(t.monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if ev["event"] == zmq.EVENT_CONNECTED:
-                self._ping(t, now_ns)  # (re)connected: confirm it now, not next interval
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                log.info("pinger: connection to %s dropped; pinging as soon as it is back", t.address)
-                t.next_ping_ns = now_ns
+        elif what is self.client:
+            self._drain_client(now_ns)
 
     def tick(self, now_ns: int, late_ns: int) -> None:
         self._configure(now_ns)
@@ -408,8 +399,13 @@ class NetworkHalf:
         interval = int(self.cfg.interval_s * 1e9)
         for t in targets:
             if now_ns >= t.next_ping_ns:
-                self._ping(t, now_ns)
-                t.next_ping_ns = max(t.next_ping_ns + interval, now_ns + interval // 2)
+                if self._ping(t, now_ns):
+                    t.next_ping_ns = max(t.next_ping_ns + interval, now_ns + interval // 2)
+                else:
+                    # No connection to its pinger: evidence about that process only,
+                    # not its workers.  Silence keeps accruing as usual; we just try
+                    # again every tick, so a restarted pinger is confirmed at once.
+                    t.next_ping_ns = now_ns + min(interval, _RETRY_NS)
         cutoff = now_ns - 3 * (self.b.thresholds.peer_dead << 20)
         for rid, seen in list(self.watchers.items()):
             if seen < cutoff:
@@ -417,28 +413,41 @@ class NetworkHalf:
 
     # -- pings and acks -------------------------------------------------------------------
 
-    def _ping(self, t: _Target, now_ns: int) -> None:
+    def _ping(self, t: _Target, now_ns: int) -> bool:
+        """Send one ping; False if the host's connection is down (nothing is queued)."""
         self._nonce = max(self._nonce + 1, time.time_ns())
         frame = encode_ping(Ping(self.identity, self.address or "-", self._nonce,
                                  t.digest_gen, t.identity), self.secret)
         try:
-            t.sock.send(frame, zmq.NOBLOCK)
-        except zmq.Again:
-            return  # not connected (IMMEDIATE): nothing queued, silence keeps accruing
+            self._client().send_multipart([t.rid, frame], zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                raise
+            if t.reachable:
+                t.reachable = False
+                log.info("pinger: no connection to %s; retrying every tick", t.address)
+            return False
+        if not t.reachable:
+            t.reachable = True
+            log.info("pinger: connection to %s is back", t.address)
         self.outstanding.add(t.address, self._nonce, now_ns)
         self.w.count("pings_sent")  # type: ignore[attr-defined]
+        return True
 
-    def _drain_dealer(self, t: _Target, now_ns: int) -> None:
+    def _drain_client(self, now_ns: int) -> None:
+        c = self.client
+        assert c is not None
         for _ in range(_RECV_BATCH):
             try:
-                parts = t.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                parts = c.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            if len(parts) != 1:
-                self._bad("malformed", t.address)
+            t = self._by_rid.get(parts[0]) if len(parts) == 2 else None
+            if t is None:  # not [routing id of a host we follow, frame]
+                self._bad("malformed", "client")
                 continue
             try:
-                msg = decode(parts[0], self.secret)
+                msg = decode(parts[1], self.secret)
             except FrameRejected as e:
                 self._bad(e.reason, t.address)
                 continue
@@ -470,9 +479,8 @@ class NetworkHalf:
             t.digest_gen = a.gen
         elif a.gen != t.digest_gen:
             t.digest_gen = 0  # we do not hold what it thinks we hold: ask for all of it
-        else:
-            for held in t.remotes.values():  # same digest, confirmed as of now
-                self.rows.remote_status(held, self.b._remotes[held[0]]["status"] >> 40 & 0xF, now_ns)
+        # else: the same digest, confirmed as of now.  The rows stay as they are: readers
+        # take a remote worker's age from its host's last ack (board._remote_age).
         old = self.suspicion.on_ack(t.state, now_ns, now_ns - sent)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
@@ -638,11 +646,8 @@ class NetworkHalf:
             log.warning(msg + " [further ones logged at most every 10 s]", *args)
 
     def close(self) -> None:
-        for t in self.targets.values():
-            if t.monitor is not None:
-                t.sock.disable_monitor()
-                t.monitor.close(0)
-            t.sock.close(0)
+        if self.client is not None:
+            self.client.close(0)
         if self.router is not None:
             self.router.close(0)
         auth = getattr(self, "_auth", None)
