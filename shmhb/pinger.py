@@ -40,7 +40,7 @@ from .config import DEFAULT_PORT, PingerConfig, format_hostport, has_port, parse
 from .errors import InvalidConfig
 from .judge import judge_local_array
 from .layout import (
-    INC_MASK, INC_SHIFT, checksum,
+    HEADER_DTYPE, INC_MASK, INC_SHIFT, checksum,
 )
 from .protocol import (
     MAX_ACK_ENTRIES, MAX_FRAME_BYTES, MAX_PUSH_ENTRIES, Ack, DigestEntry, FrameRejected,
@@ -55,7 +55,12 @@ log = logging.getLogger(__name__)
 
 _RECV_BATCH = 256  # frames handled per readiness event: a flood cannot starve the loop
 _LOG_EVERY_NS = 10 * 10**9
-_RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
+_RETRY_NS = 50_000_000
+# plain ints: pyzmq's enum flags cost an enum operation per send
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
+_CFG_GEN_I = HEADER_DTYPE.fields["cfg_gen"][1] // 8  # ping retry period while a host's connection is down
 # At most one push per this gap.  The first change after a quiet spell goes out at once;
 # changes within the gap are held and sent together by the first flush after it (every
 # tick runs one).  Workers killed together die one by one over milliseconds to tens of
@@ -96,21 +101,18 @@ def store_config(board: Board, cfg: PingerConfig) -> None:
 
 def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     """(generation, settings) stored in the board, or None if none were ever stored or
-    the copy read was caught mid-write (try again next tick)."""
+    the copy read was caught mid-write (try again next tick).  ``InvalidConfig`` if the
+    stored settings are not valid."""
     h = board._head.copy()
     gen, ck = int(h["cfg_gen"]), int(h["cfg_checksum"])
     if gen == 0 or ck != _cfg_checksum(h):
         return None
+
     def text(f: str) -> str | None:
         return bytes(h[f]).rstrip(b"\0").decode(errors="replace") or None
 
-    try:
-        return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
-                                 secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"))
-    except InvalidConfig as e:
-        log.error("pinger settings stored in board %s are invalid (%s): run `shmhb pinger` "
-                  "with valid options", board.name, e)
-        return None
+    return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
+                             secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"))
 
 
 def read_secret(path: str) -> bytes:
@@ -218,7 +220,15 @@ class NetworkHalf:
     # -- configuration ----------------------------------------------------------------------
 
     def _configure(self, now_ns: int) -> None:
-        got = load_config(self.b)
+        if self.b._q[_CFG_GEN_I] == self.cfg_gen:
+            return  # one word: unchanged settings cost nothing per tick
+        try:
+            got = load_config(self.b)
+        except InvalidConfig as e:
+            self.cfg_gen = self.b._q[_CFG_GEN_I]  # report it once, not every tick
+            log.error("pinger settings stored in board %s are invalid (%s): run `shmhb "
+                      "pinger` with valid options", self.b.name, e)
+            return
         if got is None or got[0] == self.cfg_gen:
             return
         gen, cfg = got
@@ -336,6 +346,8 @@ class NetworkHalf:
                     now_ns + random.randrange(max(1, interval // 4)), remotes=remotes)
         self.targets[address] = t
         self._by_rid[rid] = t
+        # what we know of it is nothing yet, whatever an earlier holder wrote there
+        self.rows.peer_status(row, gen, t.state.status, 0)
         log.info("pinger: following %s", address)
 
     def _drop_target(self, address: str, keep_row: bool = False) -> None:
@@ -393,9 +405,8 @@ class NetworkHalf:
         for st, old, new in self.suspicion.tick([t.state for t in targets], now_ns):
             t = self.targets[st.address]
             log.info("pinger: host %s %s -> %s", t.address, old.value, new.value)
+            self.rows.peer_status(t.row, t.gen, new, st.last_ack_ns)
             self.w.changed()  # type: ignore[attr-defined]
-        for t in targets:  # the status word also carries the last ack time: refresh it
-            self.rows.peer_status(t.row, t.gen, t.state.status, t.state.last_ack_ns)
         interval = int(self.cfg.interval_s * 1e9)
         for t in targets:
             if now_ns >= t.next_ping_ns:
@@ -419,7 +430,9 @@ class NetworkHalf:
         frame = encode_ping(Ping(self.identity, self.address or "-", self._nonce,
                                  t.digest_gen, t.identity), self.secret)
         try:
-            self._client().send_multipart([t.rid, frame], zmq.NOBLOCK)
+            c = self._client()
+            c.send(t.rid, _MORE)
+            c.send(frame, _NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
@@ -438,10 +451,9 @@ class NetworkHalf:
         c = self.client
         assert c is not None
         for _ in range(_RECV_BATCH):
-            try:
-                parts = c.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                return
+            if not c.getsockopt(zmq.EVENTS) & _POLLIN:
+                return  # drained (cheaper than letting recv raise Again)
+            parts = c.recv_multipart(_NOBLOCK)
             t = self._by_rid.get(parts[0]) if len(parts) == 2 else None
             if t is None:  # not [routing id of a host we follow, frame]
                 self._bad("malformed", "client")
@@ -540,10 +552,9 @@ class NetworkHalf:
         r = self.router
         assert r is not None
         for _ in range(_RECV_BATCH):
-            try:
-                parts = r.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                return
+            if not r.getsockopt(zmq.EVENTS) & _POLLIN:
+                return  # drained (cheaper than letting recv raise Again)
+            parts = r.recv_multipart(_NOBLOCK)
             if len(parts) != 2:
                 self._bad("malformed", "router")
                 continue
@@ -565,7 +576,8 @@ class NetworkHalf:
             ack = encode_ack_raw(msg.nonce, self.identity, self.address or "-", self._dgen,
                                  self._dbody if full else None, self.secret)
             try:
-                r.send_multipart([rid, ack], zmq.NOBLOCK)
+                r.send(rid, _MORE)
+                r.send(ack, _NOBLOCK)
                 self.w.count("pings_answered")  # type: ignore[attr-defined]
             except zmq.ZMQError as e:  # EHOSTUNREACH (gone), EAGAIN (slow reader)
                 self._rate_log("ack", "pinger: ack to a watcher not sent: %s", e)
@@ -627,7 +639,8 @@ class NetworkHalf:
                                 self.secret)
             for rid in list(self.watchers):
                 try:
-                    self.router.send_multipart([rid, frame], zmq.NOBLOCK)  # type: ignore[union-attr]
+                    self.router.send(rid, _MORE)  # type: ignore[union-attr]
+                    self.router.send(frame, _NOBLOCK)  # type: ignore[union-attr]
                     self.w.count("pushes_sent")  # type: ignore[attr-defined]
                 except zmq.ZMQError:
                     del self.watchers[rid]  # that connection is gone; its host re-pings us
