@@ -341,9 +341,8 @@ class NetworkHalf:
         endpoint = f"tcp://{format_hostport(host, port)}"
         c.setsockopt(zmq.CONNECT_ROUTING_ID, rid)
         c.connect(endpoint)
-        interval = int(self.cfg.interval_s * 1e9)
         t = _Target(address, rid, endpoint, PeerState(address), row, gen,
-                    now_ns + random.randrange(max(1, interval // 4)), remotes=remotes)
+                    now_ns, remotes=remotes)
         self.targets[address] = t
         self._by_rid[rid] = t
         # what we know of it is nothing yet, whatever an earlier holder wrote there
@@ -411,7 +410,10 @@ class NetworkHalf:
         for t in targets:
             if now_ns >= t.next_ping_ns:
                 if self._ping(t, now_ns):
-                    t.next_ping_ns = max(t.next_ping_ns + interval, now_ns + interval // 2)
+                    # Every host on one phase: the pings of a round leave in one tick and
+                    # their acks come back in a burst that one wake-up drains, instead of
+                    # one wake-up per ack (the loop's cost is per wake-up, not per frame).
+                    t.next_ping_ns = now_ns - now_ns % interval + interval
                 else:
                     # No connection to its pinger: evidence about that process only,
                     # not its workers.  Silence keeps accruing as usual; we just try
