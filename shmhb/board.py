@@ -470,8 +470,9 @@ class Board:
         pstart = (start_time() or 0) if pid else 0
         with self.registry():
             w = self._watches
+            ns = own_pid_namespace() if pid else 0
             mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
-                                  & (w["address"] == ab))
+                                  & (w["owner_ns"] == ns) & (w["address"] == ab))
             if len(mine):
                 row = w[int(mine[0])]
                 refs = int(row["refs"]) + delta if int(row["owner_start"]) == pstart else delta
@@ -494,17 +495,20 @@ class Board:
                 row["owner_start"] = pstart
                 row["refs"] = delta
                 row["address"] = ab
+                row["owner_ns"] = ns
                 row["checksum"] = watch_checksum(row)
             self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
 
     def _reclaim_watches(self) -> np.ndarray:
         """Free watch rows of processes that are gone (caller holds the registry lock);
-        returns the free rows."""
+        returns the free rows.  Only owners in our pid namespace can be judged by pid and
+        start time; the watches of another namespace's processes are kept."""
         w = self._watches
         for i in np.flatnonzero(w["checksum"] != 0):
             row = w[int(i)]
             pid = int(row["owner_pid"])
-            if pid and start_time(pid) != int(row["owner_start"]):
+            if (pid and int(row["owner_ns"]) == own_pid_namespace()
+                    and start_time(pid) != int(row["owner_start"])):
                 row["checksum"] = 0
         return np.flatnonzero(w["checksum"] == 0)
 
@@ -513,7 +517,8 @@ class Board:
         this periodically.  Returns how many rows were freed."""
         w = self._watches
         owners = {(int(w[int(i)]["owner_pid"]), int(w[int(i)]["owner_start"]))
-                  for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] != 0))}
+                  for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] != 0)
+                                          & (w["owner_ns"] == own_pid_namespace()))}
         if all(start_time(pid) == start for pid, start in owners):
             return 0  # the common case, without the lock
         with self.registry():

@@ -243,10 +243,11 @@ REMOTE_ROW_DTYPE: Final = np.dtype(
 
 WATCH_ROW_DTYPE: Final = np.dtype(
     {
-        # owner_pid 0 = configured by `shmhb pinger --peer` (kept until the next daemon)
-        "names": ["owner_pid", "owner_start", "refs", "address", "checksum"],
-        "formats": ["<u8", "<u8", "<u8", f"S{ADDR_BYTES}", "<u8"],
-        "offsets": [0, 8, 16, 24, 120],
+        # owner_pid 0 = configured by `shmhb pinger --peer` (kept until the next daemon);
+        # owner_ns: the owner's pid namespace, where its pid and start time mean something
+        "names": ["owner_pid", "owner_start", "refs", "address", "owner_ns", "checksum"],
+        "formats": ["<u8", "<u8", "<u8", f"S{ADDR_BYTES}", "<u8", "<u8"],
+        "offsets": [0, 8, 16, 24, 88, 120],
         "itemsize": 128,
     }
 )
@@ -322,7 +323,7 @@ def remote_checksum(row: np.void) -> int:
 
 def watch_checksum(row: np.void) -> int:
     return checksum(int(row["owner_pid"]), int(row["owner_start"]), int(row["refs"]),
-                    bytes(row["address"]))
+                    bytes(row["address"]), int(row["owner_ns"]))
 
 
 def encode_endpoints(endpoints: tuple[str, ...]) -> bytes:

@@ -250,3 +250,25 @@ def test_watches_are_counted_per_process(board: shmhb.Board) -> None:
     board.unwatch("10.0.0.2:30004")
     board.unwatch("10.0.0.3:1")
     assert board.watched_hosts() == {}
+
+
+def test_dead_watchers_lose_their_watches_but_other_namespaces_are_left_alone(board: shmhb.Board) -> None:
+    """reclaim_watches judges owners by pid and start time, which only mean something in
+    our own pid namespace."""
+    code = ("import shmhb, sys, os\n"
+            "shmhb.Board.attach(sys.argv[1]).watch(sys.argv[2])\n"
+            "os._exit(0)\n")  # dies without unwatching
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    subprocess.run([sys.executable, "-c", code, board.name, "10.1.1.1:1"], check=True, env=env,
+                   timeout=60)
+    assert board.watched_hosts() == {"10.1.1.1": 1}
+    assert board.reclaim_watches() == 1
+    assert board.watched_hosts() == {}
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private pid namespace")
+    out = subprocess.run(["unshare", "-p", "-f", "--kill-child", sys.executable, "-c", code,
+                          board.name, "10.1.1.2:1"], env=env, timeout=60, capture_output=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot create a pid namespace here: {out.stderr.decode().strip()}")
+    assert board.reclaim_watches() == 0  # pid 1 of another namespace: cannot be judged here
+    assert board.watched_hosts() == {"10.1.1.2": 1}
