@@ -3,7 +3,10 @@ network half, remote hosts) and writes verdicts into the board.
 
 Election: the role is an OFD lock on the board (``LOCK_AGENT``); the kernel drops it
 when its holder dies, and a standby polling every ``election_poll_s`` takes over.  Each
-takeover bumps ``agent_term``, so the agent's words name the term that wrote them.
+takeover bumps ``agent_term``, so the agent's words name the term that wrote them.  The
+role never waits for the registry lock (a process stopped while holding it keeps it):
+nothing on the agent's path takes it but the periodic reclaim of dead processes'
+watches, which gives up at once and tries again later.
 The role runs as ``shmhb pinger`` or embedded in a worker (a daemon thread started by
 ``Board.register``), and behaves the same either way: the pinger's settings come from
 the board, not from the command line of whoever holds the role.
@@ -165,6 +168,10 @@ class LocalWatch:
             if hb & LEFT_BIT and not wt.done:  # it left gracefully: stop watching
                 self._forget(i)
                 self._watched[i] = _Watched(tag, wt.pid, None, True)
+                # Readers learn of changes from the change counter; the leaver moves the
+                # registry's half of it, unless the registry lock was out of its reach
+                # (held by a stopped process): ours is always within reach.
+                self.w.changed()
             return
         self._forget(i)
         if hb & LEFT_BIT or verdict >> INC_SHIFT == tag:
@@ -269,9 +276,13 @@ class Agent:
             board.close()
 
     def _hold(self, board: Board) -> None:
-        with board.registry():
-            term = int(board._head["agent_term"]) + 1
-            board._head["agent_term"] = term
+        # The term counter has one writer at a time without the registry lock: only the
+        # holder of the role writes it, and the role lock we hold excludes every other.
+        # Taking the registry lock here made a takeover wait for as long as some process
+        # stayed stopped while holding it (no agent on the host meanwhile), and then
+        # killed the new agent with LockTimeout.
+        term = int(board._head["agent_term"]) + 1
+        board._head["agent_term"] = term
         now = self.clock.monotonic_ns
         w = AgentWriter(board, term)
         # Before our heartbeat makes readers trust the peer rows again: the previous

@@ -23,7 +23,7 @@ from . import locks, segment
 from .clock import MONOTONIC, Clock
 from .config import Capacity, Policy, board_name, format_hostport, parse_hostport
 from .errors import (
-    BoardFull, BoardNotFound, InvalidKey, KeyInUse, StaleBoard, WatchTableFull,
+    BoardFull, BoardNotFound, InvalidKey, KeyInUse, LockTimeout, StaleBoard, WatchTableFull,
 )
 from .judge import Thresholds, agent_fresh, combine_remote, judge_agent, judge_local, judge_row
 from .layout import (
@@ -226,18 +226,27 @@ class Board:
         return self._seg.new_fd()
 
     @contextlib.contextmanager
-    def registry(self) -> Iterator[None]:
+    def registry(self, timeout_s: float | None = None) -> Iterator[None]:
         """Hold the board's registry lock: the kernel-released OFD lock that orders
         registrations, watches and settings between processes, plus a thread lock,
         since threads sharing this handle share its open file description and an OFD
-        lock does not exclude them from each other."""
-        with self._thread_lock:
-            locks.lock(self._seg.fd, LOCK_REGISTRY, timeout_s=REGISTRY_TIMEOUT_S,
-                       what=f"board {self.name!r} registry")
+        lock does not exclude them from each other.  ``LockTimeout`` after
+        ``timeout_s`` (default ``REGISTRY_TIMEOUT_S``): a process stopped or hung while
+        holding the lock keeps it (the kernel releases it only when its holder dies)."""
+        wait_s = REGISTRY_TIMEOUT_S if timeout_s is None else timeout_s
+        what = f"board {self.name!r} registry"
+        deadline = time.monotonic() + wait_s
+        if not self._thread_lock.acquire(timeout=max(wait_s, 0.0)):
+            raise LockTimeout(f"{what} stayed locked by another thread for {wait_s:g} s")
+        try:
+            locks.lock(self._seg.fd, LOCK_REGISTRY, what=what,
+                       timeout_s=max(0.0, deadline - time.monotonic()))
             try:
                 yield
             finally:
                 locks.unlock(self._seg.fd, LOCK_REGISTRY)
+        finally:
+            self._thread_lock.release()
 
     # -- registration ---------------------------------------------------------------------
 
@@ -322,8 +331,8 @@ class Board:
             "processes; create it with more slots (Board.create(slots=...))"
         )
 
-    def _bump_reg_gen(self) -> None:
-        with self.registry():
+    def _bump_reg_gen(self, timeout_s: float | None = None) -> None:
+        with self.registry(timeout_s):
             self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
 
     # -- local reads: the hot path ----------------------------------------------------------
@@ -450,16 +459,17 @@ class Board:
 
     # -- watches ----------------------------------------------------------------------------
 
-    def watch(self, endpoint: str) -> None:
+    def watch(self, endpoint: str, *, timeout_s: float | None = None) -> None:
         """Ask this host's pinger to follow the host behind ``endpoint`` ("host:port").
-        Watches are counted per process and dropped when the process dies."""
-        self._watch_change(endpoint, +1)
+        Watches are counted per process and dropped when the process dies.
+        ``timeout_s``: how long to wait for the registry lock (see ``registry``)."""
+        self._watch_change(endpoint, +1, timeout_s=timeout_s)
 
-    def unwatch(self, endpoint: str) -> None:
-        self._watch_change(endpoint, -1)
+    def unwatch(self, endpoint: str, *, timeout_s: float | None = None) -> None:
+        self._watch_change(endpoint, -1, timeout_s=timeout_s)
 
     def _watch_change(self, endpoint: str, delta: int, owner_pid: int | None = None,
-                      keep_port: bool = False) -> None:
+                      keep_port: bool = False, timeout_s: float | None = None) -> None:
         host, port = parse_hostport(endpoint)
         # A watch names a host (its pinger listens on the cluster's pinger port); the
         # pinger's --peer list may name a host with its own port.
@@ -468,7 +478,7 @@ class Board:
             raise InvalidKey(f"endpoint host too long: {endpoint!r}")
         pid = os.getpid() if owner_pid is None else owner_pid
         pstart = (start_time() or 0) if pid else 0
-        with self.registry():
+        with self.registry(timeout_s):
             w = self._watches
             ns = own_pid_namespace() if pid else 0
             mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
@@ -512,16 +522,17 @@ class Board:
                 row["checksum"] = 0
         return np.flatnonzero(w["checksum"] == 0)
 
-    def reclaim_watches(self) -> int:
+    def reclaim_watches(self, timeout_s: float | None = None) -> int:
         """Drop the watches of processes that died without unwatching; the agent calls
-        this periodically.  Returns how many rows were freed."""
+        this periodically.  Returns how many rows were freed.  ``timeout_s``: how long
+        to wait for the registry lock, if there is anything to drop."""
         w = self._watches
         owners = {(int(w[int(i)]["owner_pid"]), int(w[int(i)]["owner_start"]))
                   for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] != 0)
                                           & (w["owner_ns"] == own_pid_namespace()))}
         if all(start_time(pid) == start for pid, start in owners):
             return 0  # the common case, without the lock
-        with self.registry():
+        with self.registry(timeout_s):
             before = int(np.count_nonzero(w["checksum"] == 0))
             freed = len(self._reclaim_watches()) - before
             if freed:

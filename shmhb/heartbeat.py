@@ -14,10 +14,14 @@ import threading
 import numpy as np
 
 from . import locks
-from .errors import HeartbeatClosed
+from .errors import HeartbeatClosed, LockTimeout
 from .layout import INC_SHIFT, LOCK_SLOT_BASE, TS_SHIFT, inc_tag, pack_hb
 
 log = logging.getLogger(__name__)
+
+#: how long close() waits for the registry lock to move the change counter (the lock is
+#: held for microseconds, unless its holder is stopped or hung)
+_BUMP_WAIT_S = 0.5
 
 
 class Heartbeat:
@@ -101,7 +105,14 @@ class Heartbeat:
         self._q[self._word_index] = pack_hb(self.incarnation, self._now_ns() >> TS_SHIFT, left=True)
         self.beat = self._closed_beat  # type: ignore[method-assign]
         try:
-            self._board._bump_reg_gen()
+            self._board._bump_reg_gen(timeout_s=_BUMP_WAIT_S)
+        except LockTimeout:
+            # The leave is done: the word above reads LEFT.  Only the change counter
+            # could not be moved, because some process is stopped (or hung) while holding
+            # the registry lock; the agent moves its own counter when it sees the slot
+            # leave.  A graceful shutdown must not wait seconds, then fail, for that.
+            log.warning("board %s: %r left, but the registry lock is held by another "
+                        "process: the change counter was not moved", self._board.name, self.key)
         finally:
             locks.unlock(self._lock_fd, LOCK_SLOT_BASE + self.index)
             os.close(self._lock_fd)

@@ -124,7 +124,8 @@ MAX_ENDPOINTS: Final = 8
 # reg_gen               registrants, under the registration lock (bumped on register/leave/watch)
 # agent_hb, agent_id    the agent role holder
 # agent_gen             the agent role holder (bumped on every verdict or remote change)
-# agent_term            agents, under the registration lock (a takeover counter)
+# agent_term            the agent role holder, at its takeover (a takeover counter; the
+#                       role lock makes it the only writer)
 # agent_lateness_us     the agent role holder: its worst loop lateness of the last second
 # stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
 # cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings

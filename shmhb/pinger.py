@@ -37,7 +37,7 @@ import zmq.auth
 from .board import Board
 from .clock import Clock
 from .config import DEFAULT_PORT, PingerConfig, format_hostport, has_port, parse_hostport
-from .errors import InvalidConfig
+from .errors import InvalidConfig, LockTimeout
 from .judge import judge_local_array
 from .layout import (
     HEADER_DTYPE, INC_MASK, INC_SHIFT, checksum,
@@ -367,7 +367,14 @@ class NetworkHalf:
     def _reconcile(self, now_ns: int) -> None:
         if now_ns >= self._next_reclaim_ns:  # watches of processes that died unwatching
             self._next_reclaim_ns = now_ns + 1_000_000_000
-            self.b.reclaim_watches()
+            try:
+                # Never wait for the registry lock here: its holder may be stopped, and
+                # every second of waiting is a second nobody watches this host (5 s, and
+                # the LockTimeout killed the agent).  Dead processes' watches can wait.
+                self.b.reclaim_watches(timeout_s=0.005)
+            except LockTimeout:
+                self._rate_log("reclaim", "pinger: registry lock busy; watches of dead "
+                               "processes are dropped later")
         rg = self.b._q[self.b._reg_gen_i]
         if rg == self._watch_gen:
             return

@@ -10,6 +10,12 @@ endpoint.  A flap (SUSPECT and back) drops nothing unless ``drop_suspect``; UNKN
 Cost: ``poll()`` with nothing changed is one read of the board's change counter plus a
 vectorised staleness check of the local slots it tracks -- a few microseconds whatever
 the number of links.  Only when something changed does it judge links one by one.
+
+Watches: a remote link keeps its peer's host followed (``Board.watch``) while tracked.
+Giving a watch back takes the board's registry lock, which a process stopped (or hung)
+while holding it keeps for as long as it is stopped; so a drop never waits for it: the
+watch is given back after the callbacks, with a short wait, and if the lock is still
+held, at a later poll.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ import numpy as np
 
 from .board import Board
 from .config import parse_hostport
+from .errors import LockTimeout
 from .layout import TS39_MASK, TS_SHIFT
 from .status import PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
+
+#: how long giving a watch back may wait for the registry lock (held for microseconds,
+#: unless its holder is stopped or hung: then it is retried at the next poll)
+_UNWATCH_WAIT_S = 0.02
 
 
 class DropReason(str, enum.Enum):
@@ -77,6 +88,8 @@ class LinkReaper:
         self._stale_units = board.thresholds.suspect if drop_suspect else board.thresholds.dead
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._unwatch_due: list[str] = []  # watches of links that went, not given back yet
+        self._unwatch_logged = False
 
     # -- tracking -------------------------------------------------------------------------
 
@@ -102,14 +115,20 @@ class LinkReaper:
                 # the first report that names it (see _judge_remote)
                 key = r.key if r is not None and r.incarnation == inc else None
                 link = Link(endpoint, key, inc, False, payload)
+        # Follow the peer's host before the link counts, and not under our lock: watch()
+        # waits for the registry lock, which a stopped process may hold for seconds (it
+        # then raises LockTimeout and nothing is tracked), and polls on other threads
+        # must not wait with it.
+        if not link.local:
+            self.board.watch(endpoint)
+        with self._lock:
             old = self._links.get(endpoint)
-            if old is not None and not old.local:
-                self.board.unwatch(endpoint)
-            if not link.local:
-                self.board.watch(endpoint)
+            if old is not None:
+                self._forget(old)
             self._links[endpoint] = link
             self._pending = True
             self._reindex()
+        self._give_back_watches()
         return link
 
     def untrack(self, endpoint: str) -> Link | None:
@@ -121,6 +140,7 @@ class LinkReaper:
             if link is not None:
                 self._forget(link)
                 self._reindex()
+        self._give_back_watches()
         return link
 
     def links(self) -> list[Link]:
@@ -128,8 +148,28 @@ class LinkReaper:
             return list(self._links.values())
 
     def _forget(self, link: Link) -> None:
+        """The link went: its watch is owed back (caller holds the lock)."""
         if not link.local:
-            self.board.unwatch(link.endpoint)
+            self._unwatch_due.append(link.endpoint)
+
+    def _give_back_watches(self) -> None:
+        """Give back the watches of links that went.  Never waits long for the registry
+        lock: a drop must not be delayed, lost or turned into an exception because some
+        process is stopped while holding it.  What is left is retried at the next poll."""
+        with self._lock:
+            due, self._unwatch_due = self._unwatch_due, []
+        for k, endpoint in enumerate(due):
+            try:
+                self.board.unwatch(endpoint, timeout_s=_UNWATCH_WAIT_S)
+            except LockTimeout:
+                with self._lock:
+                    self._unwatch_due[:0] = due[k:]
+                if not self._unwatch_logged:
+                    self._unwatch_logged = True
+                    log.warning("board %s: registry lock busy; %d watch(es) of dropped links "
+                                "will be given back later", self.board.name, len(due) - k)
+                return
+        self._unwatch_logged = False
 
     def _reindex(self) -> None:
         """Recompute what the fast path needs after the set of links changed."""
@@ -165,6 +205,8 @@ class LinkReaper:
         """Drop links whose peer died, left, restarted or vanished; call ``on_drop`` for
         each (outside the lock) and return them.  Cheap when nothing changed."""
         b = self.board
+        if self._unwatch_due:
+            self._give_back_watches()
         with self._lock:
             changes = b.changes()
             if changes == self._seen_changes and not self._pending and not self._maybe_stale():
@@ -189,7 +231,7 @@ class LinkReaper:
                 dropped.append((link, verdict))  # type: ignore[arg-type]
             self._pending = pending
             for link, _ in dropped:
-                self._forget(link)
+                self._forget(link)  # given back after the callbacks: they never wait for it
             if dropped:
                 self._reindex()
         for link, reason in dropped:
@@ -199,6 +241,8 @@ class LinkReaper:
                     self.on_drop(link, reason)
                 except Exception:  # a connector's bug must not stop the reaper or lose drops
                     log.exception("on_drop callback failed for %s (%s)", link.endpoint, reason)
+        if dropped:
+            self._give_back_watches()
         return dropped
 
     def _maybe_stale(self) -> bool:

@@ -1,0 +1,178 @@
+"""The fault schedule: a list of faults drawn from one seed, fixed before the run starts.
+
+The schedule is a pure function of (seed, duration, hosts, workers, timing): the same
+seed gives the same faults at the same offsets on every machine.  What a fault then
+does depends on the state it finds (a target that is busy with an earlier fault, or a
+fault this machine cannot inject, is skipped and counted as skipped), so a run is
+reproducible in what it asks for, not to the millisecond in what the kernel does.
+
+Fault kinds and what they stand for:
+
+=====================  ==================================================================
+worker_kill            SIGKILL a worker; it is started again (same key, new incarnation)
+                       after ``duration_s``
+worker_restart         SIGKILL a worker and start it again at once (kills may hit a
+                       stopped worker: a hung worker is what gets killed and restarted)
+worker_kill_early      restart a worker and SIGKILL the new process ``duration_s`` after it
+                       starts: while it imports, registers, or has just registered
+worker_leave           SIGTERM: the worker closes its slot (LEFT) and exits; it registers
+                       again after ``duration_s``
+worker_stop_short      SIGSTOP a worker for less than the board's dead-after, then SIGCONT
+worker_stop_long       SIGSTOP a worker past dead-after (it is legitimately DEAD meanwhile)
+pinger_kill            SIGKILL the pinger holding the agent role: the standby takes over
+                       (a new standby is started at once)
+pinger_term            SIGTERM the holder: a graceful hand-over to the standby
+pinger_stop_short      SIGSTOP the holder below peer-dead-after (observers: SUSPECT at most)
+pinger_stop_long       SIGSTOP the holder past peer-dead-after (observers: host DEAD)
+host_outage            SIGKILL every pinger of a host for ``duration_s``: no agent at all
+registry_stall         a process takes a host's registry lock and stops for ``duration_s``
+                       (registrations there fail with LockTimeout meanwhile; nothing else
+                       may break)
+watcher_kill           a connector process watches another host and is SIGKILLed after
+                       ``duration_s`` (or when a registry_stall begins on its host): the
+                       agent must reclaim its watches, once it can take the lock
+garbage                ``n`` malformed frames at a pinger's ROUTER from a foreign DEALER
+cpu_hog                one busy process per core for ``duration_s``
+shm_full               create a board in a private mount namespace whose /dev/shm is a
+                       tiny tmpfs: must fail with BoardSpaceError (root only)
+partition              take the veth between the two namespaced hosts down for
+                       ``duration_s`` (root with iproute2 only)
+=====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The board policy and pinger settings of a chaos run, and the stop lengths that
+    stay clear of each threshold (a stop near a threshold would make the expected
+    verdict a coin toss)."""
+
+    suspect_after_s: float = 1.0
+    dead_after_s: float = 3.0
+    agent_stale_s: float = 1.0
+    peer_suspect_after_s: float = 1.0
+    peer_dead_after_s: float = 3.0
+    interval_s: float = 0.2
+    tick_s: float = 0.02
+    beat_s: float = 0.05
+
+    def short_stop(self, rng: random.Random) -> float:
+        """Well below dead-after: the worker may read SUSPECT, never DEAD."""
+        return rng.uniform(0.2, max(0.3, self.dead_after_s - 1.2))
+
+    def long_stop(self, rng: random.Random) -> float:
+        """Well past dead-after: the worker reads DEAD while stopped."""
+        return rng.uniform(self.dead_after_s + 0.8, self.dead_after_s + 3.0)
+
+    def short_pinger_stop(self, rng: random.Random) -> float:
+        return rng.uniform(0.2, max(0.3, self.peer_dead_after_s - 1.5))
+
+    def long_pinger_stop(self, rng: random.Random) -> float:
+        return rng.uniform(self.peer_dead_after_s + 1.0, self.peer_dead_after_s + 3.0)
+
+
+#: relative frequencies
+WEIGHTS: dict[str, float] = {
+    "worker_kill": 10,
+    "worker_restart": 8,
+    "worker_kill_early": 3,
+    "worker_leave": 6,
+    "worker_stop_short": 8,
+    "worker_stop_long": 5,
+    "pinger_kill": 5,
+    "pinger_term": 2,
+    "pinger_stop_short": 4,
+    "pinger_stop_long": 2.5,
+    "host_outage": 2,
+    "registry_stall": 2,
+    "watcher_kill": 2,
+    "garbage": 4,
+    "cpu_hog": 1.5,
+    "shm_full": 1,
+    "partition": 2,
+}
+KINDS = tuple(WEIGHTS)
+#: faults that need the namespaced pair of hosts, or root
+NEEDS_NETNS = frozenset({"partition"})
+NEEDS_ROOT = frozenset({"shm_full", "partition"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scheduled fault.  ``at_s``: offset from the start of the chaos phase.
+    ``host``/``worker``: indices into the run's hosts and a host's workers (the harness
+    maps them to live processes when the fault fires).  ``n``: frames for ``garbage``.
+    ``salt``: per-fault randomness (garbage bytes) derived from the seed."""
+
+    at_s: float
+    kind: str
+    host: int
+    worker: int
+    duration_s: float
+    n: int = 0
+    salt: int = 0
+
+    def describe(self) -> str:
+        what = {"worker": f"h{self.host}/w{self.worker}", "host": f"h{self.host}"}
+        if self.kind.startswith("worker_"):
+            tgt = what["worker"]
+        elif self.kind in ("cpu_hog", "shm_full", "partition"):
+            tgt = "-"
+        else:
+            tgt = what["host"]
+        extra = f" n={self.n}" if self.kind == "garbage" else (
+            f" {self.duration_s:.2f}s" if self.duration_s else "")
+        return f"{self.kind} {tgt}{extra}"
+
+
+def make_schedule(seed: int, duration_s: float, n_hosts: int, n_workers: int,
+                  timing: Timing = Timing(), *, mean_gap_s: float = 1.0) -> list[Fault]:
+    """Every fault of a run of ``duration_s`` seconds, in order.  Host indices cover
+    all ``n_hosts`` hosts (the namespaced pair, if the run has it, is the last two)."""
+    rng = random.Random(seed)
+    kinds = list(WEIGHTS)
+    weights = [WEIGHTS[k] for k in kinds]
+    out: list[Fault] = []
+    t = rng.uniform(0.5, 1.5)
+    while t < duration_s:
+        kind = rng.choices(kinds, weights)[0]
+        host = rng.randrange(n_hosts)
+        worker = rng.randrange(n_workers)
+        n = 0
+        if kind == "worker_kill":
+            d = rng.uniform(0.5, 4.0)  # down time before the restart
+        elif kind == "worker_kill_early":
+            d = rng.uniform(0.0, 1.0)
+        elif kind == "worker_leave":
+            d = rng.uniform(0.5, 4.0)
+        elif kind == "worker_stop_short":
+            d = timing.short_stop(rng)
+        elif kind == "worker_stop_long":
+            d = timing.long_stop(rng)
+        elif kind == "pinger_stop_short":
+            d = timing.short_pinger_stop(rng)
+        elif kind == "pinger_stop_long":
+            d = timing.long_pinger_stop(rng)
+        elif kind == "host_outage":
+            d = rng.uniform(0.5, timing.peer_dead_after_s + 3.0)
+        elif kind == "cpu_hog":
+            d = rng.uniform(1.0, 4.0)
+        elif kind == "partition":
+            d = rng.uniform(1.0, timing.peer_dead_after_s + 3.0)
+        elif kind == "watcher_kill":
+            d = rng.uniform(0.2, 8.0)
+        elif kind == "registry_stall":
+            d = rng.uniform(1.0, 8.0)
+        elif kind == "garbage":
+            d = 0.0
+            n = rng.randrange(20, 400)
+        else:
+            d = 0.0
+        out.append(Fault(round(t, 3), kind, host, worker, round(d, 3), n, rng.getrandbits(32)))
+        t += max(0.15, rng.expovariate(1.0 / mean_gap_s))
+    return out
