@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ import shmhb
 from shmhb import DropReason, Link, LinkReaper, Status
 
 from .conftest import Procs, unlink_quietly, wait_until
+from .hosts import free_port
 
 #: Quick verdicts on slots and hosts; the agent is stale (remote rows read UNKNOWN)
 #: after 0.5 s without a tick.
@@ -45,26 +45,6 @@ PATIENT = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5, agent_stale_s=0.5,
                        peer_suspect_after_s=8.0, peer_dead_after_s=30.0)
 
 PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02", "--interval-s", "0.05"]
-
-
-def free_port(ips: list[str]) -> int:
-    """A port that binds on every address now, below the ephemeral range."""
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(50):
-        port = rng.randrange(20000, 32000)
-        socks = []
-        try:
-            for ip in ips:
-                s = socket.socket()
-                socks.append(s)
-                s.bind((ip, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free port")
 
 
 class Site:
