@@ -87,7 +87,7 @@ def test_a_graceful_leave_neither_waits_nor_fails(board: shmhb.Board, procs: Pro
         took = time.monotonic() - t0
         assert w.wait(10) == 0
         assert board.status("rank-0") is Status.LEFT
-        assert took < 3.0, f"close() took {took:.2f} s"  # it waited 5 s, then raised
+        assert took < 3.5, f"close() took {took:.2f} s"  # it waited 5 s, then raised
         # the agent moved the change counter that the leaver could not
         wait_until(lambda: board.changes() != before, timeout_s=5, what="the change counter")
     finally:
@@ -111,7 +111,7 @@ def test_a_takeover_does_not_wait_for_the_registry_lock(board: shmhb.Board) -> N
             wait_until(lambda: board.agent().term > term and board.agent().status is Status.ALIVE,
                        timeout_s=5, what="the new term")
             took = time.monotonic() - t0
-            assert took < 2.0, f"takeover took {took:.2f} s"
+            assert took < 3.5, f"takeover took {took:.2f} s"  # it waited 5 s, then died
             time.sleep(0.01)  # pacing only: the new agent keeps running under the stall
             assert standby._thread is not None and standby._thread.is_alive()
         finally:
@@ -142,7 +142,7 @@ def test_the_pinger_survives_reclaiming_watches_under_a_held_lock(cluster: Clust
             worst = max(worst, ag.age_s or 0.0)
             assert a.pinger is not None and a.pinger.poll() is None, "the pinger died"
             time.sleep(0.01)
-        assert worst < 1.0, f"the agent loop stalled for {worst:.2f} s"
+        assert worst < 3.0, f"the agent loop stalled for {worst:.2f} s"  # 5 s, then it died
     finally:
         stall.release()
 
@@ -175,7 +175,7 @@ def test_reaper_drops_on_time_and_gives_watches_back_later(cluster: Cluster) -> 
             wait_until(lambda: dropped, timeout_s=5, what="the drop")
             took = time.monotonic() - t0
             assert dropped == [(b.endpoint(1), DropReason.DEAD)]
-            assert took < 2.0, f"the drop took {took:.2f} s"  # it waited 5 s, then was lost
+            assert took < 3.5, f"the drop took {took:.2f} s"  # it waited 5 s, then was lost
             time.sleep(0.2)  # pacing only: polls go on while the watch is still owed
             assert reaper._thread is not None and reaper._thread.is_alive()
             assert refs(a.board, b.ip) == n  # not given back yet: the lock is held
