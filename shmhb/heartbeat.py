@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 import numpy as np
 
 from . import locks
 from .errors import HeartbeatClosed, LockTimeout
 from .layout import INC_SHIFT, LOCK_SLOT_BASE, TS_SHIFT, inc_tag, pack_hb
+from .periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,8 @@ class Heartbeat:
         self._base = inc_tag(incarnation) << INC_SHIFT
         self._now_ns = board._now_ns
         self.beat = self._make_beat()  # type: ignore[method-assign]
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._ticker = Periodic(f"shmhb-beat-{key}")
         self._closed = False
-        self._lock = threading.Lock()
         locks.on_fork(self)
 
     def beat(self) -> None:
@@ -71,30 +69,13 @@ class Heartbeat:
             raise HeartbeatClosed(f"heartbeat {self.key!r} is closed; register again")
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
-        with self._lock:
-            if self._thread is not None:
-                return self
-            self._stop.clear()
-            self.beat()
-            t = threading.Thread(target=self._run, args=(interval_s,),
-                                 name=f"shmhb-beat-{self.key}", daemon=True)
-            self._thread = t
-            t.start()
+        self.beat()
+        self._ticker.start(self.beat, interval_s)
         return self
-
-    def _run(self, interval_s: float) -> None:
-        wait, beat = self._stop.wait, self.beat
-        while not wait(interval_s):
-            beat()
 
     def stop(self) -> None:
         """Stop the background thread (the slot stays registered and will go stale)."""
-        with self._lock:
-            t, self._thread = self._thread, None
-        if t is not None:
-            self._stop.set()
-            if t is not threading.current_thread():
-                t.join()
+        self._ticker.stop()
 
     def close(self) -> None:
         """Leave gracefully: the slot reads LEFT and its key may be registered again."""
@@ -130,8 +111,7 @@ class Heartbeat:
     def _after_fork_in_child(self) -> None:
         """In a forked child: never beat for the parent, never hold its slot lock."""
         self._closed = True
-        self._thread = None
-        self._lock = threading.Lock()
+        self._ticker.after_fork_in_child()
         self._q = memoryview(bytearray(8)).cast("Q")
         self._word_index = 0
         self.beat = self._closed_beat  # type: ignore[method-assign]

@@ -34,6 +34,7 @@ from .board import Board
 from .config import parse_hostport
 from .errors import LockTimeout
 from .layout import TS39_MASK, TS_SHIFT
+from .periodic import Periodic
 from .status import PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,7 @@ class LinkReaper:
         self._local_words = np.empty(0, np.intp)  # slot indices of tracked local links
         self._remote_links = 0  # how many tracked links are remote
         self._stale_units = board.thresholds.suspect if drop_suspect else board.thresholds.dead
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._ticker = Periodic("shmhb-reaper")
         self._unwatch_due: list[str] = []  # watches of links that went, not given back yet
         self._unwatch_logged = False
 
@@ -312,29 +312,16 @@ class LinkReaper:
 
     def start(self, interval_s: float = 0.05) -> LinkReaper:
         """Poll from a daemon thread every ``interval_s`` until ``stop()``."""
-        if not interval_s > 0:
-            raise ValueError("interval_s must be positive")
-        with self._lock:
-            if self._thread is not None:
-                return self
-            self._stop.clear()
-            t = threading.Thread(target=self._run, args=(interval_s,), name="shmhb-reaper",
-                                 daemon=True)
-            self._thread = t
-        t.start()
+        self._ticker.start(self.poll, interval_s)
         return self
 
-    def _run(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            self.poll()
+    @property
+    def running(self) -> bool:
+        """Whether the background thread runs."""
+        return self._ticker.running
 
     def stop(self) -> None:
-        with self._lock:
-            t, self._thread = self._thread, None
-        if t is not None:
-            self._stop.set()
-            if t is not threading.current_thread():
-                t.join()
+        self._ticker.stop()
 
     def __enter__(self) -> LinkReaper:
         return self

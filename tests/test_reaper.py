@@ -530,7 +530,7 @@ def test_a_raising_callback_is_logged_and_loses_nothing(make_site: Callable[...,
         w1.kill()
         w2.kill()
         wait_until(lambda: len(calls) == 2, what="both callbacks")
-        assert reaper._thread is not None and reaper._thread.is_alive()
+        assert reaper.running
     finally:
         reaper.stop()
     assert sorted(calls) == sorted([ep1, ep2])

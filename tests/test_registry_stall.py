@@ -177,14 +177,14 @@ def test_reaper_drops_on_time_and_gives_watches_back_later(cluster: Cluster) -> 
             assert dropped == [(b.endpoint(1), DropReason.DEAD)]
             assert took < 3.5, f"the drop took {took:.2f} s"  # it waited 5 s, then was lost
             time.sleep(0.2)  # pacing only: polls go on while the watch is still owed
-            assert reaper._thread is not None and reaper._thread.is_alive()
+            assert reaper.running
             assert refs(a.board, b.ip) == n  # not given back yet: the lock is held
         finally:
             stall.release()
         # given back at a later poll, once the lock is free
         wait_until(lambda: refs(a.board, b.ip) == n - 1, timeout_s=5,
                    what="the link's watch given back")
-        assert reaper._thread is not None and reaper._thread.is_alive()
+        assert reaper.running
         assert dropped == [(b.endpoint(1), DropReason.DEAD)]
     finally:
         reaper.stop()
