@@ -12,7 +12,7 @@ from .clock import FakeClock, MonotonicClock
 from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
 from .errors import (
     BoardCorrupt, BoardExists, BoardFull, BoardNotFound, BoardPermissionError,
-    BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidConfig, InvalidKey,
+    BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidAddress, InvalidConfig, InvalidKey,
     InvalidName, KeyInUse, LockTimeout, ProtocolError, ShmhbError, StaleBoard,
     WatchTableFull,
 )
@@ -26,7 +26,7 @@ __all__ = [
     "AgentConfig", "AgentStatus", "Board", "BoardCorrupt", "BoardExists", "BoardFull",
     "BoardNotFound", "BoardPermissionError", "DropReason", "Link", "LinkReaper", "BoardSpaceError", "BoardVersionMismatch",
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
-    "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
+    "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
     "MonotonicClock", "PeerStatus", "PingerConfig", "Policy", "ProtocolError", "ShmhbError",
     "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__",
 ]

@@ -21,7 +21,9 @@ import numpy as np
 
 from . import locks, segment
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy, board_name, format_hostport, parse_hostport
+from .config import (
+    Capacity, Policy, board_name, check_endpoint, format_hostport, parse_address, parse_hostport,
+)
 from .errors import (
     BoardFull, BoardNotFound, InvalidKey, KeyInUse, LockTimeout, StaleBoard, WatchTableFull,
 )
@@ -34,6 +36,7 @@ from .layout import (
     inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
+from .protocol import MAX_KEY_BYTES
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
@@ -470,12 +473,12 @@ class Board:
 
     def _watch_change(self, endpoint: str, delta: int, owner_pid: int | None = None,
                       keep_port: bool = False, timeout_s: float | None = None) -> None:
-        host, port = parse_hostport(endpoint)
         # A watch names a host (its pinger listens on the cluster's pinger port); the
-        # pinger's --peer list may name a host with its own port.
-        ab = (format_hostport(host, port) if keep_port else host).encode()
-        if len(ab) >= ADDR_BYTES:
-            raise InvalidKey(f"endpoint host too long: {endpoint!r}")
+        # pinger's --peer list (owner 0) names a host with its own port, or none.
+        if keep_port or owner_pid == 0:
+            ab = str(parse_address(endpoint, what="peer address")).encode()
+        else:
+            ab = parse_address(check_endpoint(endpoint)).host.encode()
         pid = os.getpid() if owner_pid is None else owner_pid
         pstart = (start_time() or 0) if pid else 0
         with self.registry(timeout_s):
@@ -680,21 +683,29 @@ def _remote_age(row_age: int, host_age_s: float | None) -> float:
     return age_s if host_age_s is None else min(age_s, host_age_s)
 
 
-def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:
+def check_key(key: object) -> bytes:
+    """``key`` encoded, or ``InvalidKey``: 1..63 UTF-8 bytes (the wire's
+    ``MAX_KEY_BYTES``, what a slot holds), no NUL and no control characters."""
     if not isinstance(key, str) or not key:
         raise InvalidKey(f"a key must be a non-empty str, got {key!r}")
-    kb = key.encode()
-    if len(kb) >= KEY_BYTES or b"\0" in kb:
-        raise InvalidKey(f"key {key!r} is longer than {KEY_BYTES - 1} bytes or contains NUL")
-    eps = tuple(endpoints)
-    if isinstance(endpoints, str):
-        eps = (endpoints,)
+    try:
+        kb = key.encode()
+    except UnicodeEncodeError:
+        raise InvalidKey(f"key {key!r} is not valid Unicode text: use UTF-8 text") from None
+    if len(kb) > MAX_KEY_BYTES or len(kb) >= KEY_BYTES:
+        raise InvalidKey(f"key {key!r} is {len(kb)} bytes; the wire limit is "
+                         f"{MAX_KEY_BYTES}: choose a shorter key")
+    if any(c < " " or c == "\x7f" for c in key):
+        raise InvalidKey(f"key {key!r} contains NUL or control characters: use printable text")
+    return kb
+
+
+def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:
+    kb = check_key(key)
+    eps = (endpoints,) if isinstance(endpoints, str) else tuple(endpoints)
     if len(eps) > MAX_ENDPOINTS:
         raise InvalidKey(f"at most {MAX_ENDPOINTS} endpoints per slot, got {len(eps)}")
-    for e in eps:
-        if not isinstance(e, str) or not e or "," in e or "\0" in e:
-            raise InvalidKey(f"bad endpoint {e!r}: use 'host:port'")
-        parse_hostport(e)
+    eps = tuple(check_endpoint(e) for e in eps)
     eb = encode_endpoints(eps)
     if len(eb) >= ENDPOINTS_BYTES:
         raise InvalidKey(f"endpoints take {len(eb)} bytes; at most {ENDPOINTS_BYTES - 1}")

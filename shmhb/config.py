@@ -7,13 +7,22 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .address import (
+    DEFAULT_PORT, MAX_ADDRESS_TEXT, Address, check_endpoint, check_host, format_address,
+    is_canonical, is_endpoint, parse_address,
+)
 from .errors import InvalidConfig, InvalidName
-from .layout import ADDR_BYTES, PATH_BYTES
+from .layout import PATH_BYTES
+
+__all__ = [
+    "BOARD_ENV", "DEFAULT_BOARD", "DEFAULT_PORT", "MAX_ADDRESS_TEXT", "Address", "AgentConfig",
+    "Capacity", "PingerConfig", "Policy", "board_name", "check_endpoint", "check_host",
+    "format_address", "format_hostport", "has_port", "is_canonical", "is_endpoint",
+    "parse_address", "parse_hostport",
+]
 
 DEFAULT_BOARD = "shmhb"
 BOARD_ENV = "SHMHB_BOARD"
-#: The pinger port, one number for the whole cluster; ``--listen``/``--peer`` override it.
-DEFAULT_PORT = 45645
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
@@ -93,36 +102,20 @@ class AgentConfig:
 
 
 def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """``"host"``, ``"host:port"`` or ``"[v6]:port"`` -> (host, port)."""
-    t = text.strip()
-    if t.startswith("["):
-        host, _, rest = t[1:].partition("]")
-        port_s = rest[1:] if rest.startswith(":") else ""
-    elif t.count(":") == 1:
-        host, port_s = t.split(":")
-    else:
-        host, port_s = t, ""
-    if not host:
-        raise InvalidConfig(f"no host in address {text!r}")
-    try:
-        port = int(port_s) if port_s else default_port
-    except ValueError:
-        raise InvalidConfig(f"bad port in address {text!r}") from None
-    if not 0 < port < 65536:
-        raise InvalidConfig(f"port out of range in address {text!r}")
-    return host, port
+    """``"host"``, ``"host:port"`` or ``"[v6]:port"`` -> (host, port), validated by
+    :func:`shmhb.address.parse_address` (``InvalidAddress`` if refused)."""
+    a = parse_address(text, default_port=default_port)
+    assert a.port is not None
+    return a.host, a.port
 
 
 def has_port(text: str) -> bool:
-    """Whether ``text`` (as :func:`parse_hostport` reads it) names a port."""
-    t = text.strip()
-    if t.startswith("["):
-        return "]:" in t
-    return t.count(":") == 1
+    """Whether ``text`` (a valid address) names a port."""
+    return parse_address(text).port is not None
 
 
 def format_hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_address(host, port)
 
 
 @dataclass(frozen=True)
@@ -140,17 +133,15 @@ class PingerConfig:
     def __post_init__(self) -> None:
         _positive("interval_s", self.interval_s)
         if self.listen is not None:
-            host, port = parse_hostport(self.listen)
-            object.__setattr__(self, "listen", format_hostport(host, port))
-            if len(self.listen.encode()) >= ADDR_BYTES:
-                raise InvalidConfig(f"listen address too long: {self.listen!r}")
+            object.__setattr__(self, "listen", str(parse_address(
+                self.listen, what="listen address", default_port=DEFAULT_PORT)))
         # A peer given without a port is pinged at the cluster's port (that of --listen),
         # like the host behind a watch: keep it port-less here.  Normalising it with
         # DEFAULT_PORT made `--peer HOST` ping 45645 whatever port the cluster used.
+        if isinstance(self.peers, str) or not isinstance(self.peers, (tuple, list)):
+            raise InvalidConfig(f"peers must be a tuple of addresses, got {self.peers!r}")
         object.__setattr__(
-            self, "peers", tuple(format_hostport(h, p) if has_port(s) else h
-                                 for s in self.peers for h, p in (parse_hostport(s),))
-        )
+            self, "peers", tuple(str(parse_address(p, what="peer address")) for p in self.peers))
         for name in ("secret_file", "curve_keys"):
             v = getattr(self, name)
             if v is not None:

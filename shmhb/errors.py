@@ -60,6 +60,11 @@ class InvalidKey(ShmhbError, ValueError):
     """A key or endpoint that does not fit the board's fixed-size fields."""
 
 
+class InvalidAddress(InvalidKey, InvalidConfig):
+    """An endpoint, watch or pinger address that libzmq would refuse, that would not read
+    back as written, or that is longer than the wire holds (see ``shmhb.address``)."""
+
+
 class LockTimeout(ShmhbError, TimeoutError):
     """A board lock stayed held by another process for longer than allowed."""
 
