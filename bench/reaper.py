@@ -125,7 +125,7 @@ class Hosts:
         def quiet() -> bool:
             c = reaper.board.changes()
             assert reaper.poll() == [], "a link was dropped while settling"
-            return (not reaper._pending and reaper.board.changes() == c
+            return (not reaper.pending and reaper.board.changes() == c
                     and all(lk.key is not None for lk in reaper.links()))
         wait(quiet, 30, "the links to settle")
 

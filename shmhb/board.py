@@ -100,7 +100,8 @@ class Board:
         # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
-        self._remote_cache: dict[str, tuple[int, int]] = {}
+        # endpoint -> (remote row, its generation, changes() when it was chosen)
+        self._remote_cache: dict[str, tuple[int, int, int]] = {}
         self._closed = False
         self._thread_lock = threading.Lock()
 
@@ -442,6 +443,11 @@ class Board:
         pid = aid & ((1 << 40) - 1) if aid >> INC_SHIFT == term else 0
         return AgentStatus(pid, st, None if age is None else age * UNIT_S, term)
 
+    def agent_fresh(self) -> bool:
+        """Whether this host's agent is observing now (its heartbeat is fresh): when it
+        is not, every remote status reads UNKNOWN.  One word and the clock."""
+        return self._agent_ok(self._now_ns() >> TS_SHIFT)
+
     def agent_held(self) -> bool:
         """Whether a live process holds the agent role (a syscall: not for hot paths)."""
         return locks.is_held(self._seg.fd, LOCK_AGENT)
@@ -641,8 +647,12 @@ class Board:
         c = self._remote_cache.get(endpoint)
         if c is not None:
             got = self._remote_at(c[0], c[1], endpoint, now, ok)
-            if got is not None:
+            # A dead or left row stays valid until its slot is reused, but another key
+            # may serve the endpoint now: look again, once per board change.
+            if got is not None and (got.status not in (Status.DEAD, Status.LEFT)
+                                    or c[2] == self.changes()):
                 return got
+        changes = self.changes()
         r = self._remotes
         live = np.flatnonzero(r["checksum"] != 0)
         best: tuple[int, int, SlotStatus] | None = None
@@ -654,7 +664,7 @@ class Board:
                 best = (i, gen, got)
         if best is None:
             return None
-        self._remote_cache[endpoint] = (best[0], best[1])
+        self._remote_cache[endpoint] = (best[0], best[1], changes)
         return best[2]
 
     def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool) -> SlotStatus | None:

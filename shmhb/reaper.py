@@ -82,7 +82,14 @@ class LinkReaper:
         self.drop_suspect = drop_suspect
         self._lock = threading.RLock()
         self._links: dict[str, Link] = {}
-        self._pending = False  # some link could not be judged: re-judge on every poll
+        # Some link could not be judged yet (its host never reported, or nobody observes
+        # here): re-judge it when the board changes, or when this host's agent becomes
+        # fresh again -- never on every poll (that is a full judge, ~0.5 ms per poll).
+        self._pending = False
+        self._dirty = False  # judge every link at the next poll (a link was tracked)
+        self._wait_agent = False  # some link read UNKNOWN: re-judge once the agent is fresh
+        #: how many polls judged every link (the slow path); the rest read one counter
+        self.judges = 0
         self._seen_changes = -1
         self._local_words = np.empty(0, np.intp)  # slot indices of tracked local links
         self._remote_links = 0  # how many tracked links are remote
@@ -109,7 +116,10 @@ class LinkReaper:
                 link = Link(endpoint, s.key, incarnation or s.incarnation, True, payload)
             else:
                 r = self.board.remote(endpoint)
-                known = r is not None and r.status is not Status.UNKNOWN
+                # Only a live report names the peer this handshake met: a dead or left row
+                # is an earlier holder of the endpoint (adopting it would drop this fresh
+                # link at the next poll, and its successor at every re-track).
+                known = r is not None and r.status in (Status.ALIVE, Status.SUSPECT)
                 inc = incarnation or (r.incarnation if known and r is not None else 0)
                 # the key comes from a report about this very incarnation, or later from
                 # the first report that names it (see _judge_remote)
@@ -126,7 +136,7 @@ class LinkReaper:
             if old is not None:
                 self._forget(old)
             self._links[endpoint] = link
-            self._pending = True
+            self._dirty = True
             self._reindex()
         self._give_back_watches()
         return link
@@ -142,6 +152,11 @@ class LinkReaper:
                 self._reindex()
         self._give_back_watches()
         return link
+
+    @property
+    def pending(self) -> bool:
+        """Whether some tracked link waits for a report (judged again when one comes)."""
+        return self._pending
 
     def links(self) -> list[Link]:
         with self._lock:
@@ -209,9 +224,17 @@ class LinkReaper:
             self._give_back_watches()
         with self._lock:
             changes = b.changes()
-            if changes == self._seen_changes and not self._pending and not self._maybe_stale():
+            if (changes == self._seen_changes and not self._dirty and not self._maybe_stale()
+                    and not (self._wait_agent and b.agent_fresh())):
                 return []
+            # Pending links wait for a change: a remote verdict is a pure function of
+            # words the agent writes (each write moves changes()) and of whether the
+            # agent is fresh; the one time-driven input, local staleness, is checked
+            # above by _maybe_stale.  So a poll with neither is answered by the counter.
             self._seen_changes = changes
+            self._dirty = False
+            self.judges += 1
+            wait_agent = False
             dropped: list[tuple[Link, DropReason]] = []
             pending = False
             view = _RemoteView(b) if self._remote_links else None
@@ -224,12 +247,14 @@ class LinkReaper:
                     self._links[ep] = link  # the same, or completed by a first report
                 if verdict is None:
                     continue
-                if verdict is _PENDING:
+                if verdict is _PENDING or verdict is _UNKNOWN:
                     pending = True
+                    wait_agent = wait_agent or verdict is _UNKNOWN
                     continue
                 del self._links[ep]
                 dropped.append((link, verdict))  # type: ignore[arg-type]
             self._pending = pending
+            self._wait_agent = wait_agent
             for link, _ in dropped:
                 self._forget(link)  # given back after the callbacks: they never wait for it
             if dropped:
@@ -266,13 +291,16 @@ class LinkReaper:
         round trip, so a report older than the handshake (a lower incarnation, or no row
         yet for a key the handshake just met) is waited for, never taken as a verdict."""
         host = view.hosts.get(_host_of(link.endpoint))
-        if host is None or host.status is Status.UNKNOWN:
-            return link, _PENDING  # that host never reported yet, or nobody observes here
+        if host is None:
+            return link, _PENDING  # that host never reported yet
+        if host.status is Status.UNKNOWN:
+            return link, _UNKNOWN  # nobody observes here: wait for the agent
         host_dead = DropReason.DEAD if host.status is Status.DEAD else _PENDING
         if link.incarnation == 0:  # the handshake did not say: adopt the first live report
             s = view.by_endpoint.get(link.endpoint)
             if s is None or s.status not in (Status.ALIVE, Status.SUSPECT):
-                return link, _PENDING
+                # no live report names the peer yet; if its host is dead, so is it
+                return link, host_dead
             link = Link(link.endpoint, s.key, s.incarnation, False, link.payload)
         elif link.key is None:  # incarnation known, but no report named the peer yet
             s = view.by_endpoint.get(link.endpoint)
@@ -293,7 +321,7 @@ class LinkReaper:
     def _verdict(self, link: Link, s: SlotStatus) -> DropReason | object | None:
         """The link against the current holder of its key, local or remote alike."""
         if s.status is Status.UNKNOWN:
-            return _PENDING
+            return _UNKNOWN
         if s.incarnation != link.incarnation:
             # A new incarnation holds the key: the link is to the old one.  If the new
             # one no longer serves the endpoint, a re-handshake there would find nobody.
@@ -330,7 +358,8 @@ class LinkReaper:
         self.stop()
 
 
-_PENDING = object()
+_PENDING = object()  # not judged yet: wait for the board to change
+_UNKNOWN = object()  # nobody observes here: wait for the agent to be fresh again
 
 
 @functools.lru_cache(maxsize=1 << 16)

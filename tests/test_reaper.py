@@ -540,3 +540,61 @@ def test_a_raising_callback_is_logged_and_loses_nothing(make_site: Callable[...,
         assert r.exc_info is not None and r.exc_info[0] is RuntimeError
         assert "Traceback" in caplog.text and "connector bug on" in caplog.text
     assert reaper.links() == []
+
+
+# -- issue 11, case 11: links tracked without an incarnation; remote() on a long-lived handle --
+
+def quiet_polls(reaper: LinkReaper, n: int = 50) -> int:
+    """Poll ``n`` times while the board does not change (retrying a burst in which it
+    did); returns how many of those polls judged every link."""
+    def burst() -> int | None:
+        c, j = reaper.board.changes(), reaper.judges
+        for _ in range(n):
+            assert reaper.poll() == []
+        return reaper.judges - j + 1 if reaper.board.changes() == c else None
+    return wait_until(burst, timeout_s=15, what="a quiet burst of polls") - 1  # type: ignore[no-any-return]
+
+
+def test_link_without_incarnation_unnamed_is_dropped_when_its_host_dies(make_site: Callable[..., Site]) -> None:
+    site = make_site("remote")
+    site.follow()
+    w = site.worker("rank-0", site.ep(1))  # the host reports, but never names ep(7)
+    site.wait_seen(site.ep(1), inc_of(w))
+    rec = Recorder()
+    reaper = LinkReaper(site.board, on_drop=rec)
+    reaper.track(site.ep(7))  # as the README shows: no incarnation
+    assert reaper.poll() == [] and reaper.pending
+    # Pending, but no poll judges every link again until the board changes.
+    assert quiet_polls(reaper) == 0
+    assert site.peer_pinger is not None
+    site.peer_pinger.kill()  # the host goes silent: DEAD after peer_dead_after_s
+    dropped = poll_until(reaper, timeout_s=30, what="the drop of a link whose host died")
+    assert [(lk.endpoint, r) for lk, r in dropped] == [(site.ep(7), DropReason.DEAD)]
+    assert rec.calls == dropped and reaper.links() == []
+
+
+def test_remote_sees_the_next_holder_of_an_endpoint(make_site: Callable[..., Site]) -> None:
+    site = make_site("remote")
+    site.follow()
+    ep = site.ep(1)
+    a = site.worker("rank-a", ep)
+    site.wait_seen(ep, inc_of(a))  # this handle caches the row that serves ep
+    a.kill()
+    site.wait_seen(ep, inc_of(a), Status.DEAD)
+    rec = Recorder()
+    reaper = LinkReaper(site.board, on_drop=rec)
+    # A re-handshake after the death, before the board heard of a successor: the dead
+    # row must not be adopted (it would drop this link at once, and at every re-track).
+    reaper.track(ep)
+    assert reaper.links()[0].incarnation == 0
+    assert reaper.poll() == [] and reaper.pending
+    assert quiet_polls(reaper, 5) == 0 and rec.calls == []
+    b = site.worker("rank-b", ep)  # another key starts serving ep
+    site.wait_seen(ep, inc_of(b))  # the long-lived handle's remote(ep) moves on to it
+    wait_until(lambda: reaper.poll() == [] and reaper.links()[0].incarnation == inc_of(b),
+               timeout_s=15, what="the link adopting the new holder")
+    assert reaper.links()[0].key == "rank-b" and rec.calls == []
+    assert quiet_polls(reaper) == 0 and rec.calls == []
+    b.kill()
+    dropped = poll_until(reaper)
+    assert [(lk.incarnation, r) for lk, r in dropped] == [(inc_of(b), DropReason.DEAD)]
