@@ -17,6 +17,7 @@ from .errors import (
     WatchTableFull,
 )
 from .heartbeat import Heartbeat
+from .native import native
 from .reaper import DropReason, Link, LinkReaper
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 
@@ -28,5 +29,14 @@ __all__ = [
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
     "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
     "MonotonicClock", "PeerStatus", "PingerConfig", "Policy", "ProtocolError", "ShmhbError",
-    "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__",
+    "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__", "get_include",
+    "native",
 ]
+
+
+def get_include() -> str:
+    """The directory holding ``shmhb.h``, the board's byte map and judging rule in C99
+    (numpy's convention: ``cc -I"$(python -c 'import shmhb; print(shmhb.get_include())')"``)."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "include")

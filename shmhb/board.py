@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import locks, segment
+from . import locks, native, segment
 from .clock import MONOTONIC, Clock
 from .config import (
     Capacity, Policy, board_name, check_endpoint, format_hostport, parse_address, parse_hostport,
@@ -100,10 +100,34 @@ class Board:
         # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
-        # endpoint -> (remote row, its generation, changes() when it was chosen)
-        self._remote_cache: dict[str, tuple[int, int, int]] = {}
+        # endpoint -> (remote row, its generation, its peer row, changes() when it was
+        # chosen, memo of the words judged)
+        self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
         self._closed = False
         self._thread_lock = threading.Lock()
+        self._bind_hot_paths(native.extension())
+
+    def _bind_hot_paths(self, ext: Any) -> None:
+        """The one switch between the C and the pure-Python hot paths (``shmhb.native``):
+        with the extension, ``slot``, ``changes`` and ``oldest_beat_age`` are its
+        acquire loads and ``remote`` memoises through its ``WordMemo``; without it,
+        the methods below run as written.  Both judge the same words alike."""
+        self._ext = ext
+        self._native_objs: list[Any] = []
+        if ext is None:
+            return
+        clk = native.clock_arg(self._now_ns)
+        words = ext.Words(self._seg.mm, self._reg_gen_i, self._agent_gen_i, self._hb0,
+                          self.sizes.nslots, clk)
+        reader = ext.SlotReader(self._seg.mm, self._by_key, self._slot_slow,
+                                self.thresholds.suspect, self.thresholds.dead,
+                                (None, *(Status.from_code(c) for c in range(1, 6))),
+                                SlotStatus, UNIT_S, clk)
+        self._native_objs = [words, reader]
+        self.slot = reader.slot  # type: ignore[method-assign]
+        self.changes = words.changes  # type: ignore[method-assign]
+        self.oldest_beat_age = words.oldest_age  # type: ignore[method-assign]
+        self._word_memo = words.memo  # type: ignore[method-assign]
 
     @classmethod
     def create(
@@ -204,6 +228,9 @@ class Board:
             return
         self._closed = True
         self._by_key.clear()
+        self._remote_cache.clear()
+        for obj in self._native_objs:
+            obj.release()
         for attr in ("_head", "_words", "_records", "_peers", "_remotes", "_watches",
                      "_hb", "_verdict"):
             setattr(self, attr, None)
@@ -458,6 +485,20 @@ class Board:
         q = self._q
         return q[self._reg_gen_i] + q[self._agent_gen_i]
 
+    def oldest_beat_age(self, slots: np.ndarray) -> int | None:
+        """Board time units since the oldest last beat among the local slots ``slots``
+        (an intp array of slot indices; negative if every beat came after the clock
+        read), or None for no slots.  One pass, no Python loop: the LinkReaper's check
+        whether a tracked slot may have gone stale."""
+        if not len(slots):
+            return None
+        ts = self._hb[slots] & np.uint64((1 << 39) - 1)
+        return (self._now_ns() >> TS_SHIFT) - int(ts.min())
+
+    def _word_memo(self, i: int, j: int, k: int) -> Any:
+        """A memo of an answer judged from words ``i``, ``j``, ``k`` (see native.WordMemo)."""
+        return native.WordMemo(self._q, i, j, k)
+
     def stats(self) -> dict[str, int]:
         """The agent's counters (pings, acks, bad frames by reason, deaths seen)."""
         vals = self._head["stats"].copy()
@@ -643,31 +684,45 @@ class Board:
         """The remote worker that advertises ``endpoint``, as this host's pinger last
         heard from its host; None if no followed host reports it."""
         now = self._now_ns() >> TS_SHIFT
-        ok = self._agent_ok(now)
         c = self._remote_cache.get(endpoint)
         if c is not None:
-            got = self._remote_at(c[0], c[1], endpoint, now, ok)
+            # The answer depends on the agent's heartbeat, the row's and its host's status
+            # words (each names the record generation it belongs to) and the clock unit:
+            # while all four read what they read last time, so does the answer.
+            got = c[4].get(now)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        ok = self._agent_ok(now)
+        if c is not None:
+            at = self._remote_at(c[0], c[1], endpoint, now, ok)
             # A dead or left row stays valid until its slot is reused, but another key
-            # may serve the endpoint now: look again, once per board change.
-            if got is not None and (got.status not in (Status.DEAD, Status.LEFT)
-                                    or c[2] == self.changes()):
-                return got
+            # may serve the endpoint now: look again, once per board change (so such an
+            # answer, which depends on changes() too, is never memoised).
+            if at is not None and at[1] == c[2]:
+                if at[0].status not in (Status.DEAD, Status.LEFT):
+                    return c[4].put(now, at[0])  # type: ignore[no-any-return]
+                if c[3] == self.changes():
+                    return at[0]
         changes = self.changes()
         r = self._remotes
         live = np.flatnonzero(r["checksum"] != 0)
-        best: tuple[int, int, SlotStatus] | None = None
+        best: tuple[int, int, int, SlotStatus] | None = None
         for i in live:
             i = int(i)
             gen = int(r[i]["gen"])
-            got = self._remote_at(i, gen, endpoint, now, ok)
-            if got is not None and (best is None or got.incarnation > best[2].incarnation):
-                best = (i, gen, got)
+            at = self._remote_at(i, gen, endpoint, now, ok)
+            if at is not None and (best is None or at[0].incarnation > best[3].incarnation):
+                best = (i, gen, at[1], at[0])
         if best is None:
             return None
-        self._remote_cache[endpoint] = (best[0], best[1], changes)
-        return best[2]
+        i, gen, p, got = best
+        self._remote_cache[endpoint] = (i, gen, p, changes, self._word_memo(
+            self._agent_hb_i, (self.sizes.remote_off + i * REMOTE_ROW_DTYPE.itemsize) // 8,
+            (self.sizes.peer_off + p * PEER_ROW_DTYPE.itemsize) // 8))
+        return got
 
-    def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool) -> SlotStatus | None:
+    def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool
+                   ) -> tuple[SlotStatus, int] | None:
         row = self._remotes[i].copy()
         if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
             return None
@@ -682,7 +737,7 @@ class Board:
         if pr is None or pr[1] != int(row["peer_gen"]):
             return None
         return SlotStatus(bytes(row["key"]).decode(), int(row["pid"]), int(row["incarnation"]),
-                          combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps)
+                          combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps), p
 
 
 def _remote_age(row_age: int, host_age_s: float | None) -> float:

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from . import locks
+from . import locks, native
 from .errors import HeartbeatClosed, LockTimeout
 from .layout import INC_SHIFT, LOCK_SLOT_BASE, TS_SHIFT, inc_tag, pack_hb
 from .periodic import Periodic
@@ -54,6 +54,11 @@ class Heartbeat:
         self._q[self._word_index] = self._base | (self._now_ns() >> TS_SHIFT)
 
     def _make_beat(self):  # type: ignore[no-untyped-def]
+        ext = self._board._ext
+        if ext is not None:
+            # the same word, one C call: clock read and one release store (shmhb.native)
+            return ext.Beater(self._board._seg.mm, self._word_index, self._base,
+                              native.clock_arg(self._now_ns)).beat
         q, i, base, now = self._q, self._word_index, self._base, self._now_ns
         assert TS_SHIFT == 20
 

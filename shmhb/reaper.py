@@ -33,7 +33,6 @@ import numpy as np
 from .board import Board
 from .config import parse_hostport
 from .errors import LockTimeout
-from .layout import TS39_MASK, TS_SHIFT
 from .periodic import Periodic
 from .status import PeerStatus, SlotStatus, Status
 
@@ -276,9 +275,8 @@ class LinkReaper:
         idx = self._local_words
         if not len(idx):
             return False
-        ts = self.board._hb[idx] & np.uint64(TS39_MASK)
-        now = self.board._now_ns() >> TS_SHIFT  # the board's clock, as slot() judges
-        return bool(now - int(ts.min()) >= self._stale_units)
+        age = self.board.oldest_beat_age(idx)  # the board's clock, as slot() judges
+        return age is not None and age >= self._stale_units
 
     def _judge_local(self, link: Link) -> DropReason | object | None:
         s = self.board.slot(link.key) if link.key is not None else None
