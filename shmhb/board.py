@@ -113,6 +113,8 @@ class Board:
         acquire loads and ``remote`` memoises through its ``WordMemo``; without it,
         the methods below run as written.  Both judge the same words alike."""
         self._ext = ext
+        #: whether this handle's hot paths are the C extension's (``shmhb.native``)
+        self.native = ext is not None
         self._native_objs: list[Any] = []
         if ext is None:
             return
@@ -707,17 +709,17 @@ class Board:
         r = self._remotes
         live = np.flatnonzero(r["checksum"] != 0)
         best: tuple[int, int, int, SlotStatus] | None = None
-        for i in live:
-            i = int(i)
+        for row in live:
+            i = int(row)
             gen = int(r[i]["gen"])
             at = self._remote_at(i, gen, endpoint, now, ok)
             if at is not None and (best is None or at[0].incarnation > best[3].incarnation):
                 best = (i, gen, at[1], at[0])
         if best is None:
             return None
-        i, gen, p, got = best
-        self._remote_cache[endpoint] = (i, gen, p, changes, self._word_memo(
-            self._agent_hb_i, (self.sizes.remote_off + i * REMOTE_ROW_DTYPE.itemsize) // 8,
+        ri, gen, p, got = best
+        self._remote_cache[endpoint] = (ri, gen, p, changes, self._word_memo(
+            self._agent_hb_i, (self.sizes.remote_off + ri * REMOTE_ROW_DTYPE.itemsize) // 8,
             (self.sizes.peer_off + p * PEER_ROW_DTYPE.itemsize) // 8))
         return got
 

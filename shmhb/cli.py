@@ -29,6 +29,7 @@ def _status_doc(board: Board) -> dict[str, object]:
     agent = board.agent()
     return {
         "board": board.name,
+        "native": board.native,
         "slots": [s.to_json() for s in sorted(board.slots(), key=lambda s: s.key)],
         "pinger": {**agent.to_json(), "held": board.agent_held(),
                    "lateness_ms": board.lateness_ms(), "stats": board.stats()},

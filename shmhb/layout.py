@@ -14,6 +14,21 @@ Every section starts on a 64-byte boundary and every 64-bit word sits on an 8-by
 boundary, so a load or a store of one word is a single aligned access: atomic on x86-64
 and on aarch64 (invariant 2 of the design).  ``Board`` asserts the alignment of the mapping.
 
+What is guaranteed, and by whom.  The C path (``shmhb._native``, and any native reader
+built on ``shmhb/include/shmhb.h``, which mirrors this byte map) loads and stores these
+words with ``__atomic_load_n(p, __ATOMIC_ACQUIRE)`` / ``__atomic_store_n(p, v,
+__ATOMIC_RELEASE)`` on addresses it checks are aligned: single-copy atomic and ordered,
+a promise of the C compiler on x86-64 (plain MOV) and on aarch64 (LDAR / STLR).  The
+pure-Python path (``SHMHB_PURE_PYTHON=1``, or no compiler at install) stores through a
+memoryview cast to "Q" and numpy uint64 views; CPython and numpy compile those to one
+aligned 8-byte MOV/STR/LDR (checked on today's builds, not promised by either), which is
+single-copy atomic on both architectures, so no reader sees a torn word
+(tests/test_processes.py hammers it across processes on both paths).  Neither path needs
+ordering *between* words: each word names the incarnation or generation it belongs to
+and records are checked by checksum, so an aarch64 reader that sees words out of order
+sees a mismatch and retries, never a mix.  The release/acquire pair is a stronger
+promise than the design needs, kept because it costs nothing on either architecture.
+
 Words a reader uses to judge without a lock are *self-describing*: each carries the
 incarnation (or row generation) it belongs to, so a reader that sees a new word next to
 an old record, or the reverse, notices the mismatch instead of mixing them.  Records

@@ -3,6 +3,7 @@ are always reaped, and deadline-based waiting (never fixed sleeps)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -39,6 +40,27 @@ def unlink_quietly(name: str) -> None:
         posix_ipc.unlink_shared_memory("/" + name)
     except posix_ipc.ExistentialError:
         pass
+
+
+def use_hot_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """Make Boards created from now on in this test use the C ("native") or the
+    pure-Python ("pure") hot path; skip "native" where the extension was not built."""
+    sel = importlib.import_module("shmhb.native")  # the module (shmhb.native is the bool)
+    if path == "native":
+        try:
+            ext = importlib.import_module("shmhb._native")
+        except ImportError:
+            pytest.skip("shmhb._native was not built (no C compiler at install)")
+        monkeypatch.setattr(sel, "_ext", ext)
+    else:
+        monkeypatch.setattr(sel, "_ext", None)
+
+
+@pytest.fixture(params=["native", "pure"])
+def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once on each hot path (see ``use_hot_path``)."""
+    use_hot_path(monkeypatch, request.param)
+    return str(request.param)
 
 
 @pytest.fixture

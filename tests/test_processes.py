@@ -203,7 +203,7 @@ class PatternClock:
         return (self.k | (self.k << 20)) << 20
 b = shmhb.Board.attach(sys.argv[1], clock=PatternClock())
 hb = b.register("torn", agent=False)
-print("ready", hb.incarnation, hb.index, flush=True)
+print("ready", hb.incarnation, hb.index, shmhb.native, flush=True)
 beat = hb.beat
 while True:
     for _ in range(10000):
@@ -211,20 +211,31 @@ while True:
 """
 
 
-def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Board, procs: Procs) -> None:
+@pytest.mark.parametrize("path", ["native", "pure"])
+def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Board, procs: Procs,
+                                                                path: str) -> None:
+    """On the C path the writer's beat is a release store and the reader's load an
+    acquire load; on the pure path both go through a memoryview.  Neither may tear."""
     from shmhb.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
 
-    p = procs.python(TORN_WRITER, board.name)
+    if path == "native":
+        ext = pytest.importorskip("shmhb._native", reason="shmhb._native was not built")
+        words = ext.Words(board._seg.mm, 0, 0, board._hb0, board.sizes.nslots)
+        load = words.load
+    else:
+        load = board._q.__getitem__
+    p = procs.spawn([sys.executable, "-c", TORN_WRITER, board.name],
+                    env={"SHMHB_PURE_PYTHON": "1" if path == "pure" else "0"})
+    assert p.ready_line.split()[3] == ("True" if path == "native" else "False")
     inc, index = (int(x) for x in p.ready_line.split()[1:3])
     tag = inc & INC_MASK  # the word carries the low 24 bits of the incarnation
-    q = board._q
     i = board._hb0 + index * 8
     seen = bad = distinct = 0
     last = None
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         for _ in range(20000):
-            w = q[i]
+            w = load(i)
             ts = w & TS39_MASK
             if w >> INC_SHIFT != tag or w & LEFT_BIT or (ts >> 20) != (ts & 0x7FFFF):
                 bad += 1

@@ -32,6 +32,9 @@ from shmhb import DropReason, Link, LinkReaper, Status
 from .conftest import Procs, unlink_quietly, wait_until
 from .hosts import free_port
 
+#: every test here runs on the C and on the pure-Python hot path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("hot_path")
+
 #: Quick verdicts on slots and hosts; the agent is stale (remote rows read UNKNOWN)
 #: after 0.5 s without a tick.
 FAST = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5, agent_stale_s=0.5,

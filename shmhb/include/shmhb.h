@@ -30,7 +30,7 @@ extern "C" {
 
 /* --- byte map -------------------------------------------------------------------- */
 
-#define SHMHB_MAGIC 0x0144524248484d53ULL /* "SHMHBRD\x01", little-endian */
+#define SHMHB_MAGIC 0x01445242484d4853ULL /* "SHMHBRD\x01", little-endian */
 #define SHMHB_LAYOUT_VERSION 1
 #define SHMHB_HEADER_BYTES 4096
 #define SHMHB_ALIGN 64
