@@ -2,10 +2,11 @@
 
 Four figures, each beside the floor it cannot beat, measured in one run:
 
-1. the worker's hot path, ``hb.beat()``, against one ``time.monotonic_ns()`` plus one
-   store into a prepared 0-d numpy view of shared memory;
-2. a reader's hot path, ``board.slot(key)`` and ``board.status(key)``, against a plain
-   one-word read of shared memory;
+1. the worker's hot path, ``hb.beat()``, on the C path (``shmhb._native``) and on the
+   pure-Python path side by side, against CPython's own floor for the same work: one
+   ``time.monotonic_ns()`` plus one store into a prepared 0-d numpy view of shared memory;
+2. a reader's hot path, ``board.slot(key)`` and ``board.status(key)``, on both paths,
+   against the same floor and a plain one-word read of shared memory;
 3. a scan of a full 1024-slot board: ``snapshot()`` + ``judge_local_array`` (the
    vectorised path) and ``board.slots()`` (the Python-object path);
 4. the time from SIGKILL of a worker to a reader seeing DEAD, with the host agent
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import importlib
+
 import numpy as np
 import posix_ipc
 
@@ -49,7 +52,10 @@ from . import stats
 from .stats import Summary, Variant
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = {"beat": 150.0, "slot": 300.0, "scan": 10.0, "kill": 5.0}  # ns, ns, µs, ms
+# ns, ns, µs, ms; the hot-path targets are for the C path, with a ratio to the
+# pure-Python floor (clock + store) of the same run as well
+TARGETS = {"beat": 60.0, "slot": 120.0, "scan": 10.0, "kill": 5.0}
+RATIO_TARGETS = {"beat": 0.7, "slot": 1.2}
 # Verdicts come only from the agent in the kill test: silence takes 10 s to convict.
 LONG_POLICY = {"suspect_after_s": 60.0, "dead_after_s": 120.0}
 
@@ -63,13 +69,25 @@ class Row:
     unit: str
     floor: float | None = None  # the median this figure is compared with
     target: float | None = None  # met when the median is at most this
+    max_ratio: float | None = None  # ... and at most this many times the floor
+
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        ok = self.summary.median <= self.target
+        if self.max_ratio is not None and self.floor:
+            ok = ok and self.summary.median <= self.max_ratio * self.floor
+        return ok
 
     def cells(self) -> list[str]:
         s = self.summary
-        met = "-" if self.target is None else ("yes" if s.median <= self.target else "NO")
+        met = self.met()
+        want = "" if self.target is None else f"<= {self.target:g} {self.unit}"
+        if self.max_ratio is not None:
+            want += f", <= {self.max_ratio:g}x floor"
         return [self.what, stats.fmt(s.median, self.unit), stats.fmt(s.p99, self.unit), str(s.ops),
-                "" if self.floor is None else stats.ratio(s.median, self.floor),
-                "" if self.target is None else f"<= {self.target:g} {self.unit}", met]
+                "" if self.floor is None else stats.ratio(s.median, self.floor), want,
+                "-" if met is None else ("yes" if met else "NO")]
 
 
 def unique_name(tag: str) -> str:
@@ -108,51 +126,78 @@ class SteppingClock:
         self.monotonic_ns = itertools.count(time.monotonic_ns(), 1 << TS_SHIFT).__next__
 
 
+def path_boards(stack: contextlib.ExitStack, tag: str, key: str, native: bool
+                ) -> tuple[shmhb.Board, shmhb.Heartbeat, shmhb.Board]:
+    """A board on the C (``native``) or the pure-Python hot path, with ``key`` registered
+    and read once, and a board whose clock steps one unit per read."""
+    sel = importlib.import_module("shmhb.native")  # the module; ``shmhb.native`` is its bool
+    saved = sel._ext
+    if not native:
+        sel._ext = None
+    try:
+        board = new_board(stack, f"hot-{tag}", 64, **LONG_POLICY)
+        hb = board.register(key, agent=False)
+        stack.callback(hb.close)
+        hb.beat()
+        assert board.status(key) is Status.ALIVE  # also fills the reader's key cache
+        # Policy long enough that a clock stepping ~1 ms per read keeps the slot ALIVE.
+        stepping = new_board(stack, f"step-{tag}", 64, clock=SteppingClock(),
+                             suspect_after_s=1e6, dead_after_s=2e6)
+        stack.callback(stepping.register(key, agent=False).close)
+        assert stepping.status(key) is Status.ALIVE
+    finally:
+        sel._ext = saved
+    assert board.native is native and stepping.native is native
+    return board, hb, stepping
+
+
 def bench_hot_paths(stack: contextlib.ExitStack, samples: int) -> list[Row]:
-    """``beat``, ``slot`` and ``status`` interleaved with the floors they are made of."""
+    """``beat``, ``slot`` and ``status`` on both paths (the C one only where it was
+    built), interleaved with the floors they are made of."""
     key = "bench-worker"
-    board = new_board(stack, "hot", 64, **LONG_POLICY)
-    hb = board.register(key, agent=False)
-    stack.callback(hb.close)
-    hb.beat()
-    assert board.status(key) is Status.ALIVE  # also fills the reader's key cache
-    # Policy long enough that a clock stepping ~1 ms per read keeps the slot ALIVE.
-    stepping = new_board(stack, "step", 64, clock=SteppingClock(),
-                         suspect_after_s=1e6, dead_after_s=2e6)
-    stack.callback(stepping.register(key, agent=False).close)
-    assert stepping.status(key) is Status.ALIVE
+    paths = ["C", "Python"] if shmhb.native else ["Python"]
     mm = floor_memory()
-    ns = {
-        "HB": hb, "BOARD": board, "STEPPING": stepping, "KEY": key, "MONO": time.monotonic_ns,
+    ns: dict[str, Any] = {
+        "KEY": key, "MONO": time.monotonic_ns,
         "WORD": np.ndarray((), np.uint64, buffer=mm, offset=64),  # 0-d view, like Heartbeat's
         "BASE": 7 << 40, "ARR": np.ndarray(512, np.uint64, buffer=mm),
         "Q": memoryview(mm).cast("B").cast("Q"),  # how Board reads words
     }
-    reader = "board, key = BOARD, KEY"
+    for p in paths:
+        ns[f"BOARD_{p}"], ns[f"HB_{p}"], ns[f"STEP_{p}"] = path_boards(stack, p.lower(), key, p == "C")
     vs = [
         Variant("loop overhead (empty statement)", "pass", ns),
         Variant("time.monotonic_ns()", "mono()", ns, setup="mono = MONO"),
         Variant("floor: clock + store into 0-d uint64 view of shm", "word[()] = mono()", ns,
                 setup="word, mono = WORD, MONO"),
+        Variant("clock + store through memoryview 'Q' of shm", "q[8] = mono()", ns,
+                setup="q, mono = Q, MONO"),
         Variant("clock + pack + store (beat's body, inline)",
                 f"word[()] = base | (mono() >> {TS_SHIFT})", ns,
                 setup="word, base, mono = WORD, BASE, MONO"),
-        Variant("hb.beat()", "hb.beat()", ns, setup="hb = HB"),
+        *[Variant(f"hb.beat() [{p}]", "hb.beat()", ns, setup=f"hb = HB_{p}") for p in paths],
         Variant("floor: read q[i] (memoryview 'Q' of shm, as Board)", "q[9]", ns, setup="q = Q"),
         Variant("read arr[i] (numpy uint64 view of shm)", "arr[9]", ns, setup="arr = ARR"),
-        Variant("board.slot(key)", "board.slot(key)", ns, setup=reader),
-        Variant("board.status(key)", "board.status(key)", ns, setup=reader),
-        Variant("board.slot(key), clock moves every call", "board.slot(key)", ns,
-                setup="board, key = STEPPING, KEY"),
+        *[Variant(f"board.slot(key) [{p}]", "board.slot(key)", ns,
+                  setup=f"board, key = BOARD_{p}, KEY") for p in paths],
+        *[Variant(f"board.status(key) [{p}]", "board.status(key)", ns,
+                  setup=f"board, key = BOARD_{p}, KEY") for p in paths],
+        *[Variant(f"board.slot(key), clock moves every call [{p}]", "board.slot(key)", ns,
+                  setup=f"board, key = STEP_{p}, KEY") for p in paths],
     ]
     got = stats.interleaved(vs, samples)
     rows = [Row(v.name, Summary.of(got[v.name], samples * v.batch), "ns") for v in vs]
-    for r in rows[2:5]:
-        r.floor = rows[2].summary.median
-    for r in rows[5:]:
-        r.floor = rows[5].summary.median
-    rows[4].target = TARGETS["beat"]
-    rows[7].target = TARGETS["slot"]
+    by = {r.what: r for r in rows}
+    floor = by["floor: clock + store into 0-d uint64 view of shm"].summary.median
+    read_floor = by["floor: read q[i] (memoryview 'Q' of shm, as Board)"].summary.median
+    for r in rows[2:]:
+        # beats and slot reads against CPython's floor for a clock read and one store (the
+        # issue's yardstick); the raw reads against the raw read
+        r.floor = read_floor if r.what.startswith("read arr") else floor
+    by["floor: read q[i] (memoryview 'Q' of shm, as Board)"].floor = None
+    if "C" in paths:
+        for name, what in (("beat", "hb.beat() [C]"), ("slot", "board.slot(key) [C]")):
+            by[what].target, by[what].max_ratio = TARGETS[name], RATIO_TARGETS[name]
     return rows
 
 
@@ -361,11 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"ns figures are per call, timed {samples} samples x 1000 calls, interleaved; they "
           "include the loop overhead in the first row.  'x floor' divides the median by the "
-          "nearest 'floor' row above it (scan rows: by the snapshot + judge row).")
+          "pure-Python floor (clock + store into a 0-d view; arr[i]: by the q[i] read; scan "
+          "rows: by the snapshot + judge row; kill rows: by the pidfd floor).")
     for note in notes + [stats.noise_note(load0, load1) or ""]:
         if note:
             print(note)
-    missed = [r.what for r in rows if r.target is not None and r.summary.median > r.target]
+    print("[C] rows: the extension shmhb._native; [Python] rows: the pure-Python path "
+          "(SHMHB_PURE_PYTHON=1, or installed without a compiler)." if shmhb.native else
+          "shmhb._native is not active here (not built, or SHMHB_PURE_PYTHON=1): pure-Python rows only.")
+    missed = [r.what for r in rows if r.met() is False]
     print("all targets met" if not missed else "targets missed: " + "; ".join(missed))
     print(f"run took {time.monotonic() - t_start:.1f} s")
     return 0

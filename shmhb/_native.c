@@ -359,6 +359,20 @@ slow:
     return PyObject_CallOneArg(r->fallback, key);
 }
 
+/* Board.status(key): the status of slot(key), or None. */
+static PyObject *SlotReader_status(SlotReader *r, PyObject *key) {
+    PyObject *s = SlotReader_slot(r, key), *st;
+    if (s == NULL || s == Py_None) return s;
+    if (!PyTuple_Check(s) || PyTuple_GET_SIZE(s) != 6) { /* a fallback's odd answer */
+        st = PyObject_GetAttrString(s, "status");
+    } else {
+        st = PyTuple_GET_ITEM(s, 3);
+        Py_INCREF(st);
+    }
+    Py_DECREF(s);
+    return st;
+}
+
 static PyObject *SlotReader_release(SlotReader *r, PyObject *unused) {
     (void)unused;
     if (r->held) {
@@ -395,6 +409,7 @@ static void SlotReader_dealloc(SlotReader *r) {
 
 static PyMethodDef SlotReader_methods[] = {
     {"slot", (PyCFunction)SlotReader_slot, METH_O, "Board.slot(key), natively."},
+    {"status", (PyCFunction)SlotReader_status, METH_O, "Board.status(key), natively."},
     {"release", (PyCFunction)SlotReader_release, METH_NOARGS, "Give the mapping back."},
     {NULL}};
 

@@ -109,7 +109,7 @@ class Board:
 
     def _bind_hot_paths(self, ext: Any) -> None:
         """The one switch between the C and the pure-Python hot paths (``shmhb.native``):
-        with the extension, ``slot``, ``changes`` and ``oldest_beat_age`` are its
+        with the extension, ``slot``, ``status``, ``changes`` and ``oldest_beat_age`` are its
         acquire loads and ``remote`` memoises through its ``WordMemo``; without it,
         the methods below run as written.  Both judge the same words alike."""
         self._ext = ext
@@ -127,6 +127,7 @@ class Board:
                                 SlotStatus, UNIT_S, clk)
         self._native_objs = [words, reader]
         self.slot = reader.slot  # type: ignore[method-assign]
+        self.status = reader.status  # type: ignore[method-assign]
         self.changes = words.changes  # type: ignore[method-assign]
         self.oldest_beat_age = words.oldest_age  # type: ignore[method-assign]
         self._word_memo = words.memo  # type: ignore[method-assign]

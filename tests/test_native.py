@@ -156,6 +156,7 @@ def test_both_paths_judge_local_slots_alike(monkeypatch: pytest.MonkeyPatch, boa
                 hb.beat()
             a, b = nat.slot("w"), pure.slot("w")
             _same(a, b)
+            assert nat.status("w") is pure.status("w") is a.status  # type: ignore[union-attr]
             assert nat.changes() == pure.changes()
             idx = np.array([hb.index], np.intp)
             assert nat.oldest_beat_age(idx) == pure.oldest_beat_age(idx)
