@@ -112,10 +112,7 @@ class Board:
         with the extension, ``slot``, ``status``, ``changes`` and ``oldest_beat_age`` are its
         acquire loads and ``remote`` memoises through its ``WordMemo``; without it,
         the methods below run as written.  Both judge the same words alike."""
-        self._ext = ext
-        #: whether this handle's hot paths are the C extension's (``shmhb.native``)
-        self.native = ext is not None
-        self._native_objs: list[Any] = []
+        self._ext = ext  # the one attribute added on the pure path: keep the instance small
         if ext is None:
             return
         clk = native.clock_arg(self._now_ns)
@@ -125,12 +122,16 @@ class Board:
                                 self.thresholds.suspect, self.thresholds.dead,
                                 (None, *(Status.from_code(c) for c in range(1, 6))),
                                 SlotStatus, UNIT_S, clk)
-        self._native_objs = [words, reader]
         self.slot = reader.slot  # type: ignore[method-assign]
         self.status = reader.status  # type: ignore[method-assign]
         self.changes = words.changes  # type: ignore[method-assign]
         self.oldest_beat_age = words.oldest_age  # type: ignore[method-assign]
         self._word_memo = words.memo  # type: ignore[method-assign]
+
+    @property
+    def native(self) -> bool:
+        """Whether this handle's hot paths are the C extension's (``shmhb.native``)."""
+        return self._ext is not None
 
     @classmethod
     def create(
@@ -232,8 +233,9 @@ class Board:
         self._closed = True
         self._by_key.clear()
         self._remote_cache.clear()
-        for obj in self._native_objs:
-            obj.release()
+        if self._ext is not None:  # give back the C objects' exports of the mapping
+            self.slot.__self__.release()  # type: ignore[attr-defined]
+            self.changes.__self__.release()  # type: ignore[attr-defined]
         for attr in ("_head", "_words", "_records", "_peers", "_remotes", "_watches",
                      "_hb", "_verdict"):
             setattr(self, attr, None)
