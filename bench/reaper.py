@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import random
 import secrets
@@ -130,16 +131,40 @@ class Hosts:
         wait(quiet, 30, "the links to settle")
 
 
-def bench_nothing_changed(hosts: Hosts, local: LinkReaper, remote: LinkReaper, samples: int) -> list[Row]:
+def pure_handle(stack: contextlib.ExitStack, board: shmhb.Board) -> shmhb.Board:
+    """A second handle on ``board`` on the pure-Python hot path (``shmhb.native``)."""
+    sel = importlib.import_module("shmhb.native")  # the module; ``shmhb.native`` is its bool
+    saved, sel._ext = sel._ext, None
+    try:
+        b = shmhb.Board.attach(board.name)
+    finally:
+        sel._ext = saved
+    stack.callback(b.close)
+    assert not b.native
+    return b
+
+
+def bench_nothing_changed(hosts: Hosts, local: LinkReaper, remote: LinkReaper, samples: int,
+                          pure: tuple[LinkReaper, LinkReaper] | None = None) -> list[Row]:
+    """``pure``: the same links on pure-Python handles, measured in the same run."""
     ns = {"LOCAL": local, "REMOTE": remote, "BOARD": hosts.watcher}
+    tag = " [C]" if hosts.watcher.native else ""
     vs = [
         Variant("floor: board.changes() (one read of the counter)", "changes()", ns,
                 setup="changes = BOARD.changes"),
-        Variant(f"poll(), {len(remote.links())} remote links, nothing changed", "poll()", ns,
+        Variant(f"poll(), {len(remote.links())} remote links, nothing changed{tag}", "poll()", ns,
                 setup="poll = REMOTE.poll"),
-        Variant(f"poll(), {len(local.links())} local links, nothing changed", "poll()", ns,
+        Variant(f"poll(), {len(local.links())} local links, nothing changed{tag}", "poll()", ns,
                 setup="poll = LOCAL.poll"),
     ]
+    if pure is not None:
+        ns["PLOCAL"], ns["PREMOTE"] = pure
+        vs += [
+            Variant(f"poll(), {len(pure[1].links())} remote links, nothing changed [Python]",
+                    "poll()", ns, setup="poll = PREMOTE.poll"),
+            Variant(f"poll(), {len(pure[0].links())} local links, nothing changed [Python]",
+                    "poll()", ns, setup="poll = PLOCAL.poll"),
+        ]
     got = stats.interleaved(vs, samples)
     floor = stats.median(got[vs[0].name]) / 1000
     rows = [Row(vs[0].name, Summary.of([x / 1000 for x in got[vs[0].name]], samples * vs[0].batch))]
@@ -212,7 +237,22 @@ def main(argv: list[str] | None = None) -> int:
         hosts.settle(local)
         hosts.settle(remote)
         assert len(local.links()) == len(remote.links()) == WORKERS * PER
-        rows = bench_nothing_changed(hosts, local, remote, samples)
+        pure = None
+        if shmhb.native:  # the same links through pure-Python handles, side by side
+            plocal = LinkReaper(pure_handle(stack, hosts.remote))
+            premote = LinkReaper(pure_handle(stack, hosts.watcher))
+            for i, hb in enumerate(hosts.hbs + [last]):
+                for ep in hosts.endpoints(i):
+                    plocal.track(ep)
+                    premote.track(ep, incarnation=hb.incarnation)
+            hosts.settle(plocal)
+            hosts.settle(premote)
+            pure = (plocal, premote)
+        rows = bench_nothing_changed(hosts, local, remote, samples, pure)
+        if pure is not None:
+            for r in pure:
+                for lk in r.links():
+                    r.untrack(lk.endpoint)
         for ep in hosts.endpoints(WORKERS - 1):
             local.untrack(ep)
             remote.untrack(ep)

@@ -67,7 +67,9 @@ OUT_MD = REPO / "bench" / "RESULTS.md"
 PLOTS = REPO / "bench" / "plots"
 
 TARGETS = {
-    "beat_ns": 150.0, "read_ns": 300.0, "zmq_ratio": 300.0, "step_pct": 1.0,
+    # beat and read: the C path's, also as a ratio to CPython's clock + store floor
+    "beat_ns": 60.0, "beat_floor_x": 0.7, "read_ns": 120.0, "read_floor_x": 1.2,
+    "zmq_ratio": 300.0, "step_pct": 1.0,
     "kill_ms": 5.0, "msg_ratio": 16.0, "false_dead": 0,
 }
 SEED_ALIVE_S = 3 * POLL_INTERVAL_S + TIMEOUT_S  # 4 s
@@ -171,15 +173,14 @@ class Q1:
     got: dict[str, list[float]]  # variant -> per-call ns samples
     redis: str | None  # how, or None (skipped)
     samples: int
+    native: bool  # whether the "shmhb" rows ran on the C path
 
 
 def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
     key = "bench-worker"
-    board = board_bench.new_board(stack, "q1", 64, **board_bench.LONG_POLICY)
-    hb = board.register(key, agent=False)
-    stack.callback(hb.close)
-    hb.beat()
-    assert board.status(key) is Status.ALIVE
+    # the active path (C where it was built), and the pure-Python path beside it
+    board, hb, _ = board_bench.path_boards(stack, "q1", key, shmhb.native)
+    pure_board, pure_hb, _ = board_bench.path_boards(stack, "q1-py", key, False)
     mm = board_bench.floor_memory()
     # The seed's design: a REQ socket to the peer's ROUTER, answered by the seed's own
     # listener loop (bench.seed_baseline.serve_heartbeats) in another process.
@@ -209,6 +210,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
     d[key] = time.monotonic_ns()
     ns: dict[str, object] = {
         "HB": hb, "BOARD": board, "KEY": key, "MONO": time.monotonic_ns,
+        "PHB": pure_hb, "PBOARD": pure_board,
         "WORD": np.ndarray((), np.uint64, buffer=mm, offset=64), "Q": memoryview(mm).cast("B").cast("Q"),
         "ZMQ": zmq_check, "D": d,
     }
@@ -218,6 +220,9 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
         Variant("floor: one 8-byte load (memoryview of shm)", "q[9]", ns, setup="q = Q"),
         Variant("shmhb hb.beat()", "hb.beat()", ns, setup="hb = HB"),
         Variant("shmhb board.slot(key)", "board.slot(key)", ns, setup="board, key = BOARD, KEY"),
+        Variant("shmhb hb.beat(), pure Python", "hb.beat()", ns, setup="hb = PHB"),
+        Variant("shmhb board.slot(key), pure Python", "board.slot(key)", ns,
+                setup="board, key = PBOARD, KEY"),
         Variant("seed: ZMQ REQ->ROUTER round trip (one check)", "zmq()", ns, batch=20,
                 setup="zmq = ZMQ"),
         Variant("Manager dict: d[key] = monotonic_ns()", "d[key] = mono()", ns, batch=20,
@@ -238,7 +243,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
         vs += [Variant("Redis: SET key ts PX 10000", "rset()", ns, batch=20, setup="rset = RSET"),
                Variant("Redis: GET key", "rget()", ns, batch=20, setup="rget = RGET")]
     got = stats.interleaved(vs, samples)
-    return Q1(got, how, samples)
+    return Q1(got, how, samples, shmhb.native)
 
 
 def xs(r: float) -> str:
@@ -254,7 +259,10 @@ def q1_table(q: Q1) -> tuple[str, dict[str, float]]:
     pairs = [
         ("physical floor", "floor: clock + store (0-d uint64 view of shm)",
          "floor: one 8-byte load (memoryview of shm)"),
-        ("shmhb", "shmhb hb.beat()", "shmhb board.slot(key)"),
+        ("shmhb, C path" if q.native else "shmhb (C path not built)", "shmhb hb.beat()",
+         "shmhb board.slot(key)"),
+        ("shmhb, pure-Python path", "shmhb hb.beat(), pure Python",
+         "shmhb board.slot(key), pure Python"),
         ("seed: ZMQ round trip per check (loopback)", "seed: ZMQ REQ->ROUTER round trip (one check)",
          "seed: ZMQ REQ->ROUTER round trip (one check)"),
         ("multiprocessing.Manager dict", "Manager dict: d[key] = monotonic_ns()", "Manager dict: d[key]"),
@@ -272,7 +280,9 @@ def q1_table(q: Q1) -> tuple[str, dict[str, float]]:
                 "RESP client).")
     heads = {"beat": beat, "read": read,
              "zmq_ratio": m["seed: ZMQ REQ->ROUTER round trip (one check)"] / read,
-             "floor_w": m["floor: clock + store (0-d uint64 view of shm)"]}
+             "floor_w": m["floor: clock + store (0-d uint64 view of shm)"],
+             "beat_py": m["shmhb hb.beat(), pure Python"],
+             "read_py": m["shmhb board.slot(key), pure Python"]}
     return txt, heads
 
 
@@ -795,14 +805,22 @@ def main(argv: list[str] | None = None) -> int:
     t1, h1 = q1_table(q1)
     out.append("## 1. One heartbeat and one liveness read\n")
     out.append(t1)
+    out.append("\nThe C path is the extension `shmhb._native` (built by `pip install .` where a C "
+               "compiler exists); the pure-Python path runs where it does not, or with "
+               "`SHMHB_PURE_PYTHON=1`. Both rows come from the same run, interleaved."
+               + ("" if q1.native else " The extension was not active in this run: both shmhb rows "
+                  "are the pure-Python path."))
     out.append(f"\nPer-call medians and p99 over {q1.samples} interleaved samples of each (batches of 1000 "
                "calls for the in-process rows, 20 for the round trips; the order rotates every round). "
                "For the seed's design a heartbeat and a check are the same thing: one ping answered "
                "by the peer's listener thread. Every ns figure includes the timing loop's own cost "
                "(~10-20 ns; see `python -m bench.board`).")
     out.append("")
-    targets.append([f"beat <= {TARGETS['beat_ns']:g} ns", fmt_ns(h1["beat"]), met(h1["beat"] <= TARGETS["beat_ns"])])
-    targets.append([f"read <= {TARGETS['read_ns']:g} ns", fmt_ns(h1["read"]), met(h1["read"] <= TARGETS["read_ns"])])
+    for what, k in (("beat", "beat"), ("read", "read")):
+        lim, lim_x = TARGETS[f"{k}_ns"], TARGETS[f"{k}_floor_x"]
+        x = h1[k] / h1["floor_w"]
+        targets.append([f"{what} <= {lim:g} ns and <= {lim_x:g}x the clock + store floor (C path)",
+                        f"{fmt_ns(h1[k])}, {x:.2f}x", met(h1[k] <= lim and x <= lim_x)])
     targets.append([f">= {TARGETS['zmq_ratio']:g}x cheaper per check than a ZMQ round trip",
                     f"{h1['zmq_ratio']:,.0f}x", met(h1["zmq_ratio"] >= TARGETS["zmq_ratio"])])
 
@@ -1012,15 +1030,13 @@ def bench_kill_values(stack: contextlib.ExitStack, kills: int, pool: int) -> tup
 
 
 def why_missed(target: str, h1: dict[str, float]) -> str:
-    if target.startswith("beat"):
-        return (f"CPython's floor for the same physical work (one `time.monotonic_ns()` + one store) "
-                f"measured {fmt_ns(h1['floor_w'])} in this run; `beat()` adds one Python call, a shift "
-                "and an OR to it, and the figure includes the timing loop. On this loaded 2-core "
-                "machine that lands at ~200-250 ns; the target assumes C-level cost per call.")
-    if target.startswith("read"):
-        return ("`board.slot()` builds a `SlotStatus` (a Python NamedTuple) and checks the clock; "
-                "the raw 8-byte load is ~40-80 ns, the rest is interpreter work, and it "
-                "grows with the machine's load (~300-400 ns here).")
+    if target.startswith("beat") or target.startswith("read"):
+        return (f"the figure includes the timing loop (~10-20 ns) and the C clock read "
+                f"(`clock_gettime`, ~30 ns here); the clock + store floor measured "
+                f"{fmt_ns(h1['floor_w'])} in this run. On a loaded 2-core machine both move "
+                "with the load; the pure-Python path measured "
+                f"{fmt_ns(h1['beat_py'])} (beat) and {fmt_ns(h1['read_py'])} (read), and is the "
+                "only path where the extension is not built.")
     if target.startswith("step"):
         return ("the difference is inside the run-to-run noise of a shared 2-core machine (see the "
                 "10th..90th percentile column): a beat is ~0.2 µs against a ~2 ms step, 0.01 %.")
