@@ -347,3 +347,35 @@ def test_c_reader_prints_what_status_json_prints(board: shmhb.Board, procs: Proc
     assert got == want
     assert {s[3] for s in got[0]} == {"alive", "dead", "left"} and got[1] == "alive"
     assert c.returncode == py.returncode == 1  # a dead slot: unhealthy, for both
+
+
+# -- packaging: the extension is optional ----------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", ["false", None])
+def test_wheel_builds_with_and_without_a_compiler(tmp_path: Any, cc: str | None) -> None:
+    """``CC=false`` (no working compiler): the wheel still builds, without the extension
+    but with the header; with the compiler (where there is one) it carries both."""
+    pytest.importorskip("setuptools")
+    pytest.importorskip("wheel")
+    if cc is None and not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "*.so", "__pycache__", "bench", "tests",
+        "docs", "examples", "packaging"))
+    env = dict(os.environ)
+    if cc is not None:
+        env["CC"] = cc
+    out = tmp_path / "wheel"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(out), str(src)],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import zipfile
+
+    (whl,) = out.glob("shmhb-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    assert "shmhb/include/shmhb.h" in names
+    has_ext = any(n.startswith("shmhb/_native") and n.endswith(".so") for n in names)
+    assert has_ext is (cc is None), names
