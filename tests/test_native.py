@@ -4,6 +4,7 @@ pure-Python path and ``shmhb/layout.py``: the same words, judged alike, bit for 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import random
@@ -353,11 +354,12 @@ def test_c_reader_prints_what_status_json_prints(board: shmhb.Board, procs: Proc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cc", ["false", None])
-def test_wheel_builds_with_and_without_a_compiler(tmp_path: Any, cc: str | None) -> None:
-    """``CC=false`` (no working compiler): the wheel still builds, without the extension
-    but with the header; with the compiler (where there is one) it carries both."""
-    pytest.importorskip("setuptools")
-    pytest.importorskip("wheel")
+def test_build_with_and_without_a_compiler(tmp_path: Any, cc: str | None) -> None:
+    """``CC=false`` (no working compiler): the build still succeeds, without the
+    extension but with the header as package data; with the compiler (where there is
+    one) it carries both.  (``pip install .`` runs this same setuptools build.)"""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("no setuptools")
     if cc is None and not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler")
     src = tmp_path / "src"
@@ -367,15 +369,12 @@ def test_wheel_builds_with_and_without_a_compiler(tmp_path: Any, cc: str | None)
     env = dict(os.environ)
     if cc is not None:
         env["CC"] = cc
-    out = tmp_path / "wheel"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "--no-build-isolation", "-w", str(out), str(src)],
-                       env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base", "b"],
+                       cwd=src, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
-    import zipfile
-
-    (whl,) = out.glob("shmhb-*.whl")
-    names = zipfile.ZipFile(whl).namelist()
-    assert "shmhb/include/shmhb.h" in names
-    has_ext = any(n.startswith("shmhb/_native") and n.endswith(".so") for n in names)
-    assert has_ext is (cc is None), names
+    (lib,) = (src / "b").glob("lib*")
+    assert (lib / "shmhb" / "include" / "shmhb.h").is_file()
+    built = list((lib / "shmhb").glob("_native*.so"))
+    assert bool(built) is (cc is None), (built, r.stderr[-2000:])
+    if cc is not None:
+        assert "_native" in r.stderr and "failed" in r.stderr  # said so, and went on
