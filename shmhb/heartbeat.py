@@ -3,6 +3,7 @@
 ``beat()`` is one clock read and one aligned 8-byte store into the worker's own word
 (``incarnation:24 | left:1 | ts:39``).  Nobody else writes that word, so no lock and no
 fence are needed: a reader sees either the previous beat or this one, both complete.
+With the C extension the store is a release store (``shmhb.native``; see layout.py).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class Heartbeat:
     def beat(self) -> None:
         """Record that this worker is alive now.  Call it often (every step) or use
         ``start()``: one clock read and one store, no syscall, no lock, no allocation
-        beyond the int it stores.  (Each instance replaces this method with the closure
-        built by ``_make_beat``, which does the same with every name bound once.)"""
+        beyond the int it stores.  (Each instance replaces this method with what
+        ``_make_beat`` builds: the C extension's beat -- one C call, a release store --
+        or, on the pure-Python path, a closure doing the same with every name bound once.)"""
         self._q[self._word_index] = self._base | (self._now_ns() >> TS_SHIFT)
 
     def _make_beat(self):  # type: ignore[no-untyped-def]
