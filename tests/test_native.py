@@ -44,8 +44,8 @@ def _ext() -> ModuleType:
 def _defines() -> dict[str, int]:
     with open(HEADER) as f:
         text = f.read()
-    return {m[1]: int(m[2], 0) for m in
-            re.finditer(r"^#define (SHMHB_[A-Z0-9_]+) (0x[0-9a-fA-F]+|\d+)(?:ULL|U|LL)?\b", text, re.M)}
+    pattern = r"^#define (SHMHB_[A-Z0-9_]+) (0x[0-9a-fA-F]+|\d+)(?:ULL|U|LL)?\b"
+    return {m[1]: int(m[2], 0) for m in re.finditer(pattern, text, re.M)}
 
 
 # -- the header and layout.py agree -------------------------------------------------------
@@ -95,7 +95,8 @@ def test_c_judging_matches_python_bit_for_bit() -> None:
         for hb in words:
             for v in words[:6] + [L.pack_verdict(hb >> L.INC_SHIFT, now)]:
                 st, age = J.judge_local(hb, v, now, th)
-                assert ext.judge_local(hb, v, now, th.suspect, th.dead) == (st.code, age), (hb, v, now, th)
+                got = ext.judge_local(hb, v, now, th.suspect, th.dead)
+                assert got == (st.code, age), (hb, v, now, th)
                 n += 1
             ok = rng.random() < 0.7
             gen = rng.choice([hb >> L.GEN_SHIFT, rng.getrandbits(20), 0])
