@@ -32,8 +32,8 @@ from .layout import (
     ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
     LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
-    TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, decode_endpoints, encode_endpoints,
-    inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
+    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, decode_endpoints,
+    encode_endpoints, inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
 from .protocol import MAX_KEY_BYTES
@@ -497,7 +497,7 @@ class Board:
         whether a tracked slot may have gone stale."""
         if not len(slots):
             return None
-        ts = self._hb[slots] & np.uint64((1 << 39) - 1)
+        ts = self._hb[slots] & np.uint64(TS39_MASK)
         return (self._now_ns() >> TS_SHIFT) - int(ts.min())
 
     def _word_memo(self, i: int, j: int, k: int) -> Any:
