@@ -1,9 +1,9 @@
 """Many remote pingers in one light process, for the pinger CPU target of ``bench.cluster``.
 
-``python -m bench.emulator --hosts N --addr-prefix 127.0.1. --port P --target HOST:PORT
---interval-s S``: emulates ``N`` remote hosts, each with its own identity (boot id and
-board incarnation) and a 16-slot digest, each bound on its own loopback address
-(``127.0.1.1`` ... ``127.0.1.N``) at the cluster pinger port.  Pings that reach them get
+``python -m bench.emulator --hosts N --port P --target HOST:PORT --interval-s S``:
+emulates ``N`` remote hosts, each with its own identity (boot id and board incarnation)
+and a 16-slot digest, each bound on its own loopback address (``address(i)``:
+``127.0.1.1`` ... ``127.0.1.250``, then ``127.0.2.1`` ...) at the cluster pinger port.  Pings that reach them get
 valid acks built with ``shmhb.protocol`` (the full digest only when the pinger does not
 hold it yet, exactly as a real pinger answers).  With pinging on, every emulated host
 also pings the real pinger at ``TARGET`` every ``S`` seconds (DEALER, nonces strictly
@@ -17,7 +17,8 @@ answering every ping with a prebuilt ACK (no decoding, no state, no board); eith
 DEALER per host (the pinger's socket layout) or one ROUTER connected to all hosts (a
 poll set of two sockets).  The CPU of the real pinger is compared with both.
 
-Stdin commands: ``ping 1`` / ``ping 0``; EOF ends it.  It prints ``ready`` once bound,
+Stdin commands: ``ping 1`` / ``ping 0``; ``kill I``: host I (0-based) dies at once (its
+sockets close: it answers and sends nothing more); EOF ends it.  It prints ``ready`` once bound,
 and ``stats PINGS_ANSWERED PINGS_SENT ACKS_RECEIVED`` after each command.  One thread,
 one ``zmq.Poller``; ~10 µs of Python per frame, so 64 hosts at 5 pings/s in both
 directions cost it a few % of a core.
@@ -48,6 +49,11 @@ from shmhb.protocol import (
 )
 
 
+def address(i: int) -> str:
+    """The loopback address of emulated host ``i`` (0-based)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
 class Host:
     def __init__(self, ctx: zmq.Context, addr: str, port: int, slots: int) -> None:
         self.addr = f"{addr}:{port}"
@@ -63,12 +69,12 @@ class Host:
         self.nonce = time.time_ns()
         self.known: tuple[int, Identity | None] = (0, None)
         self.next_ping = 0.0
+        self.dead = False
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.emulator")
     p.add_argument("--hosts", type=int, default=64)
-    p.add_argument("--addr-prefix", default="127.0.1.")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--target", required=True, help="the real pinger, HOST:PORT")
     p.add_argument("--interval-s", type=float, default=0.2)
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.floor:
         return floor(a)
     ctx = zmq.Context()
-    hosts = [Host(ctx, f"{a.addr_prefix}{i + 1}", a.port, a.slots) for i in range(a.hosts)]
+    hosts = [Host(ctx, address(i), a.port, a.slots) for i in range(a.hosts)]
     by_sock: dict[zmq.Socket, tuple[Host, bool]] = {}
     poller = zmq.Poller()
     for h in hosts:
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         now = time.monotonic()
         if pinging:
             for h in hosts:
-                if now >= h.next_ping:
+                if now >= h.next_ping and not h.dead:
                     h.nonce += 1
                     frame = encode_ping(Ping(h.identity, h.addr, h.nonce, h.known[0], h.known[1]))
                     try:
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                     except zmq.Again:
                         pass
                     h.next_ping = max(h.next_ping + a.interval_s, now)
-            wake = min(h.next_ping for h in hosts)
+            wake = min((h.next_ping for h in hosts if not h.dead), default=now + 1)
             timeout = max(0, math.ceil((wake - time.monotonic()) * 1000))  # int ms: never spin
         else:
             timeout = None
@@ -121,6 +127,15 @@ def main(argv: list[str] | None = None) -> int:
                 if not line:
                     return 0
                 for cmd in line.split("\n"):
+                    if cmd.startswith("kill "):
+                        h = hosts[int(cmd.split()[1])]
+                        for sock in (h.router, h.dealer):
+                            if sock is not None and not sock.closed:
+                                poller.unregister(sock)
+                                by_sock.pop(sock, None)
+                                sock.close(0)
+                        h.dead = True
+                        print(f"stats {answered} {sent} {acks}", flush=True)
                     if cmd.startswith("ping "):
                         pinging = cmd.split()[1] == "1"
                         if pinging:
@@ -128,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                             for h in hosts:  # spread the pings over one interval
                                 h.next_ping = t + random.uniform(0, a.interval_s)
                         print(f"stats {answered} {sent} {acks}", flush=True)
+                continue
+            if sock not in by_sock:
                 continue
             h, is_router = by_sock[sock]
             for _ in range(256):
@@ -169,7 +186,7 @@ def floor(a: argparse.Namespace) -> int:
     ack = encode_ack_raw(1, ident, a.listen, 1, None)
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
-    peers = [f"{a.addr_prefix}{i + 1}:{a.port}" for i in range(a.hosts)]
+    peers = [f"{address(i)}:{a.port}" for i in range(a.hosts)]
     pings = [encode_ping(Ping(ident, a.listen, 1 + i)) for i in range(a.hosts)]
     t0 = time.monotonic()
     due = [t0 + random.uniform(0, a.interval_s) for _ in peers]

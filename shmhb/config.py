@@ -13,6 +13,7 @@ from .address import (
 )
 from .errors import InvalidConfig, InvalidName
 from .layout import PATH_BYTES
+from .pingplan import DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS
 
 __all__ = [
     "BOARD_ENV", "DEFAULT_BOARD", "DEFAULT_PORT", "MAX_ADDRESS_TEXT", "Address", "AgentConfig",
@@ -126,12 +127,18 @@ class PingerConfig:
 
     listen: str | None = None  # "host:port"; None: the network half is off
     peers: tuple[str, ...] = field(default_factory=tuple)
-    interval_s: float = 0.2
+    interval_s: float = 0.2  # the shortest per-host interval (see shmhb.pingplan)
     secret_file: str | None = None
     curve_keys: str | None = None
+    #: pings per second to all followed hosts together (see shmhb.pingplan)
+    ping_budget_pps: float = DEFAULT_BUDGET_PPS
 
     def __post_init__(self) -> None:
         _positive("interval_s", self.interval_s)
+        b = self.ping_budget_pps
+        if not (isinstance(b, (int, float)) and math.isfinite(b) and 0 < b <= MAX_BUDGET_PPS):
+            raise InvalidConfig(f"ping_budget_pps must be a number of pings/s in (0, "
+                                f"{MAX_BUDGET_PPS:g}], got {b!r}")
         if self.listen is not None:
             object.__setattr__(self, "listen", str(parse_address(
                 self.listen, what="listen address", default_port=DEFAULT_PORT)))

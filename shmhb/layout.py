@@ -144,7 +144,9 @@ MAX_ENDPOINTS: Final = 8
 # agent_lateness_us     the agent role holder: its worst loop lateness of the last second
 # stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
 # cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings
-#                       any holder of the role applies (listen address, secret, interval)
+#                       any holder of the role applies (listen address, secret, interval,
+#                       ping budget in milli-pings/s: 0 in a board made before it existed,
+#                       read as the default)
 
 STAT_NAMES: Final = (
     "pings_sent",
@@ -163,6 +165,7 @@ STAT_NAMES: Final = (
     "bad_unsolicited",
     "loop_late",
     "deaths_seen",
+    "pings_evidence",
 )
 NSTATS: Final = 32
 
@@ -180,7 +183,7 @@ HEADER_DTYPE: Final = np.dtype(
             "agent_hb", "agent_id", "agent_gen", "agent_lateness_us",
             "stats",
             "cfg_gen", "cfg_listen", "cfg_secret_path", "cfg_curve_dir",
-            "cfg_interval_ns", "cfg_checksum",
+            "cfg_interval_ns", "cfg_checksum", "cfg_budget_mpps",
         ],
         "formats": [
             "<u8", "<u4", "<u4", "<u8",
@@ -194,7 +197,7 @@ HEADER_DTYPE: Final = np.dtype(
             "<u8", "<u8", "<u8", "<u8",
             ("<u8", NSTATS),
             "<u8", f"S{ADDR_BYTES}", f"S{PATH_BYTES}", f"S{PATH_BYTES}",
-            "<u8", "<u8",
+            "<u8", "<u8", "<u8",
         ],
         "offsets": [
             0, 8, 12, 16,
@@ -210,7 +213,7 @@ HEADER_DTYPE: Final = np.dtype(
             320,
             # pinger settings
             640, 648, 712, 968,
-            1224, 1232,
+            1224, 1232, 1240,
         ],
         "itemsize": HEADER_BYTES,
     }

@@ -47,6 +47,7 @@ from .protocol import (
     Identity, OutstandingPings, Ping, Push, ReplayGuard, decode, encode_ack_raw,
     encode_entries, encode_ping, encode_push, wants_full_digest,
 )
+from .pingplan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW, PingPlan
 from .rows import RowWriter
 from .status import Status
 from .suspicion import PeerState, Suspicion
@@ -75,8 +76,12 @@ _CODES_OF = {1: Status.ALIVE, 2: Status.SUSPECT, 3: Status.DEAD, 4: Status.LEFT}
 # -- settings stored in the board ---------------------------------------------------------
 
 def _cfg_checksum(h: np.ndarray) -> int:
+    # The budget word came later: a board written before it holds 0 there and a checksum
+    # without it, so 0 stays out of the sum and such a board still reads (as the default).
+    budget = int(h["cfg_budget_mpps"])
     return checksum(int(h["cfg_gen"]), bytes(h["cfg_listen"]), bytes(h["cfg_secret_path"]),
-                    bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]))
+                    bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]),
+                    *((budget,) if budget else ()))
 
 
 def store_config(board: Board, cfg: PingerConfig) -> None:
@@ -90,6 +95,7 @@ def store_config(board: Board, cfg: PingerConfig) -> None:
         h["cfg_secret_path"] = (cfg.secret_file or "").encode()
         h["cfg_curve_dir"] = (cfg.curve_keys or "").encode()
         h["cfg_interval_ns"] = int(cfg.interval_s * 1e9)
+        h["cfg_budget_mpps"] = max(1, round(cfg.ping_budget_pps * 1000))
         h["cfg_checksum"] = _cfg_checksum(h)
         w = board._watches
         for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == 0)):
@@ -111,8 +117,10 @@ def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     def text(f: str) -> str | None:
         return bytes(h[f]).rstrip(b"\0").decode(errors="replace") or None
 
+    budget = int(h["cfg_budget_mpps"])
     return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
-                             secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"))
+                             secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"),
+                             ping_budget_pps=budget / 1000 if budget else DEFAULT_BUDGET_PPS)
 
 
 def read_secret(path: str) -> bytes:
@@ -135,7 +143,13 @@ def add_pinger_args(sp: argparse.ArgumentParser) -> None:
                          "one number for the whole cluster)")
     sp.add_argument("--peer", metavar="HOST[:PORT]", action="append", default=[],
                     help="a host to follow even if no local process watches it (repeatable)")
-    sp.add_argument("--interval-s", type=float, default=0.2, help="ping interval (default 0.2)")
+    sp.add_argument("--interval-s", type=float, default=0.2,
+                    help="shortest ping interval per host (default 0.2); longer when the "
+                         "budget needs it")
+    sp.add_argument("--ping-budget-pps", type=float, default=DEFAULT_BUDGET_PPS, metavar="N",
+                    help=f"pings per second to all followed hosts together (default "
+                         f"{DEFAULT_BUDGET_PPS:g}); each host still gets at least "
+                         f"{MIN_PINGS_PER_WINDOW} pings per peer dead-after window")
     auth = sp.add_mutually_exclusive_group()
     auth.add_argument("--secret-file", metavar="F", default=None,
                       help="shared secret: HMAC on every frame, unauthenticated pings unanswered")
@@ -147,7 +161,8 @@ def add_pinger_args(sp: argparse.ArgumentParser) -> None:
 def configure_from_args(args: argparse.Namespace) -> bool:
     """Store the command line's pinger settings in the board; True: network half on."""
     cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
-                       secret_file=args.secret_file, curve_keys=args.curve_keys)
+                       secret_file=args.secret_file, curve_keys=args.curve_keys,
+                       ping_budget_pps=args.ping_budget_pps)
     if cfg.secret_file:
         read_secret(cfg.secret_file)  # fail now, with the reason, not in the agent thread
     with Board.open(args.board) as b:
@@ -167,8 +182,9 @@ class _Target:
     state: PeerState
     row: int
     gen: int
-    next_ping_ns: int
+    next_ping_ns: int  # retries while its connection is down (turns: self.plan)
     reachable: bool = True
+    evidence_nonce: int = 0  # highest nonce of its pings that counted as evidence
     identity: Identity | None = None
     digest_gen: int = 0
     remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -197,6 +213,10 @@ class NetworkHalf:
         self.ping_guard = ReplayGuard()
         self.push_guard = ReplayGuard()
         self.suspicion = Suspicion(board.thresholds, late_ns=int(0.25e9))
+        self.plan = self._new_plan()
+        self._down: set[str] = set()  # targets whose connection is down: retried every tick
+        self._states: list[PeerState] | None = None  # the targets' verdict states, cached
+        self._next_expire_ns = 0
         self.watchers: dict[bytes, int] = {}  # ROUTER routing id -> last ping ns
         self._nonce = time.time_ns()
         self._push_seq = time.time_ns()
@@ -218,6 +238,10 @@ class NetworkHalf:
         self._last_push_ns: int | None = None
 
     # -- configuration ----------------------------------------------------------------------
+
+    def _new_plan(self) -> PingPlan:
+        return PingPlan(self.cfg.ping_budget_pps, int(self.cfg.interval_s * 1e9),
+                        self.b.thresholds.peer_dead << 20, me=self.cfg.listen or "")
 
     def _configure(self, now_ns: int) -> None:
         if self.b._q[_CFG_GEN_I] == self.cfg_gen:
@@ -262,8 +286,9 @@ class NetworkHalf:
                 self.router = r
         self.address = cfg.listen or ""
         self._watch_gen = -1
-        log.info("pinger settings applied: listen %s, interval %.3f s, auth %s",
-                 cfg.listen or "(none)", cfg.interval_s,
+        self.plan = self._new_plan()
+        log.info("pinger settings applied: listen %s, interval %.3f s, budget %g pings/s, auth %s",
+                 cfg.listen or "(none)", cfg.interval_s, cfg.ping_budget_pps,
                  "hmac" if secret else "curve" if cfg.curve_keys else "none")
 
     def _socket(self, kind: int) -> zmq.Socket:
@@ -355,6 +380,7 @@ class NetworkHalf:
         if self.client is not None:
             self.client.disconnect(t.endpoint)
         self.outstanding.drop_peer(address)
+        self._down.discard(address)
         if keep_row:
             self._adopted[address] = (t.row, t.gen)
             return
@@ -385,6 +411,7 @@ class NetworkHalf:
                 self._drop_target(a)
         for a in sorted(want - set(self.targets)):
             self._add_target(a, now_ns)
+        self._replan(now_ns)
         for a, (row, _gen) in list(self._adopted.items()):
             if a not in want:  # rows of hosts nobody follows any more
                 for held in self.rows.adopt_remotes(row, _gen).values():
@@ -392,10 +419,21 @@ class NetworkHalf:
                 self.rows.free_peer(row)
                 del self._adopted[a]
 
+    def _replan(self, now_ns: int) -> None:
+        self._states = None
+        self.plan.set_hosts(self.targets, now_ns)
+        if self.plan.hosts:
+            log.info("pinger: %d hosts, each pinged every %.2f s (%.0f pings/s; budget %g%s)",
+                     self.plan.hosts, self.plan.interval_ns / 1e9, self.plan.rate_pps,
+                     self.plan.budget_pps, ", exceeded to give each host %d pings per dead-after "
+                     "window" % MIN_PINGS_PER_WINDOW if self.plan.over_budget else "")
+
     # -- Component interface ----------------------------------------------------------------
 
     def pollables(self) -> list[zmq.Socket | int]:
-        return [s for s in (self.client, self.router) if s is not None]
+        # The listen socket is not polled: pings to us are answered once per tick, all
+        # that came in since the last one together (see _drain_router).
+        return [self.client] if self.client is not None else []
 
     def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None:
         if what is self.router:
@@ -404,32 +442,40 @@ class NetworkHalf:
             self._drain_client(now_ns)
 
     def tick(self, now_ns: int, late_ns: int) -> None:
+        if self.router is not None:
+            self._drain_router(now_ns)
         self._configure(now_ns)
         self._reconcile(now_ns)
         self.flush(now_ns)
-        targets = list(self.targets.values())
-        for st, old, new in self.suspicion.tick([t.state for t in targets], now_ns):
+        if self._states is None:  # rebuilt only when the followed set changes
+            self._states = [t.state for t in self.targets.values()]
+        for st, old, new in self.suspicion.tick(self._states, now_ns):
             t = self.targets[st.address]
             log.info("pinger: host %s %s -> %s", t.address, old.value, new.value)
             self.rows.peer_status(t.row, t.gen, new, st.last_ack_ns)
             self.w.changed()  # type: ignore[attr-defined]
-        interval = int(self.cfg.interval_s * 1e9)
-        for t in targets:
-            if now_ns >= t.next_ping_ns:
-                if self._ping(t, now_ns):
-                    # Every host on one phase: the pings of a round leave in one tick and
-                    # their acks come back in a burst that one wake-up drains, instead of
-                    # one wake-up per ack (the loop's cost is per wake-up, not per frame).
-                    t.next_ping_ns = now_ns - now_ns % interval + interval
-                else:
-                    # No connection to its pinger: evidence about that process only,
-                    # not its workers.  Silence keeps accruing as usual; we just try
-                    # again every tick, so a restarted pinger is confirmed at once.
-                    t.next_ping_ns = now_ns + min(interval, _RETRY_NS)
-        cutoff = now_ns - 3 * (self.b.thresholds.peer_dead << 20)
-        for rid, seen in list(self.watchers.items()):
-            if seen < cutoff:
-                del self.watchers[rid]
+        # Turns come from the plan (the budget, phased: see shmhb.pingplan).  A turn
+        # counts as a ping for the verdict even if the host's connection is down.
+        for a in self.plan.due(now_ns):
+            due = self.targets.get(a)
+            if due is not None:
+                self.suspicion.on_ping(due.state)
+                self._ping(due, now_ns)
+        # No connection to its pinger: evidence about that process only, not its
+        # workers.  Silence keeps accruing as usual; we just try again every tick (a
+        # failed send costs no message), so a restarted pinger is confirmed at once.
+        for a in list(self._down):
+            down = self.targets.get(a)
+            if down is None:
+                self._down.discard(a)
+            elif now_ns >= down.next_ping_ns:
+                self._ping(down, now_ns)
+        if now_ns >= self._next_expire_ns:  # once a second: O(watchers)
+            self._next_expire_ns = now_ns + 1_000_000_000
+            cutoff = now_ns - 3 * (self.b.thresholds.peer_dead << 20)
+            for rid, seen in list(self.watchers.items()):
+                if seen < cutoff:
+                    del self.watchers[rid]
 
     # -- pings and acks -------------------------------------------------------------------
 
@@ -445,12 +491,15 @@ class NetworkHalf:
         except zmq.ZMQError as e:
             if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
+            t.next_ping_ns = now_ns + _RETRY_NS
             if t.reachable:
                 t.reachable = False
+                self._down.add(t.address)
                 log.info("pinger: no connection to %s; retrying every tick", t.address)
             return False
         if not t.reachable:
             t.reachable = True
+            self._down.discard(t.address)
             log.info("pinger: connection to %s is back", t.address)
         self.outstanding.add(t.address, self._nonce, now_ns)
         self.w.count("pings_sent")  # type: ignore[attr-defined]
@@ -581,6 +630,8 @@ class NetworkHalf:
                 continue
             self.suspicion.inbound(now_ns)
             self.watchers[rid] = now_ns
+            if self._authenticated:
+                self._inbound_evidence(msg, now_ns)
             full = wants_full_digest(msg, self.identity, self._dgen)
             ack = encode_ack_raw(msg.nonce, self.identity, self.address or "-", self._dgen,
                                  self._dbody if full else None, self.secret)
@@ -590,6 +641,32 @@ class NetworkHalf:
                 self.w.count("pings_answered")  # type: ignore[attr-defined]
             except zmq.ZMQError as e:  # EHOSTUNREACH (gone), EAGAIN (slow reader)
                 self._rate_log("ack", "pinger: ack to a watcher not sent: %s", e)
+
+    @property
+    def _authenticated(self) -> bool:
+        """Frames are authenticated: HMAC with the shared secret, or CURVE."""
+        return self.secret is not None or bool(self.cfg.curve_keys)
+
+    def _inbound_evidence(self, msg: Ping, now_ns: int) -> None:
+        """A followed host's own authenticated ping as evidence that its pinger runs.
+        Counted only if it carries the identity that host's acks to our own nonces
+        established, a nonce above any of its pings counted before, and the digest
+        generation of *this* process of ours (random at start, so a ping recorded
+        before we restarted never matches).  docs/PROTOCOL.md, "Inbound pings as
+        evidence", argues why it cannot be forged or replayed into a false ALIVE."""
+        t = self.targets.get(msg.address)
+        if (t is None or t.identity is None or msg.identity != t.identity
+                or msg.known_identity != self.identity or msg.known_gen != self._dgen
+                or msg.nonce <= t.evidence_nonce):
+            return
+        t.evidence_nonce = msg.nonce
+        self.w.count("pings_evidence")  # type: ignore[attr-defined]
+        old = self.suspicion.on_evidence(t.state, now_ns)
+        self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
+        self.plan.evidence(t.address, now_ns)
+        if old is not None:
+            log.info("pinger: host %s %s -> alive (its own ping)", t.address, old.value)
+            self.w.changed()  # type: ignore[attr-defined]
 
     # -- the local digest, and pushes -----------------------------------------------------
 

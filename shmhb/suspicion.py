@@ -11,9 +11,20 @@ clock.  The rule, and why:
   ``peer_suspect_after``, or at least two hosts are followed and every one of them went
   silent while nobody pinged us either.  Then the verdict stops at SUSPECT until some
   host answers again (Lifeguard asks "is it me?" before accusing others).
+* Silence is also counted in pings: a host is neither SUSPECT nor DEAD before it has
+  missed ``MISSED_IN_A_ROW`` pings in a row (a ping counts as missed once the next one
+  has been sent, or attempted while its connection was down).  Under a ping budget a
+  host may be pinged once a second or less often; judged in seconds alone, one ack that
+  arrives just after ``peer_suspect_after`` would make a live host flap.  The budget
+  (``shmhb.pingplan``) gives each host at least five pings per ``peer_dead_after``, so
+  the count never delays DEAD past ``peer_dead_after`` plus one interval after the last
+  evidence: by then at least five pings were due.
 * A host never heard from reads UNKNOWN, not ALIVE, until its first ack; it can still
   be convicted by silence.
-* An ack (to one of our own pings) is the only thing that makes a host ALIVE.
+* An ack (to one of our own pings) makes a host ALIVE.  So does, with authentication,
+  its own ping to us once an ack established its identity (``on_evidence``; the rules
+  that make it unforgeable are the pinger's, see docs/PROTOCOL.md): it proves that its
+  pinger runs, which is what a host's ALIVE means.
 """
 
 from __future__ import annotations
@@ -27,6 +38,9 @@ from .status import Status
 
 log = logging.getLogger(__name__)
 
+#: A host is not SUSPECT (nor DEAD) before it missed this many pings in a row.
+MISSED_IN_A_ROW = 2
+
 
 @dataclass
 class PeerState:
@@ -38,6 +52,7 @@ class PeerState:
     acked: bool = False
     last_ack_ns: int = 0
     rtt_ns: int | None = None
+    unanswered: int = 0  # pings due since the last evidence (the latest may still be answered)
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -55,13 +70,25 @@ class Suspicion:
         """Someone pinged us: our own network and loop work."""
         self._last_inbound_ns = now_ns
 
+    @staticmethod
+    def on_ping(p: PeerState) -> None:
+        """A ping to ``p`` was due and sent (or its connection was down)."""
+        p.unanswered += 1
+
     def on_ack(self, p: PeerState, now_ns: int, rtt_ns: int) -> Status | None:
         """An ack to our own ping; returns the old status if it changed."""
-        p.silent_ns = 0
-        p.acked = True
-        p.last_ack_ns = now_ns
         p.rtt_ns = rtt_ns
-        if p.status is not Status.ALIVE:
+        p.acked = True
+        return self.on_evidence(p, now_ns)
+
+    @staticmethod
+    def on_evidence(p: PeerState, now_ns: int) -> Status | None:
+        """Evidence that ``p``'s pinger runs: an ack, or (see the module text) its own
+        authenticated ping once an ack came; returns the old status if it changed."""
+        p.silent_ns = 0
+        p.unanswered = 0
+        p.last_ack_ns = now_ns
+        if p.status is not Status.ALIVE and p.acked:  # never heard: stays UNKNOWN
             old, p.status = p.status, Status.ALIVE
             return old
         return None
@@ -74,7 +101,7 @@ class Suspicion:
             return False
         if self._last_inbound_ns is not None and now_ns - self._last_inbound_ns < suspect_ns:
             return False
-        return all(p.silent_ns >= suspect_ns for p in peers)
+        return all(p.silent_ns >= suspect_ns and p.unanswered > MISSED_IN_A_ROW for p in peers)
 
     def tick(self, peers: list[PeerState], now_ns: int) -> list[tuple[PeerState, Status, Status]]:
         """Accrue silence since the last tick and return the transitions it caused."""
@@ -85,15 +112,23 @@ class Suspicion:
             self._last_late_ns = now_ns
             log.info("pinger loop ran %.0f ms late: silence in that gap is not held against peers",
                      elapsed / 1e6)
-        for p in peers:
-            if healthy:
+        if healthy and elapsed:
+            for p in peers:
                 p.silent_ns += elapsed
-        doubt = self.doubting_self(peers, now_ns)
+        doubt: bool | None = None  # computed once, and only if some host missed pings
         changes = []
+        alive, unknown = Status.ALIVE, Status.UNKNOWN
         for p in peers:
-            new = peer_verdict(p.silent_ns >> TS_SHIFT, self.th, self_suspect=doubt)
-            if new is Status.ALIVE and not p.acked:
-                new = Status.UNKNOWN
+            if p.unanswered > MISSED_IN_A_ROW:  # the latest ping may still be answered
+                if doubt is None:
+                    doubt = self.doubting_self(peers, now_ns)
+                new = peer_verdict(p.silent_ns >> TS_SHIFT, self.th, self_suspect=doubt)
+                if new is alive and not p.acked:
+                    new = unknown
+            elif p.status is (alive if p.acked else unknown):
+                continue  # the common case: answering, and nothing to change
+            else:
+                new = alive if p.acked else unknown
             if new is not p.status:
                 changes.append((p, p.status, new))
                 p.status = new

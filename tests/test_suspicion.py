@@ -13,9 +13,14 @@ TICK = S // 20
 
 
 def run(susp: Suspicion, peers: list[PeerState], clock: FakeClock, seconds: float,
-        acking: tuple[PeerState, ...] = ()) -> None:
-    for _ in range(int(seconds * 20)):
+        acking: tuple[PeerState, ...] = (), every_ticks: int = 4) -> None:
+    """Tick every 50 ms for ``seconds``, a ping to every peer every ``every_ticks``
+    ticks (0.2 s by default), the ``acking`` ones answering at once."""
+    for k in range(int(seconds * 20)):
         clock.advance(TICK / S)
+        if k % every_ticks == 0:
+            for p in peers:
+                susp.on_ping(p)
         for p in acking:
             susp.on_ack(p, clock.monotonic_ns(), 1000)
         susp.tick(peers, clock.monotonic_ns())
@@ -81,8 +86,11 @@ def test_inbound_pings_prove_our_network_works() -> None:
     peers = [PeerState(f"h:{i}") for i in range(2)]
     for p in peers:
         s.on_ack(p, c.monotonic_ns(), 1)
-    for _ in range(6 * 20):
+    for k in range(6 * 20):
         c.advance(TICK / S)
+        if k % 4 == 0:
+            for p in peers:
+                s.on_ping(p)
         s.inbound(c.monotonic_ns())
         s.tick(peers, c.monotonic_ns())
     assert all(p.status is Status.DEAD for p in peers)
