@@ -100,7 +100,8 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
     assert sent_a >= 2.5, sent_a
     assert sent_b <= 1.5, sent_b
     assert a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE
-    assert a.stats()["pings_evidence"] == 0  # the active side never needs it
+    # evidence counts on both sides; only the passive side skips turns for it
+    assert 0 < a.stats()["pings_evidence"] <= b.stats()["pings_sent"]
     # a's host dies: b's own turns come back and convict it in time
     t0 = time.monotonic()
     a.kill_pinger()
@@ -225,7 +226,13 @@ def test_inbound_evidence_from_a_previous_process_of_ours_does_not_count(
         a.pinger.send_signal(signal.SIGKILL)
         a.pinger.wait()
         a.start_pinger()
-        fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE again")
+        deadline = time.monotonic() + 10
+        while True:  # pings the old process sent before it died get no route back: skip them
+            try:
+                fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE again")
+                break
+            except zmq.ZMQError:
+                assert time.monotonic() < deadline
         ev0 = a.stats()["pings_evidence"]
         d.close()
         d = _Dealer(fake, a.listen)  # a new connection, as after the restart
