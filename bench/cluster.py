@@ -689,7 +689,7 @@ def report_cpu(cpus: list[CpuResult], info: list[tuple[str, str]], wall_s: float
            f"`python -m bench.cluster --only-cpu`, {wall_s:.0f} s wall.\n"]
     out.extend(f"- {k}: {v}" for k, v in info)
     out.append("")
-    trows = []
+    trows: list[list[str]] = []
     for cpu in cpus:
         out.append(cpu_section(cpu))
         trows.extend(row for row, _ in cpu_targets(cpu))
