@@ -475,6 +475,10 @@ class CpuResult:
     kills_missed: int = 0
     not_alive: int = 0  # samples in which a live emulated host read other than ALIVE
     samples: int = 0
+    hog_s: float = 0.0  # how long every core was hogged (0: not run)
+    hog_episodes: dict[str, int] = field(default_factory=dict)  # status -> entries, live hosts
+    hog_polls: int = 0
+    hog_load: float = 0.0
     problems: list[str] = field(default_factory=list)
 
     def median(self, mode: str, i: int) -> float:
@@ -517,8 +521,36 @@ def _cpu_window(res: CpuResult, mode: str, pid: int, board: shmhb.Board | None, 
     res.windows[mode].append((100 * u / dt, 100 * s / dt, sent, ans))
 
 
+_HOG = "while True: pass"
+
+
+def _hogged(res: CpuResult, board: shmhb.Board, live: set[str], duration_s: float,
+            st: contextlib.ExitStack) -> None:
+    """One CPU hog per core for ``duration_s``; count every entry of a live host into a
+    status other than ALIVE (an episode), polling ``board.peers()`` every ~0.1 s."""
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG]) for _ in os.sched_getaffinity(0)]
+    for hp in hogs:
+        st.callback(stop_process, hp)
+    prev: dict[str, Status] = {}
+    end = time.monotonic() + duration_s
+    try:
+        while time.monotonic() < end:
+            for p in board.peers():
+                if p.address in live:
+                    if p.status is not Status.ALIVE and prev.get(p.address) is not p.status:
+                        res.hog_episodes[p.status.value] = res.hog_episodes.get(p.status.value, 0) + 1
+                    prev[p.address] = p.status
+            res.hog_polls += 1
+            time.sleep(0.1)
+        res.hog_load = stats.loadavg()
+    finally:
+        for hp in hogs:
+            stop_process(hp)
+    res.hog_s = duration_s
+
+
 def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.Random,
-                   hosts: int = CPU_HOSTS, kills: int = 0) -> CpuResult:
+                   hosts: int = CPU_HOSTS, kills: int = 0, hog_s: float = 0.0) -> CpuResult:
     """One real pinger at the default settings (and then the floor) under the load of
     ``hosts`` emulated hosts; each emulated host pings it as a default-settings pinger
     following the whole cluster would.  Then ``kills`` emulated hosts die one by one
@@ -591,6 +623,11 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
                 else:
                     res.kills_missed += 1
             log(f"{hosts} hosts: host kill -> DEAD {', '.join(f'{x:.2f}' for x in res.kills_s)} s")
+        if hog_s:
+            command("ping 1")
+            log(f"{hosts} hosts: {hog_s:g} s with every core hogged")
+            _hogged(res, board, live, hog_s, st)
+            log(f"{hosts} hosts: episodes of live hosts leaving ALIVE: {res.hog_episodes or 0}")
         # The floors take the pinger's place (same address; the emulator reconnects).
         stop_process(pinger)
         for kind in ("dealers", "router") if floor_rounds else ():
@@ -677,6 +714,12 @@ def cpu_targets(cpu: CpuResult) -> list[tuple[list[str], bool]]:
                      f"{cpu.hosts} followed hosts",
                      f"median {stats.median(cpu.kills_s):.2f} s, max {max(cpu.kills_s):.2f} s "
                      f"({len(cpu.kills_s)} kills)" if cpu.kills_s else "none"], ok))
+    if cpu.hog_s:
+        n = sum(cpu.hog_episodes.values())
+        out.append(([f"0 SUSPECT (or worse) episodes of live hosts, {cpu.hog_s:g} s with every core "
+                     f"hogged, {cpu.hosts} followed hosts",
+                     f"{n} ({cpu.hog_episodes or 'none'}; {cpu.hog_polls} polls, load {cpu.hog_load:.1f})"],
+                    n == 0))
     if cpu.samples:
         ok = cpu.not_alive == 0
         out.append(([f"live hosts always ALIVE while measured, {cpu.hosts} followed hosts",
@@ -912,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-window-s", type=float, default=4.0, help="--only-cpu: window length")
     p.add_argument("--cpu-rounds", type=int, default=2, help="--only-cpu: A B B A rounds")
     p.add_argument("--kills", type=int, default=5, help=f"--only-cpu: host kills at {CPU_KILL_HOSTS}")
+    p.add_argument("--hog-s", type=float, default=0.0,
+                   help=f"--only-cpu: then hog every core this long at {CPU_KILL_HOSTS} hosts")
     a = p.parse_args(argv)
     a.out_set = "--out" in (argv if argv is not None else sys.argv)
     rng = random.Random(a.seed)
@@ -921,7 +966,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes: list[ShapeResult] = []
     if a.only_cpu:
         cpus = [run_cpu_target(a.cpu_window_s, a.cpu_rounds, 0, rng, hosts=h,
-                               kills=a.kills if h == CPU_KILL_HOSTS else 0) for h in a.cpu_hosts]
+                               kills=a.kills if h == CPU_KILL_HOSTS else 0,
+                               hog_s=a.hog_s if h == CPU_KILL_HOSTS else 0.0) for h in a.cpu_hosts]
         text = report_cpu(cpus, info, time.monotonic() - t0)
         note = stats.noise_note(load0, stats.loadavg())
         text += f"\n- load average (1 min) {load0:.1f} before, {stats.loadavg():.1f} after\n"
@@ -946,7 +992,8 @@ def main(argv: list[str] | None = None) -> int:
                                 seed_kills_n=3 * a.seed_monitors_32,
                                 seed_monitor_hosts=1, seed_monitor_ranks=a.seed_monitors_32,
                                 concurrent=False, rng=rng))
-        cpus = [run_cpu_target(4.0, 2, 1, rng, hosts=h, kills=5 if h == CPU_KILL_HOSTS else 0)
+        cpus = [run_cpu_target(4.0, 2, 1, rng, hosts=h, kills=5 if h == CPU_KILL_HOSTS else 0,
+                               hog_s=60.0 if h == CPU_KILL_HOSTS else 0.0)
                 for h in a.cpu_hosts]
         with contextlib.ExitStack() as st:
             log("pushes: 30 kills per mode")

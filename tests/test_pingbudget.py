@@ -248,3 +248,22 @@ def test_inbound_evidence_from_a_previous_process_of_ours_does_not_count(
         assert time.monotonic() - t0 >= FAST.peer_dead_after_s - 0.3
     finally:
         d.close()
+
+
+def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmhb.Board) -> None:
+    import subprocess
+    import sys
+
+    from shmhb.cli import build_parser
+    from shmhb.pinger import configure_from_args
+
+    from .conftest import ROOT
+
+    argv = ["pinger", "--board", board.name, "--listen", "127.0.0.2:45645"]
+    bad = subprocess.run([sys.executable, "-m", "shmhb", *argv, "--ping-budget-pps", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "ping_budget_pps" in bad.stderr, bad
+    assert load_config(board) is None  # nothing was stored
+    configure_from_args(build_parser().parse_args([*argv, "--ping-budget-pps", "12.5"]))
+    got = load_config(board)
+    assert got is not None and got[1].ping_budget_pps == 12.5
