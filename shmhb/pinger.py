@@ -47,6 +47,7 @@ from .protocol import (
     Identity, OutstandingPings, Ping, Push, ReplayGuard, decode, encode_ack_raw,
     encode_entries, encode_ping, encode_push, wants_full_digest,
 )
+from .evidence import counts_as_evidence
 from .pingplan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW, PingPlan
 from .rows import RowWriter
 from .status import Status
@@ -630,8 +631,7 @@ class NetworkHalf:
                 continue
             self.suspicion.inbound(now_ns)
             self.watchers[rid] = now_ns
-            if self._authenticated:
-                self._inbound_evidence(msg, now_ns)
+            self._inbound_evidence(msg, now_ns)
             full = wants_full_digest(msg, self.identity, self._dgen)
             ack = encode_ack_raw(msg.nonce, self.identity, self.address or "-", self._dgen,
                                  self._dbody if full else None, self.secret)
@@ -648,16 +648,12 @@ class NetworkHalf:
         return self.secret is not None or bool(self.cfg.curve_keys)
 
     def _inbound_evidence(self, msg: Ping, now_ns: int) -> None:
-        """A followed host's own authenticated ping as evidence that its pinger runs.
-        Counted only if it carries the identity that host's acks to our own nonces
-        established, a nonce above any of its pings counted before, and the digest
-        generation of *this* process of ours (random at start, so a ping recorded
-        before we restarted never matches).  docs/PROTOCOL.md, "Inbound pings as
-        evidence", argues why it cannot be forged or replayed into a false ALIVE."""
+        """A followed host's own ping as evidence that its pinger runs, if
+        ``shmhb.evidence`` says it counts."""
         t = self.targets.get(msg.address)
-        if (t is None or t.identity is None or msg.identity != t.identity
-                or msg.known_identity != self.identity or msg.known_gen != self._dgen
-                or msg.nonce <= t.evidence_nonce):
+        if t is None or not counts_as_evidence(msg, authenticated=self._authenticated, known=t.identity,
+                                               last_nonce=t.evidence_nonce, me=self.identity,
+                                               my_gen=self._dgen):
             return
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")  # type: ignore[attr-defined]

@@ -236,3 +236,22 @@ def test_evidence_keeps_a_host_alive_but_never_makes_an_unheard_one_alive() -> N
         susp.tick([heard, unheard], now)
     assert heard.status is Status.ALIVE
     assert unheard.status is Status.UNKNOWN
+
+
+# -- inbound pings as evidence: the pure rule ------------------------------------------------
+
+def test_only_an_authenticated_fresh_ping_naming_our_current_digest_counts() -> None:
+    import os
+
+    from shmhb.evidence import counts_as_evidence
+    from shmhb.protocol import Identity, Ping
+
+    them, me, other = (Identity(os.urandom(16), k) for k in (1, 2, 3))
+    good = Ping(them, "10.0.0.1:45645", 100, 77, me)
+    kw = {"authenticated": True, "known": them, "last_nonce": 99, "me": me, "my_gen": 77}
+    assert counts_as_evidence(good, **kw)  # type: ignore[arg-type]
+    for change in ({"authenticated": False}, {"known": None}, {"known": other},
+                   {"last_nonce": 100}, {"last_nonce": 2**64 - 1}, {"me": other}, {"my_gen": 78}):
+        assert not counts_as_evidence(good, **{**kw, **change}), change  # type: ignore[arg-type]
+    assert not counts_as_evidence(Ping(them, "10.0.0.1:45645", 100, 0, None), **kw)  # type: ignore[arg-type]
+    assert not counts_as_evidence(Ping(other, "10.0.0.1:45645", 100, 77, me), **kw)  # type: ignore[arg-type]
