@@ -422,8 +422,9 @@ class NetworkHalf:
 
     def _replan(self, now_ns: int) -> None:
         self._states = None
+        before = (self.plan.hosts, self.plan.interval_ns)
         self.plan.set_hosts(self.targets, now_ns)
-        if self.plan.hosts:
+        if self.plan.hosts and (self.plan.hosts, self.plan.interval_ns) != before:
             log.info("pinger: %d hosts, each pinged every %.2f s (%.0f pings/s; budget %g%s)",
                      self.plan.hosts, self.plan.interval_ns / 1e9, self.plan.rate_pps,
                      self.plan.budget_pps, ", exceeded to give each host %d pings per dead-after "
