@@ -695,6 +695,12 @@ def cpu_section(cpu: CpuResult) -> str:
         out.append(f"- Host kill -> DEAD on the board (an emulated host's sockets closed at a random "
                    f"phase, the others still pinging): {', '.join(f'{x:.2f} s' for x in cpu.kills_s)}"
                    + (f"; {cpu.kills_missed} not DEAD within 15 s" if cpu.kills_missed else "") + ".")
+    if cpu.hog_s:
+        out.append(f"- {cpu.hog_s:g} s with one CPU hog per core (load {cpu.hog_load:.1f} at the end), "
+                   f"the emulated hosts still pinging: entries of live hosts into another status than "
+                   f"ALIVE, by status: {cpu.hog_episodes or 'none'} ({cpu.hog_polls} polls of "
+                   "`board.peers()`). UNKNOWN is this host's own pinger starved past `agent_stale_s` "
+                   "(nobody observing), not a verdict on the host.")
     out.append("")
     return "\n".join(out)
 
@@ -715,11 +721,13 @@ def cpu_targets(cpu: CpuResult) -> list[tuple[list[str], bool]]:
                      f"median {stats.median(cpu.kills_s):.2f} s, max {max(cpu.kills_s):.2f} s "
                      f"({len(cpu.kills_s)} kills)" if cpu.kills_s else "none"], ok))
     if cpu.hog_s:
-        n = sum(cpu.hog_episodes.values())
-        out.append(([f"0 SUSPECT (or worse) episodes of live hosts, {cpu.hog_s:g} s with every core "
+        # UNKNOWN is not a verdict on a host: it says this host's own pinger was stalled
+        # for more than agent_stale (starved of CPU), so nobody was observing.
+        n = sum(v for k, v in cpu.hog_episodes.items() if k in ("suspect", "dead"))
+        out.append(([f"0 SUSPECT or DEAD episodes of live hosts, {cpu.hog_s:g} s with every core "
                      f"hogged, {cpu.hosts} followed hosts",
-                     f"{n} ({cpu.hog_episodes or 'none'}; {cpu.hog_polls} polls, load {cpu.hog_load:.1f})"],
-                    n == 0))
+                     f"{n} (episodes by status: {cpu.hog_episodes or 'none'}; {cpu.hog_polls} polls, "
+                     f"load {cpu.hog_load:.1f})"], n == 0))
     if cpu.samples:
         ok = cpu.not_alive == 0
         out.append(([f"live hosts always ALIVE while measured, {cpu.hosts} followed hosts",
