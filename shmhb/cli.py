@@ -1,4 +1,4 @@
-"""The ``shmhb`` command: status, monitor, events, exporter, gc, pinger, demo.
+"""The ``shmhb`` command: status, monitor, events, exporter, gc, pinger, units, demo.
 
 The only place that sets up logging.
 """
@@ -199,6 +199,19 @@ def cmd_pinger(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_units(args: argparse.Namespace) -> int:
+    from .units import UnitSettings, account, next_steps, running_command, write_units
+
+    user, group = account(args.user, args.group)
+    settings = UnitSettings(command=running_command(), user=user, group=group,
+                            board=board_name(args.board), env_path=args.env_path)
+    paths = write_units(args.out, settings)
+    for p in paths:
+        print(f"wrote {p}")
+    print(next_steps(paths, settings))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(quick=args.quick)
@@ -253,6 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only these boards (default: every board in /dev/shm)")
     sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     sp.set_defaults(func=cmd_gc)
+
+    sp = sub.add_parser("units", help="write systemd units (pinger, exporter) and their settings file")
+    board_arg(sp)
+    sp.add_argument("--out", default="shmhb-units", help="directory to write into (default ./shmhb-units)")
+    sp.add_argument("--user", default=None,
+                    help="account the services run as: the workers' (default: the current user)")
+    sp.add_argument("--group", default=None, help="group (default: the user's primary group)")
+    sp.add_argument("--env-path", default="/etc/default/shmhb",
+                    help="where the units read their settings (default /etc/default/shmhb)")
+    sp.set_defaults(func=cmd_units)
 
     sp = sub.add_parser("demo", help="a self-contained tour: kill, hang and restart workers")
     sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")

@@ -1,0 +1,104 @@
+"""``shmhb units``: the written units pass ``systemd-analyze verify`` and name the running
+shmhb, the given user and board; the shipped files are the same template's output."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shmhb import units
+from shmhb.errors import InvalidConfig
+
+from .conftest import ROOT
+
+ME = pwd.getpwuid(os.getuid()).pw_name
+
+
+def run_units(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shmhb", "units", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def directives(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line and not line.startswith(("#", "[")) and "=" in line:
+            k, v = line.split("=", 1)
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def test_units_written_for_this_host(tmp_path: Path) -> None:
+    r = run_units("--out", str(tmp_path / "u"), "--user", ME, "--board", "shmhb-units-test")
+    assert r.returncode == 0, r.stderr
+    d = tmp_path / "u"
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [units.PINGER_UNIT, units.EXPORTER_UNIT, units.ENV_FILE])
+    pinger = directives((d / units.PINGER_UNIT).read_text())
+    exporter = directives((d / units.EXPORTER_UNIT).read_text())
+    env = directives((d / units.ENV_FILE).read_text())
+    exe = pinger["ExecStart"][0].split()[0]
+    assert os.access(exe, os.X_OK), exe
+    # the very interpreter (environment) this test runs in, not a system-wide shmhb
+    assert Path(exe).parent == Path(sys.executable).parent or exe == os.path.abspath(sys.executable)
+    for u in (pinger, exporter):
+        assert u["User"] == [ME]
+        assert u["Environment"][0] == "SHMHB_BOARD=shmhb-units-test"
+        assert int(u["LimitNOFILE"][0]) >= 4096
+        assert "Documentation" not in u  # nothing pip installs to point at
+    assert pinger["Restart"] == ["always"]
+    assert exporter["Restart"] == ["on-failure"]
+    assert "--addr 127.0.0.1" in env["SHMHB_EXPORTER_ARGS"][0]
+    assert env["SHMHB_BOARD"] == ["shmhb-units-test"]
+    assert stat.S_IMODE((d / units.ENV_FILE).stat().st_mode) == 0o600
+    assert "enable --now" in r.stdout and "edit" in r.stdout
+    assert r.stdout.index("edit") < r.stdout.index("enable --now")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_written_units_verify(tmp_path: Path) -> None:
+    r = run_units("--out", str(tmp_path), "--user", ME)
+    assert r.returncode == 0, r.stderr
+    v = subprocess.run(["systemd-analyze", "verify", str(tmp_path / units.PINGER_UNIT),
+                        str(tmp_path / units.EXPORTER_UNIT)],
+                       capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "shmhb" not in v.stderr, v.stderr  # no complaint about our units at all
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_verify_catches_a_missing_executable(tmp_path: Path) -> None:
+    """The verify test can fail: a unit naming a command that does not exist is refused."""
+    s = units.UnitSettings(command=(str(tmp_path / "no-such-shmhb"),), user=ME, group=ME)
+    (tmp_path / units.PINGER_UNIT).write_text(units.pinger_unit(s))
+    v = subprocess.run(["systemd-analyze", "verify", str(tmp_path / units.PINGER_UNIT)],
+                       capture_output=True, text=True, timeout=60)
+    assert v.returncode != 0
+    assert "no-such-shmhb" in v.stderr
+
+
+def test_shipped_files_are_the_template() -> None:
+    shipped = Path(ROOT) / "packaging" / "systemd"
+    for name, text in units.render(units.SHIPPED).items():
+        path = shipped / (name + ".example" if name == units.ENV_FILE else name)
+        assert path.read_text() == text, f"{path} differs from `shmhb units` (regenerate it)"
+
+
+def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
+    r = run_units("--out", str(tmp_path), "--user", "no-such-user-shmhb")
+    assert r.returncode == 2
+    assert "no user 'no-such-user-shmhb'" in r.stderr and "--user" in r.stderr
+    assert not any(tmp_path.iterdir())
+    r = run_units("--out", str(tmp_path), "--board", "a b")
+    assert r.returncode == 2 and "invalid board name" in r.stderr
+    with pytest.raises(InvalidConfig, match="ExecStart"):
+        units.UnitSettings(command=("/opt/my env/bin/shmhb",), user=ME, group=ME)
+    with pytest.raises(InvalidConfig, match="ExecStart"):
+        units.UnitSettings(command=("/opt/%h/shmhb",), user=ME, group=ME)
