@@ -420,10 +420,15 @@ def q3_hang(stack: contextlib.ExitStack, n: int, suspect_s: float = 0.2, dead_s:
             res.suspect_ms.append(((t_s or t) - t0) * 1e3)
         else:
             res.missed += 1
+        # SIGKILL ends a stopped process too (no SIGCONT needed): the victim's parent,
+        # the fork server, ignores SIGCHLD, so the kernel reaps the victim at once and a
+        # later signal to its pid would raise ProcessLookupError (or reach a reused pid).
+        # The pidfd names this very process, whatever happens to the pid.
         pidfd = os.pidfd_open(pid)
-        os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):  # already reaped by its parent
-            os.kill(pid, signal.SIGCONT)
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone (killed by something else): nothing left to end
         select.select([pidfd], [], [], 5.0)  # gone, so its key can be registered again
         os.close(pidfd)
         deadline = time.monotonic() + 5
