@@ -17,14 +17,27 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.console import Console, RenderableType
 from rich.live import Live
-from rich.segment import Segment
 from rich.text import Text
 
 from .board import Board
 from .events import Event, EventLog
 from .status import PeerStatus, SlotStatus, Status
+from .screen import (
+    STATUS_STYLE,
+    Lines,
+    Row,
+    Section,
+    box,
+    choose,
+    columns_that_fit,
+    fit,
+    fmt_age,
+    fmt_rtt,
+    fold,
+    status_text,
+)
 from .view import View, read_view
 
 log = logging.getLogger(__name__)
@@ -33,41 +46,6 @@ log = logging.getLogger(__name__)
 # Text costs a word-split of every line on every frame.
 _NEWLINE = Text("\n", no_wrap=True, overflow="ellipsis")
 _BLANK_LINE = Text("\n\n", no_wrap=True, overflow="ellipsis")
-
-STATUS_STYLE: dict[Status, str] = {
-    Status.ALIVE: "bold green",
-    Status.SUSPECT: "bold yellow",
-    Status.DEAD: "bold red",
-    Status.LEFT: "blue",
-    Status.UNKNOWN: "bold magenta",
-}
-
-
-# -- small pieces -------------------------------------------------------------------------
-
-
-def fmt_age(age_s: float | None) -> str:
-    """An age for people: ``12 ms``, ``3.4 s``, ``2m05s``, ``1h02m``; ``-`` for none."""
-    if age_s is None:
-        return "-"
-    if age_s < 1:
-        return f"{age_s * 1000:.0f} ms"
-    if age_s < 60:
-        return f"{age_s:.1f} s"
-    m, s = divmod(int(age_s), 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m"
-
-
-def fmt_rtt(rtt_ms: float | None) -> str:
-    return "-" if rtt_ms is None else f"{rtt_ms:.2f} ms"
-
-
-def status_text(st: Status) -> Text:
-    return Text(st.value, style=STATUS_STYLE[st])
-
 
 def _counts(slots: Iterable[SlotStatus]) -> Text:
     n: dict[Status, int] = {}
@@ -107,43 +85,59 @@ def agent_line(view: View) -> Text:
 
 
 class Columns:
-    """A light table: fixed columns laid out into one ``Text``.
+    """A light table: fixed columns laid out into one ``Text`` per line.
 
     rich's ``Table`` measures and wraps every cell on every render (tens of ms for a
     full screen); the monitor redraws several times a second, so its tables are plain
-    padded text with styled spans, a few times cheaper and looking alike.
+    padded text with styled spans, a few times cheaper and looking alike.  Given a
+    width, the columns named in ``droppable`` go (in that order) until the table fits,
+    and the title names them: nothing disappears without a word.
     """
 
-    def __init__(self, title: str | None, columns: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, title: str | None, columns: Sequence[tuple[str, str]],
+                 droppable: Sequence[str] = ()) -> None:
         self.title = title
         self.heads = [h for h, _ in columns]
         self.right = [j == "right" for _, j in columns]
+        self.droppable = [self.heads.index(h) for h in droppable if h in self.heads]
         self.rows: list[list[Text]] = []
 
     def add_row(self, *cells: str | Text) -> None:
         self.rows.append([c if isinstance(c, Text) else Text(c) for c in cells])
 
-    def lines(self) -> list[Text]:
-        """Title, header, rule and rows, one ``Text`` per line."""
-        n = len(self.heads)
+    def lines(self, width: int | None = None, rule: bool = True) -> list[Text]:
+        """Title, header, rule and rows, one ``Text`` per line; within ``width`` cells
+        if given (columns dropped as above; a last column still too wide is cut with
+        an ellipsis by whoever fits the line to the screen)."""
         widths = [len(h) for h in self.heads]
         for r in self.rows:
             for k, c in enumerate(r):
                 widths[k] = max(widths[k], c.cell_len)
-        out = [Text(self.title, style="bold")] if self.title else []
+        keep = list(range(len(widths)))
+        if width is not None:
+            keep = columns_that_fit(widths, 3, width, self.droppable)
+        title = self.title
+        hidden = [self.heads[k] for k in range(len(widths)) if k not in keep]
+        if hidden:
+            title = f"{title or ''}  ({', '.join(hidden)} hidden: too narrow)".strip()
+        out = [Text(title, style="bold")] if title else []
+        last = keep[-1]
         head = []
-        for k, h in enumerate(self.heads):
-            head.append(h.rjust(widths[k]) if self.right[k] else (h if k == n - 1 else h.ljust(widths[k])))
+        for k in keep:
+            h = self.heads[k]
+            head.append(h.rjust(widths[k]) if self.right[k] else (h if k == last else h.ljust(widths[k])))
         out.append(Text("   ".join(head), style="bold"))
-        out.append(Text("\u2500" * (sum(widths) + 3 * (n - 1)), style="dim"))
+        if rule:
+            out.append(Text("\u2500" * (sum(widths[k] for k in keep) + 3 * (len(keep) - 1)), style="dim"))
         for r in self.rows:
             line = Text()
-            for k, c in enumerate(r):
+            for k in keep:
+                c = r[k]
                 pad = " " * (widths[k] - c.cell_len)
                 if self.right[k]:
                     line.append(pad)
                 line.append_text(c)
-                if k < n - 1:
+                if k != last:
                     line.append(("" if self.right[k] else pad) + "   ")
             out.append(line)
         return out
@@ -152,16 +146,42 @@ class Columns:
         return _NEWLINE.join(self.lines())
 
 
+# Unhealthy first in the live view: what an operator must see when rows do not fit.
+URGENCY: dict[Status, int] = {Status.DEAD: 0, Status.SUSPECT: 1, Status.UNKNOWN: 2}
+_CALM = len(URGENCY)
+LOCAL_COLUMNS = [("KEY", "left"), ("STATUS", "left"), ("PID", "right"), ("INC", "right"),
+                 ("AGE", "right"), ("ENDPOINTS", "left")]
+# A remote worker's row carries no age of its own beat: the board keeps when its host's
+# report (ack or push) last covered it, so that is what SEEN shows, for hosts and workers.
+REMOTE_COLUMNS = [("HOST / KEY", "left"), ("STATUS", "left"), ("PID", "right"), ("INC", "right"),
+                  ("SEEN", "right"), ("RTT", "right"), ("ENDPOINTS", "left")]
+DROPPABLE = ("INC", "PID", "RTT")  # what goes first on a narrow screen
+REMOTE_TITLE = "remote hosts (SEEN: since the host's last report)"
+
+
+def _local_cells(s: SlotStatus) -> list[Text]:
+    return [Text(s.key), status_text(s.status), Text(str(s.pid)), Text(str(s.incarnation)),
+            Text(fmt_age(s.age_s)), Text(", ".join(s.endpoints))]
+
+
+def _host_cells(p: PeerStatus) -> list[Text]:
+    return [Text(f"@{p.address}", style="bold"), status_text(p.status), Text(""), Text(""),
+            Text(fmt_age(p.age_s)), Text(fmt_rtt(p.rtt_ms)), Text(_workers(len(p.slots)), style="dim")]
+
+
+def _remote_cells(s: SlotStatus) -> list[Text]:
+    return [Text(f"  {s.key}"), status_text(s.status), Text(str(s.pid)), Text(str(s.incarnation)),
+            Text(fmt_age(s.age_s)), Text(""), Text(", ".join(s.endpoints))]
+
+
 def local_lines(view: View) -> list[Text]:
     """The local slots: key, status (coloured), pid, incarnation, age, endpoints."""
     title = f"local workers on board {view.board or '?'}"
     if not view.slots:
         return [Text(title, style="bold"), Text("no worker has registered", style="dim")]
-    t = Columns(title, [("KEY", "left"), ("STATUS", "left"), ("PID", "right"),
-                        ("INC", "right"), ("AGE", "right"), ("ENDPOINTS", "left")])
+    t = Columns(title, LOCAL_COLUMNS)
     for s in view.slots:
-        t.add_row(s.key, status_text(s.status), str(s.pid), str(s.incarnation),
-                  fmt_age(s.age_s), ", ".join(s.endpoints))
+        t.add_row(*_local_cells(s))
     return t.lines()
 
 
@@ -181,15 +201,11 @@ def remote_lines(peers: Sequence[PeerStatus]) -> list[Text]:
     """The remote hosts this host's pinger follows, each followed by its workers."""
     if not peers:
         return [Text("remote hosts: none followed", style="dim")]
-    t = Columns("remote hosts", [
-        ("HOST / KEY", "left"), ("STATUS", "left"), ("PID", "right"), ("INC", "right"),
-        ("AGE", "right"), ("RTT", "right"), ("ENDPOINTS", "left")])
+    t = Columns(REMOTE_TITLE, REMOTE_COLUMNS)
     for p in peers:
-        t.add_row(Text(f"@{p.address}", style="bold"), status_text(p.status), "", "",
-                  fmt_age(p.age_s), fmt_rtt(p.rtt_ms), Text(_workers(len(p.slots)), style="dim"))
+        t.add_row(*_host_cells(p))
         for s in p.slots:
-            t.add_row(f"  {s.key}", status_text(s.status), str(s.pid), str(s.incarnation),
-                      fmt_age(s.age_s), "", ", ".join(s.endpoints))
+            t.add_row(*_remote_cells(s))
     return t.lines()
 
 
@@ -207,8 +223,78 @@ def print_status(view: View, console: Console | None = None) -> None:
 # -- the live view -------------------------------------------------------------------------
 
 
-def pinger_lines(view: View) -> list[Text]:
-    """The agent role and the pinger's counters: holder, lateness, bad frames."""
+def _urgency(st: Status) -> int:
+    return URGENCY.get(st, _CALM)
+
+
+def local_section(view: View) -> tuple[Section, list[Status]]:
+    """The local rows, unhealthy first (dead, suspect, unknown), the rest in key order."""
+    slots = sorted(view.slots, key=lambda s: _urgency(s.status))  # stable: keeps key order
+    rows = [Row(_local_cells(s), _urgency(s.status)) for s in slots]
+    return Section(rows), [s.status for s in slots]
+
+
+def remote_section(peers: Sequence[PeerStatus]) -> tuple[Section, list[Status]]:
+    """Hosts with anything unhealthy first, each followed by its workers (unhealthy
+    first); a worker row needs its host row above it."""
+    rows: list[Row] = []
+    sts: list[Status] = []
+    for p in sorted(peers, key=lambda p: min([_urgency(p.status), *(_urgency(s.status) for s in p.slots)])):
+        h = len(rows)
+        rows.append(Row(_host_cells(p), _urgency(p.status)))
+        sts.append(p.status)
+        for s in sorted(p.slots, key=lambda s: _urgency(s.status)):
+            rows.append(Row(_remote_cells(s), _urgency(s.status), parent=h))
+            sts.append(s.status)
+    return Section(rows), sts
+
+
+def _more(hidden: Sequence[Status], what: str) -> Text:
+    n: dict[Status, int] = {}
+    for st in hidden:
+        n[st] = n.get(st, 0) + 1
+    t = Text(f"+{len(hidden)} more {what}: ", style="bold")
+    t.append(", ".join(f"{c} {st.value}" for st, c in sorted(n.items(), key=lambda kv: _urgency(kv[0]))))
+    t.append("  (`shmhb status` lists all)", style="dim")
+    return t
+
+
+def worker_lines(view: View, width: int, budget: int, rule: bool = True) -> list[Text]:
+    """The local and remote tables in at most ``budget`` lines of ``width`` cells:
+    unhealthy rows are chosen first, rows that do not fit are counted on a ``+N more``
+    line, columns that do not fit are named in the title."""
+    loc, loc_st = local_section(view)
+    rem, rem_st = remote_section(view.peers)
+    fixed = 2 + (1 if rule else 0)
+    loc.fixed_lines = fixed if view.slots else 2
+    rem.fixed_lines = (fixed if view.peers else 1) + 1  # + the blank line between the tables
+    picked = choose([loc, rem], budget)
+    out: list[Text] = []
+    if not view.slots:
+        out += local_lines(view)
+    else:
+        t = Columns(f"local workers on board {view.board or '?'}", LOCAL_COLUMNS, DROPPABLE)
+        for i in picked[0]:
+            t.add_row(*loc.rows[i].cells)
+        out += t.lines(width, rule)
+        hidden = [loc_st[i] for i in range(len(loc.rows)) if i not in set(picked[0])]
+        if hidden:
+            out.append(_more(hidden, "local"))
+    out.append(Text())
+    if not view.peers:
+        out += remote_lines(view.peers)
+    else:
+        t = Columns(REMOTE_TITLE, REMOTE_COLUMNS, DROPPABLE)
+        for i in picked[1]:
+            t.add_row(*rem.rows[i].cells)
+        out += t.lines(width, rule)
+        hidden = [rem_st[i] for i in range(len(rem.rows)) if i not in set(picked[1])]
+        if hidden:
+            out.append(_more(hidden, "remote rows"))
+    return out
+
+
+def _pinger_rows(view: View) -> list[tuple[str, str | Text]]:
     a = view.agent
     st = view.stats
     rows: list[tuple[str, str | Text]] = []
@@ -228,12 +314,28 @@ def pinger_lines(view: View) -> list[Text]:
     total = sum(bad.values())
     rows.append(("bad frames", Text(str(total), style="bold red" if total else "")))
     rows.extend((f"  {reason}", Text(str(n), style="red")) for reason, n in bad.items() if n)
+    return rows
+
+
+def pinger_lines(view: View) -> list[Text]:
+    """The agent role and the pinger's counters: holder, lateness, bad frames."""
+    rows = _pinger_rows(view)
     w = max(len(k) for k, _ in rows)
     out = []
     for k, v in rows:
         line = Text(k.ljust(w) + " ", style="dim")
         line.append_text(v if isinstance(v, Text) else Text(v))
         out.append(line)
+    return out
+
+
+def pinger_chips(view: View) -> list[Text]:
+    """The same counters as short "name value" pieces, to fold into a few lines."""
+    out = []
+    for k, v in _pinger_rows(view):
+        chip = Text(k.strip() + " ", style="dim")
+        chip.append_text(v if isinstance(v, Text) else Text(v))
+        out.append(chip)
     return out
 
 
@@ -255,81 +357,50 @@ def _header(view: View, refresh_hz: float) -> Text:
     return t
 
 
-def _fit(line: Text, width: int) -> Text:
-    """``line`` cut or padded to exactly ``width`` cells."""
-    out = line.copy()
-    out.truncate(width, overflow="ellipsis", pad=True)
-    return out
-
-
-def _box(title: str, lines: Sequence[Text], width: int, height: int) -> list[Text]:
-    """``lines`` in a rounded box of ``width`` x ``height`` cells (the last lines kept
-    when they do not fit: for events, the newest)."""
-    inner = max(1, width - 4)
-    room = max(0, height - 2)
-    top = Text("\u256d\u2500 ", style="dim")
-    top.append(title, style="bold")
-    top.append(" " + "\u2500" * max(0, width - len(title) - 5) + "\u256e", style="dim")
-    out = [_fit(top, width)]
-    shown = list(lines[-room:]) if room else []
-    shown += [Text()] * (room - len(shown))
-    for ln in shown:
-        row = Text("\u2502 ", style="dim")
-        row.append_text(_fit(ln, inner))
-        row.append(" \u2502", style="dim")
-        out.append(row)
-    out.append(Text("\u2570" + "\u2500" * max(0, width - 2) + "\u256f", style="dim"))
-    return out
-
-
 EVENTS_MIN_ROWS = 6
+EVENTS_MIN_ROWS_SMALL = 3
+SMALL_HEIGHT = 30  # below: no rules under table headers, fewer event rows
 PINGER_WIDTH = 34
+WIDE = 120  # from here the pinger box stands beside the tables; narrower, it folds below
 
 
 def monitor_renderable(view: View, events: Iterable[Event], refresh_hz: float = 4.0,
                        height: int = 40, width: int = 120) -> Lines:
     """The whole live screen for one frame, exactly ``height`` lines of ``width`` cells.
 
-    Composed line by line (left: local and remote tables; right: the pinger box;
-    below: the events box, newest last) instead of with rich's Layout: the monitor
-    redraws several times a second and this costs a fraction of it.  The workers' area
-    gets the rows it needs, up to the screen less the header and a few event lines.
+    Composed line by line (header and agent line; the tables with, on a wide screen,
+    the pinger box beside them, or else the pinger's counters folded into a box below
+    them; the events box, newest last) instead of with rich's Layout: the monitor
+    redraws several times a second and this costs a fraction of it.  The tables get
+    the lines they need up to what the other parts leave (see ``worker_lines``).
     """
-    right_w = PINGER_WIDTH if width >= 90 else 0  # narrower: the pinger box goes below
+    small = height < SMALL_HEIGHT
+    right_w = PINGER_WIDTH if width >= WIDE else 0
     left_w = width - right_w - (1 if right_w else 0)
-    left = local_lines(view) + [Text()] + remote_lines(view.peers)
-    pinger = pinger_lines(view)
+    below: list[Text] = []
     if not right_w:
-        left += [Text()] + _box("pinger", pinger, width, len(pinger) + 2)
+        folded = fold(pinger_chips(view), width - 4)
+        below = box("pinger", folded, width, len(folded) + 2)
+    ev_rows = EVENTS_MIN_ROWS_SMALL if small else EVENTS_MIN_ROWS
+    budget = max(1, height - 2 - len(below) - (ev_rows + 2))
+    left = worker_lines(view, left_w, budget, rule=not small)
+    pinger = pinger_lines(view)
     body_h = max(len(left), len(pinger) + 2 if right_w else 0)
-    body_h = max(1, min(body_h, height - 2 - EVENTS_MIN_ROWS))
-    right = _box("pinger", pinger, right_w, body_h) if right_w else []
-    lines = [_fit(_header(view, refresh_hz), width), _fit(agent_line(view), width)]
+    body_h = max(1, min(body_h, budget))
+    right = box("pinger", pinger, right_w, body_h) if right_w else []
+    lines = [fit(_header(view, refresh_hz), width), fit(agent_line(view), width)]
     for i in range(body_h):
-        row = _fit(left[i] if i < len(left) else Text(), left_w)
+        row = fit(left[i] if i < len(left) else Text(), left_w)
         if right_w:
             row.append(" ")
             row.append_text(right[i] if i < len(right) else Text(" " * right_w))
         lines.append(row)
+    lines += below
     ev = [event_text(e) for e in events]
     if not ev:
         ev = [Text("no events yet", style="dim")]
-    lines += _box("events", ev, width, max(2, height - len(lines)))
+    lines += box("events", ev, width, max(2, height - len(lines)))
     return Lines(lines[:height])
-
-
-class Lines:
-    """Ready-made lines, rendered as they are: no wrapping, no measuring (each line was
-    fitted to the screen width already)."""
-
-    def __init__(self, lines: Sequence[Text]) -> None:
-        self.lines = lines
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        nl = Segment.line()
-        for ln in self.lines:
-            yield from ln.render(console)
-            yield nl
 
 
 def run_monitor(board: Board, *, refresh_hz: float = 4.0, console: Console | None = None,

@@ -292,3 +292,102 @@ def test_monitor_in_a_real_terminal(board: shmhb.Board, procs: Procs, local_agen
                    timeout_s=20, poll_s=0.05, what="the monitor to exit on Ctrl-C")
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
+
+
+# -- small terminals ---------------------------------------------------------------------------
+
+
+def _real_incarnations(v: View) -> View:
+    """The synthetic view with 16-digit incarnations, as boards make them."""
+    return View(v.t, tuple(s._replace(incarnation=1796053474000001 + s.incarnation) for s in v.slots),
+                v.agent, v.peers, v.board, v.agent_held, v.stats, v.lateness_ms)
+
+
+@pytest.mark.parametrize("width,height", [(80, 24), (100, 30)])
+def test_small_terminal_shows_unhealthy_first_and_counts_the_rest(width: int, height: int) -> None:
+    v = _real_incarnations(synthetic_view())
+    log = EventLog()
+    log.update(View(v.t - 1, board="shmhb-x"))
+    log.update(v)
+    c = capture(width=width, height=height)
+    c.print(monitor_renderable(v, log.recent, 4.0, height, width))
+    lines = c.export_text().splitlines()
+    assert len(lines) == height and max(len(ln) for ln in lines) <= width
+    rows = [ln.split()[:2] for ln in lines if ln.startswith("rank-")]
+    shown = [st for _, st in rows]
+    # every row shown before the first healthy one is unhealthy, dead before suspect
+    assert shown and shown[0] == "dead"
+    assert shown == sorted(shown, key=["dead", "suspect", "alive", "left"].index) or \
+        all(st in ("dead", "suspect") for st in shown)
+    more = [ln for ln in lines if ln.startswith("+") and "more local" in ln]
+    assert len(more) == 1
+    hidden = int(more[0].split()[0][1:])
+    assert hidden + len(rows) == 16  # nothing vanishes uncounted
+    # the remote dead worker is shown, under its host
+    i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("decode-1"))
+    assert " dead " in lines[i] and lines[i - 1].startswith("@10.0.0.2:45645")
+    # the pinger panel is folded, not gone; the remote age column says what it is
+    assert any("pinger" in ln and ln.startswith("\u256d") for ln in lines)
+    assert any("deaths seen 7" in ln for ln in lines) and any("SEEN" in ln for ln in lines)
+    assert any(ln.startswith("\u256d\u2500 events") for ln in lines)
+
+
+def test_a_too_narrow_table_names_the_columns_it_hides() -> None:
+    v = _real_incarnations(synthetic_view())
+    c = capture(width=60, height=40)
+    c.print(monitor_renderable(v, [], 4.0, 40, 60))
+    out = c.export_text()
+    assert "(INC hidden: too narrow)" in out
+    assert "1796053474" not in out and "10.0.0.1:30002" in out
+
+
+_MANY = """
+import signal, sys, shmhb
+b = shmhb.Board.attach(sys.argv[1])
+hbs = [b.register(f"rank-{i:02d}", agent=False).start(0.05) for i in range(int(sys.argv[2]))]
+print("ready", flush=True)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+signal.pause()
+"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_monitor_at_80x24_shows_dead_rows_first_and_more_line(board: shmhb.Board, procs: Procs,
+                                                               local_agent: Agent) -> None:
+    """A real monitor in an 80x24 tmux pane: 12 healthy workers and two that get killed;
+    the victims' keys sort last, so only unhealthy-first puts them on screen."""
+    procs.python(_MANY, board.name, "12")
+    victims = [procs.worker(board.name, f"zz-victim-{k}") for k in range(2)]
+    sock = f"shmhb-test-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-L", sock]
+    cmd = (f"env PYTHONPATH={ROOT} TERM=xterm-256color {sys.executable} -m shmhb monitor "
+           f"--board {board.name} --refresh-hz 10")
+
+    def pane() -> list[str]:
+        r = subprocess.run(tmux + ["capture-pane", "-p", "-t", "mon"], capture_output=True,
+                           text=True, timeout=30)
+        return r.stdout.splitlines()
+
+    try:
+        subprocess.run(tmux + ["-f", "/dev/null", "new-session", "-d", "-s", "mon", "-x", "80",
+                               "-y", "24", cmd], check=True, timeout=30)
+        wait_until(lambda: any("more local" in ln for ln in pane()), timeout_s=30, poll_s=0.05,
+                   what="the +N more line")
+        assert not any(ln.startswith("zz-victim") for ln in pane())  # healthy, sorted last: hidden
+        for v in victims:
+            v.kill()
+
+        def victims_dead_on_top() -> bool:
+            rows = [ln for ln in pane() if ln.startswith(("rank-", "zz-victim"))]
+            return len(rows) >= 2 and all(r.startswith("zz-victim") and " dead " in r for r in rows[:2])
+
+        wait_until(victims_dead_on_top, timeout_s=20, poll_s=0.05, what="both victims dead, on top")
+        screen = pane()
+        more = next(ln for ln in screen if "more local" in ln)
+        shown = sum(1 for ln in screen if ln.startswith(("rank-", "zz-victim")))
+        assert int(more.split()[0].lstrip("+")) + shown == 14, screen
+        assert any(ln.startswith("\u256d\u2500 pinger") for ln in screen), screen
+        assert any(ln.startswith("\u256d\u2500 events") for ln in screen), screen
+        assert max(len(ln) for ln in screen) <= 80
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
