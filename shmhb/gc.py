@@ -43,7 +43,7 @@ from .errors import (
     ShmhbError,
     StaleBoard,
 )
-from .layout import LOCK_REGISTRY, MAGIC
+from .layout import HEADER_BYTES, LOCK_REGISTRY, MAGIC
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class BoardFile:
     size: int
     uid: int
     file_id: FileId
-    state: str  # ok | stale | other-version | corrupt | busy | no-permission | not-a-board
+    state: str  # ok | stale | other-version | corrupt | busy | no-permission | unfinished | not-a-board
     detail: str = ""
     users: list[int] = field(default_factory=list)
     locked: bool = False
@@ -85,11 +85,15 @@ class BoardFile:
 
     @property
     def removable(self) -> bool:
-        return not self.in_use and self.state != "not-a-board"
+        return not self.in_use and self.state not in ("not-a-board", "unfinished")
 
     def why_kept(self) -> str:
         if self.state == "not-a-board":
             return "not a board"
+        if self.state == "unfinished":
+            # What `shmhb status` says of the same segment (segment.Segment.attach).
+            return (f"unfinished board or not a board: `shmhb pinger --board {self.name}` (or any "
+                    f"worker's Board.open) recovers a board; if nothing uses it, rm {shm_path(self.name)}")
         bits = []
         if self.users:
             bits.append("used by pid " + ",".join(map(str, self.users)))
@@ -113,6 +117,19 @@ def _has_magic(path: str) -> bool:
     except OSError as e:
         log.debug("cannot read %s: %s", path, e)
         return False
+
+
+def _empty_header(path: str) -> bool:
+    """An all-zero header (or an empty file): what a board's creator leaves when it dies
+    before writing the magic, and also what any freshly made foreign segment looks like;
+    gc cannot tell the two apart, so it never removes such a file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError as e:
+        log.debug("cannot read %s: %s", path, e)
+        return False
+    return head.count(0) == len(head)
 
 
 def _describe(name: str) -> tuple[str, str]:
@@ -165,6 +182,8 @@ def list_boards(names: Sequence[str] | None = None) -> list[BoardFile]:
             continue
         if _has_magic(shm_path(name)):
             state, detail = _describe(name)
+        elif _empty_header(shm_path(name)):
+            state, detail = "unfinished", "empty header: a board its creator never finished?"
         else:
             state, detail = "not-a-board", "no board magic"
         if state == "gone":

@@ -137,7 +137,8 @@ class Segment:
                 if time.monotonic() >= deadline:
                     raise StaleBoard(
                         f"board {name!r} was never finished by its creator (it crashed?): "
-                        "Board.open recovers it, or remove it with `shmhb gc`"
+                        f"`shmhb pinger --board {name}` (or any worker's Board.open) recovers "
+                        f"it; if nothing uses it, rm /dev/shm/{name}"
                     )
                 time.sleep(0.005)
         except BaseException:

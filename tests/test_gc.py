@@ -146,12 +146,44 @@ def test_stale_and_foreign_segments(names: list[str]) -> None:
     names.append(foreign)
     shm = posix_ipc.SharedMemory("/" + foreign, flags=posix_ipc.O_CREX, mode=0o600, size=8192)
     os.close(shm.fd)
-    got = {b.name: b for b in gc.list_boards([stale, foreign])}
+    with open(f"/dev/shm/{foreign}", "r+b") as f:
+        f.write(b"not a board at all")
+    zeros = f"shmhb-test-gc-zeros-{os.urandom(4).hex()}"
+    names.append(zeros)
+    shm = posix_ipc.SharedMemory("/" + zeros, flags=posix_ipc.O_CREX, mode=0o600, size=8192)
+    os.close(shm.fd)
+    got = {b.name: b for b in gc.list_boards([stale, foreign, zeros])}
     assert got[stale].state == "stale" and got[stale].removable
     assert got[foreign].state == "not-a-board" and not got[foreign].removable
-    out = gc_cli("--yes", stale, foreign)
+    # all zeros: a board whose creator died before writing its header, or anything else
+    # freshly made: never removed, and described the way `shmhb status` describes it
+    assert got[zeros].state == "unfinished" and not got[zeros].removable
+    out = gc_cli("--yes", stale, foreign, zeros)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert not exists(stale) and exists(foreign)
+    assert not exists(stale) and exists(foreign) and exists(zeros)
+    assert "unfinished board or not a board" in out.stdout
+
+
+def test_gc_and_status_agree_on_a_half_made_board(names: list[str]) -> None:
+    """A segment of board size whose header was never written: `status` and `gc` give the
+    same advice (recover it by opening it, or rm it when unused) instead of `status`
+    sending the user to a `gc` that refuses it."""
+    name = f"shmhb-test-gc-half-{os.urandom(4).hex()}"
+    names.append(name)
+    shm = posix_ipc.SharedMemory("/" + name, flags=posix_ipc.O_CREX, mode=0o600, size=3 * L.HEADER_BYTES)
+    os.close(shm.fd)
+    st = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", name],
+                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert st.returncode != 0
+    assert "never finished" in st.stderr and "shmhb gc" not in st.stderr
+    assert f"shmhb pinger --board {name}" in st.stderr and f"rm /dev/shm/{name}" in st.stderr
+    got = gc.list_boards([name])
+    assert len(got) == 1 and got[0].state == "unfinished" and not got[0].removable
+    why = got[0].why_kept()
+    assert f"shmhb pinger --board {name}" in why and f"rm /dev/shm/{name}" in why
+    # and the advice works: opening the board recovers it
+    shmhb.Board.open(name).close()
+    assert gc.list_boards([name])[0].state == "ok"
 
 
 def test_scanning_all_of_dev_shm_finds_boards_by_their_magic(names: list[str]) -> None:
