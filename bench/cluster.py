@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import shmhb
 from shmhb.pingplan import DEFAULT_BUDGET_PPS, host_interval_ns
+from shmhb.loopback import loopback_addrs
 from shmhb.status import Status
 
 from . import push as push_bench
@@ -283,7 +284,7 @@ class ShmhbCluster:
 
     def __init__(self, st: contextlib.ExitStack, H: int, R: int, port: int) -> None:
         self.H, self.R = H, R
-        self.addrs = [f"127.0.0.{2 + h}" for h in range(H)]
+        self.addrs = loopback_addrs(H)
         self.names = [board_name(f"c{H}x{R}-h{h}") for h in range(H)]
         self.pingers = [start_pinger(st, self.names[h], f"{self.addrs[h]}:{port}", SHMHB_INTERVAL_S)
                         for h in range(H)]
@@ -390,7 +391,7 @@ def run_shape(H: int, R: int, *, window_s: float, subwindows: int, sh_kills: int
     together would overload the machine."""
     res = ShapeResult(H, R, concurrent=concurrent)
     load0 = stats.loadavg()
-    addrs = [f"127.0.0.{2 + h}" for h in range(H)]
+    addrs = loopback_addrs(H)
     ps = free_port(addrs, rng=rng)
     pb = ps
     while ps in range(pb, pb + R):
@@ -558,7 +559,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
     res = CpuResult(hosts=hosts, windows={m: [] for m in CPU_MODES},
                     interval_s=emulated_interval_s(hosts))
     with contextlib.ExitStack() as st:
-        me = "127.0.0.2"
+        me = loopback_addrs(1)[0]
         emu_addrs = [emulated_address(i) for i in range(hosts)]
         port = free_port([me, *emu_addrs], rng=rng)
         name = board_name(f"cpu{hosts}")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import zmq
 
 from shmhb.protocol import PUSH
+from shmhb.loopback import loopback_addrs
 
 from . import stats
 from .harness import (
@@ -119,7 +120,7 @@ class PushResult:
 
 def run(stack: contextlib.ExitStack, kills: int, log=print) -> PushResult:  # type: ignore[no-untyped-def]
     rng = random.Random()
-    a1, b1, a2, b2, relay_addr = (f"127.0.0.{i}" for i in (2, 3, 4, 5, 6))
+    a1, b1, a2, b2, relay_addr = loopback_addrs(5)
     port = free_port([a1, b1, a2, b2, relay_addr], rng=rng)
     names = {h: board_name(f"push-{h}") for h in ("a1", "b1", "a2", "b2")}
     addr = {"a1": a1, "b1": b1, "a2": a2, "b2": b2}

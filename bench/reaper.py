@@ -34,6 +34,7 @@ from typing import Any
 
 import shmhb
 from shmhb import LinkReaper, Status
+from shmhb.loopback import loopback_addrs
 
 from . import stats
 from .stats import Summary, Variant
@@ -42,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET_US = 20.0
 WORKERS, PER = 125, 8  # 1,000 links
 LONG = shmhb.Policy(suspect_after_s=600.0, dead_after_s=1200.0)  # nothing goes stale by itself
-IPS = ("127.0.0.2", "127.0.0.3")
+IPS = tuple(loopback_addrs(2))  # $SHMHB_LOOPBACK_BASE moves them
 
 
 @dataclass
@@ -76,7 +77,7 @@ def free_port() -> int:
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError("no free port on 127.0.0.2/127.0.0.3")
+    raise RuntimeError(f"no free port on {IPS[0]}/{IPS[1]}")
 
 
 def wait(pred: Any, timeout_s: float, what: str) -> Any:

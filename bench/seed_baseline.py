@@ -78,12 +78,13 @@ from dataclasses import dataclass
 import posix_ipc
 import zmq
 
+from shmhb.loopback import loopback_addrs
+
 HEARTBEAT_MSG = b"heartbeat"
 HEARTBEAT_ACK = b"heartbeat_ack"
 POLL_INTERVAL_S = 1.0
 TIMEOUT_S = 1.0
 PURGE_INTERVAL_S = 60.0
-FIRST_IP = 2  # host h listens on 127.0.0.(FIRST_IP + h)
 
 # The shared table: one row of float64 per rank (counts stay exact below 2**53).
 PID, READY, SENT, ACKS, ANSWERED, SEND_ERR, TIMEOUTS, LATE, ROUNDS, WATCH, DEAD_T, LAST_T, \
@@ -93,7 +94,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def host_addr(h: int) -> str:
-    return f"127.0.0.{FIRST_IP + h}"
+    """Host h's loopback address: $SHMHB_LOOPBACK_BASE (default 127.0.0.2) + h."""
+    return loopback_addrs(h + 1)[h]
 
 
 def table_bytes(nranks: int) -> int:

@@ -5,7 +5,7 @@
 Two "hosts" on loopback addresses (Linux: all of 127/8 is loopback), each with its own
 board and its own ``shmhb pinger``:
 
-* the **decode engine** on 127.0.0.3: a few ranks (processes).  Each registers on the
+* the **decode engine** on 127.0.0.3 (``--base-addr`` / ``$SHMHB_LOOPBACK_BASE`` move both hosts): a few ranks (processes).  Each registers on the
   decode board with its side-channel endpoint and serves its KV metadata there over ZMQ
   (a ROUTER answering a handshake with engine id, rank, KV base address, incarnation),
   and answers transfer requests (a stand-in for the KV read/write itself);
@@ -48,7 +48,11 @@ except ImportError:
     sys.exit("shmhb is not importable: `pip install .` first, or run "
              "`PYTHONPATH=. python examples/pd_disagg.py` from the repository root")
 
-PREFILL_IP, DECODE_IP = "127.0.0.2", "127.0.0.3"
+from shmhb.loopback import loopback_addrs, set_base  # noqa: E402
+
+# host addresses: $SHMHB_LOOPBACK_BASE (default 127.0.0.2) and the next; the rank
+# processes inherit the variable, so every process agrees.
+PREFILL_IP, DECODE_IP = loopback_addrs(2)
 HANDSHAKE_TIMEOUT_S = 0.5
 TRANSFER_TIMEOUT_S = 5.0
 #: A kill is seen through a pidfd on the decode host and pushed to the prefill host at
@@ -261,7 +265,7 @@ def _free_ports(n: int) -> int:
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError("no free ports on 127.0.0.2/127.0.0.3")
+    raise RuntimeError(f"no free ports on {PREFILL_IP}/{DECODE_IP}")
 
 
 class Orchestrator:
@@ -508,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer ranks, no pause (for tests)")
+    ap.add_argument("--base-addr", default=None, metavar="ADDR",
+                    help="the prefill host's loopback address; decode gets the next (default: "
+                         "$SHMHB_LOOPBACK_BASE or 127.0.0.2)")
     ap.add_argument("--role", choices=("decode", "prefill"), help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--board", help=argparse.SUPPRESS)
@@ -517,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause-s", type=float, default=0.2, help=argparse.SUPPRESS)
     ap.add_argument("--decode", nargs="*", default=[], help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.base_addr is not None:
+        global PREFILL_IP, DECODE_IP
+        set_base(a.base_addr)  # validated; exported to the rank processes
+        PREFILL_IP, DECODE_IP = loopback_addrs(2)
     if a.role == "decode":
         return decode_rank(a)
     if a.role == "prefill":

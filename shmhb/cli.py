@@ -214,7 +214,7 @@ def cmd_units(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    return run_demo(quick=args.quick)
+    return run_demo(quick=args.quick, base_addr=args.base_addr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="a self-contained tour: kill, hang and restart workers")
     sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")
+    sp.add_argument("--base-addr", default=None, metavar="ADDR",
+                    help="host A's loopback address, B gets the next (default: "
+                         "$SHMHB_LOOPBACK_BASE or 127.0.0.2; must be in 127.0.0.0/8)")
     sp.set_defaults(func=cmd_demo)
     return p
 

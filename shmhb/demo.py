@@ -1,6 +1,7 @@
 """``shmhb demo``: the whole system on one machine, for a new user.
 
-Two simulated hosts on loopback (127.0.0.2 and 127.0.0.3), each with its own board, its
+Two simulated hosts on loopback (127.0.0.2 and 127.0.0.3 by default; ``--base-addr`` or
+``$SHMHB_LOOPBACK_BASE`` moves them, see ``shmhb.loopback``), each with its own board, its
 own ``shmhb pinger`` and a few worker processes; each host follows the other's workers.
 On each side the demo kills a worker (SIGKILL), hangs one (SIGSTOP, later SIGCONT) and
 restarts one, and reports when each host's board saw it.  On a terminal it shows host
@@ -24,6 +25,7 @@ from collections.abc import Callable
 
 from .board import Board
 from .config import Policy
+from .loopback import loopback_addrs
 from .status import SlotStatus, Status
 
 _PR_SET_PDEATHSIG = 1
@@ -120,16 +122,17 @@ class Host:
 
 
 class Demo:
-    def __init__(self, quick: bool, live: bool) -> None:
+    def __init__(self, quick: bool, live: bool, base_addr: str | None = None) -> None:
         self.live = live
         self.lines: list[str] = []
         self.t0 = time.monotonic()
         pol = Policy(suspect_after_s=0.5 if quick else 1.0, dead_after_s=1.5 if quick else 3.0,
                      peer_suspect_after_s=1.0, peer_dead_after_s=3.0)
-        port = _free_port("127.0.0.2", "127.0.0.3")
+        ip_a, ip_b = loopback_addrs(2, base_addr)
+        port = _free_port(ip_a, ip_b)
         self.hosts: list[Host] = []
-        self.a = self._host("A", "127.0.0.2", port, pol)
-        self.b = self._host("B", "127.0.0.3", port, pol)
+        self.a = self._host("A", ip_a, port, pol)
+        self.b = self._host("B", ip_b, port, pol)
 
     def _host(self, label: str, ip: str, port: int, pol: Policy) -> Host:
         h = Host(self, label, ip, port, pol)
@@ -199,8 +202,12 @@ class Demo:
             h.proc(2).wait()
             self.both(h, 2, lambda s: s.status is Status.LEFT, time.monotonic())
             h.spawn(2)
-            self.both(h, 2, lambda s, old=old: s.incarnation != old.incarnation
-                      and s.status is Status.ALIVE, time.monotonic())
+            old_inc = old.incarnation
+
+            def restarted(s: SlotStatus) -> bool:
+                return s.incarnation != old_inc and s.status is Status.ALIVE
+
+            self.both(h, 2, restarted, time.monotonic())
             self.say(f"  links made with incarnation {old.incarnation} are stale now")
         for h in self.hosts:
             self.say(f"host {h.label}'s board:")
@@ -216,12 +223,12 @@ class Demo:
         self.say("cleaned up: no process and no segment left")
 
 
-def run_demo(quick: bool = False, live: bool | None = None) -> int:
+def run_demo(quick: bool = False, live: bool | None = None, base_addr: str | None = None) -> int:
     """Run the tour; ``live``: show host A's live view meanwhile (default: on a terminal
-    and not quick)."""
+    and not quick); ``base_addr``: host A's loopback address (B gets the next one)."""
     if live is None:
         live = sys.stdout.isatty() and not quick
-    demo = Demo(quick, live)
+    demo = Demo(quick, live, base_addr)
     stop = threading.Event()
     mon: threading.Thread | None = None
     if live:
