@@ -1,0 +1,115 @@
+"""The Kubernetes examples (packaging/kubernetes/, docs/KUBERNETES.md) parse and hold
+the fields the guide relies on: /dev/shm shared, one uid, the secret's mode, the
+pinger's addresses, the exporter's port scraped by the ServiceMonitor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")  # PyYAML: part of the test extra
+
+from .conftest import ROOT  # noqa: E402
+
+K8S = Path(ROOT) / "packaging" / "kubernetes"
+DOC = Path(ROOT) / "docs" / "KUBERNETES.md"
+
+
+def docs() -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for p in sorted(K8S.glob("*.yaml")):
+        out[p.name] = [d for d in yaml.safe_load_all(p.read_text()) if d]
+    return out
+
+
+def pod_spec(d: dict[str, Any]) -> dict[str, Any]:
+    spec = d["spec"]
+    return spec["template"]["spec"] if "template" in spec else spec  # type: ignore[no-any-return]
+
+
+def uses_board(c: dict[str, Any]) -> bool:
+    return any(e.get("name") == "SHMHB_BOARD" for e in c.get("env", []))
+
+
+def test_every_manifest_parses_and_is_in_the_guide() -> None:
+    got = docs()
+    assert set(got) == {"pinger-daemonset.yaml", "worker-pod.yaml", "sidecar-pod.yaml",
+                        "servicemonitor.yaml"}
+    text = DOC.read_text()
+    for name, ds in got.items():
+        assert f"`{name}`" in text, name
+        for d in ds:
+            assert d["apiVersion"] and d["kind"] and d["metadata"]["name"]
+
+
+def test_dev_shm_is_shared_by_every_container_that_uses_the_board() -> None:
+    for name, ds in docs().items():
+        for d in ds:
+            if d["kind"] not in ("DaemonSet", "Pod"):
+                continue
+            spec = pod_spec(d)
+            board_users = [c for c in spec["containers"] if uses_board(c)]
+            assert board_users, name
+            if spec.get("hostIPC"):
+                continue  # the node's /dev/shm, for every container of the pod
+            # else: a memory-backed volume at /dev/shm in EVERY container of the pod
+            mem = {v["name"] for v in spec.get("volumes", [])
+                   if v.get("emptyDir", {}).get("medium") == "Memory"}
+            for c in spec["containers"]:
+                mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+                assert mounts.get("/dev/shm") in mem, f"{name}: {c['name']} has no shared /dev/shm"
+
+
+def test_one_uid_for_the_board_and_the_secret_0400_copied_0600() -> None:
+    uids = set()
+    for name, ds in docs().items():
+        for d in ds:
+            if d["kind"] not in ("DaemonSet", "Pod"):
+                continue
+            spec = pod_spec(d)
+            uids.add(spec["securityContext"]["runAsUser"])
+            for c in spec["containers"]:
+                assert c.get("securityContext", {}).get("runAsUser") in (None, spec["securityContext"]["runAsUser"])
+                cmd = c.get("command", [])
+                if "pinger" not in cmd:
+                    continue
+                secret_file = cmd[cmd.index("--secret-file") + 1]
+                mounts = {m["name"]: m for m in c["volumeMounts"]}
+                vols = {v["name"]: v for v in spec["volumes"]}
+                # the Secret itself: read-only, defaultMode 0400, never in the pinger's container
+                secrets = [v for v in vols.values() if "secret" in v]
+                assert secrets and all(v["secret"]["defaultMode"] == 0o400 for v in secrets), name
+                assert not any(m in mounts for m in (v["name"] for v in secrets)), name
+                # the copy the pinger reads: 0600, its uid, a memory-backed volume, read-only here
+                copy = next(m for m in mounts.values() if secret_file.startswith(m["mountPath"] + "/"))
+                assert copy["readOnly"] is True and vols[copy["name"]]["emptyDir"]["medium"] == "Memory"
+                init = " ".join(" ".join(i["command"]) for i in spec["initContainers"])
+                uid = spec["securityContext"]["runAsUser"]
+                assert f"install -m 0600 -o {uid} -g {uid}" in init and secret_file in init, name
+    assert len(uids) == 1, uids
+
+
+def test_pinger_listens_where_peers_reach_it_and_the_exporter_is_scraped() -> None:
+    got = docs()
+    ds = got["pinger-daemonset.yaml"][0]
+    spec = pod_spec(ds)
+    assert ds["kind"] == "DaemonSet" and spec["hostIPC"] is True and spec["hostNetwork"] is True
+    pinger = next(c for c in spec["containers"] if c["name"] == "pinger")
+    listen = pinger["command"][pinger["command"].index("--listen") + 1]
+    assert listen == "$(NODE_IP):45645"
+    env = {e["name"]: e for e in pinger["env"]}
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    exporter = next(c for c in spec["containers"] if c["name"] == "exporter")
+    ports = {p["name"]: p["containerPort"] for p in exporter["ports"]}
+    assert ports == {"metrics": 9645}
+    svc, sm = got["servicemonitor.yaml"]
+    assert svc["kind"] == "Service" and sm["kind"] == "ServiceMonitor"
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    assert all(svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    assert sm["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
