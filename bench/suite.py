@@ -45,8 +45,10 @@ import shmhb
 from shmhb.config import Capacity, Policy
 from shmhb.layout import Sizes
 from shmhb.pingplan import DEFAULT_BUDGET_PPS
+from shmhb.loopback import loopback_addrs, set_base
 from shmhb.status import Status
 
+from . import anchors
 from . import board as board_bench
 from . import cluster as cluster_bench
 from . import push as push_bench
@@ -64,6 +66,10 @@ from .seed_baseline import HEARTBEAT_ACK, HEARTBEAT_MSG, POLL_INTERVAL_S, TIMEOU
 from .stats import Variant
 
 REPO = Path(__file__).resolve().parent.parent
+SEED_MEANS = ("**seed** (in every table and plot): the first design proposed for this problem, "
+              "never merged: a ZMQ ping thread inside every connector of every rank, pinging each "
+              "peer port once a second; a peer is alive for 4 s after its last reply and a watcher "
+              "purges cached links every 60 s. Reproduced in `bench/seed_baseline.py`.")
 OUT_MD = REPO / "bench" / "RESULTS.md"
 PLOTS = REPO / "bench" / "plots"
 
@@ -457,7 +463,7 @@ def q3_host_kill(stack: contextlib.ExitStack, n: int) -> HostKill:
     blames itself and never convicts."""
     pol = Policy(peer_suspect_after_s=0.5, peer_dead_after_s=1.0)
     res = HostKill(policy=pol)
-    addrs = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
+    addrs = dict(zip("abc", loopback_addrs(3)))
     port = free_port(list(addrs.values()))
     names = {h: board_name(f"hk-{h}") for h in addrs}
     own = shmhb.Board.create(names["a"], policy=pol)  # the pinger opens it with this policy
@@ -523,7 +529,7 @@ for i in range(n):
         if os.getppid() != parent:
             os._exit(1)
         hb = shmhb.Board.attach(name).register(f"worker-{i}", agent=False).start(0.1)
-        print("ready", flush=True)
+        os.write(1, b"ready\n")  # one write: print() may split it, and siblings interleave
         while True:
             signal.pause()
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
@@ -546,7 +552,7 @@ class Stress:
 
 
 def q5_stress(stack: contextlib.ExitStack, duration_s: float, workers: int = 8) -> Stress:
-    addrs = {"a": "127.0.0.2", "b": "127.0.0.3", "c": "127.0.0.4"}
+    addrs = dict(zip("abc", loopback_addrs(3)))
     port = free_port(list(addrs.values()))
     names = {h: board_name(f"st-{h}") for h in addrs}
     procs = [start_pinger(stack, names[h], f"{addrs[h]}:{port}", cluster_bench.SHMHB_INTERVAL_S)
@@ -558,9 +564,11 @@ def q5_stress(stack: contextlib.ExitStack, duration_s: float, workers: int = 8) 
                          env=child_env(), stdout=subprocess.PIPE, text=True)
     stack.callback(stop_process, w)
     assert w.stdout is not None
-    for _ in range(workers):
-        if w.stdout.readline().strip() != "ready":
-            raise RuntimeError("a stress worker did not start")
+    for i in range(workers):
+        line = w.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"stress worker {i} did not start: read {line!r}, "
+                               f"launcher exit status {w.poll()}")
     hs = HostServer(stack)
     for h in ("b", "c"):
         hs.start_ranks(names[h], workers, addrs[h], 0.1, [])
@@ -657,91 +665,130 @@ def msgs_model_mutual(H: int) -> float:
 
 # -- plots ------------------------------------------------------------------------------
 
-def plots(q1: Q1, q2: Q2, kill_ms: list[float], hang: Hang, host: HostKill, push: Any,
-          mem: list[tuple[int, int, int]]) -> list[str]:
+def plots(out_dir: Path, stamp: str, q1: Q1, q2: Q2, kill_ms: list[float], hang: Hang,
+          host: HostKill, push: Any, mem: list[tuple[int, int, int]], anc: anchors.Anchors,
+          shape: Any) -> list[str]:
+    """The four figures.  Each carries the run (command, date, machine, load) at its foot;
+    legends sit outside the axes; measured data are solid lines or filled markers,
+    modelled ones dashed lines or hollow markers (the legend says which)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    PLOTS.mkdir(exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     made = []
-    # 1: per-call cost, log scale
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    seed_note = "seed = the per-connector ZMQ ping design first proposed (bench/seed_baseline.py)"
+
+    def save(fig: Any, name: str, note: str = "") -> None:
+        fig.text(0.01, 0.005, stamp + (f"\n{note}" if note else ""), fontsize=6.5, color="#555",
+                 ha="left", va="bottom")
+        fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        made.append(name)
+
+    def legend_outside(ax: Any) -> None:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  frameon=False)
+
+    # 1: per-call cost, log scale (all measured)
+    fig, ax = plt.subplots(figsize=(9, 4.8))
     names = list(q1.got)
     med = [stats.median(q1.got[k]) for k in names]
     p99s = [stats.p99(q1.got[k]) for k in names]
     y = np.arange(len(names))
-    ax.barh(y, med, color=["#999" if n.startswith("floor") else "#2a7" if n.startswith("shmhb") else "#c55"
-                           for n in names])
-    ax.scatter(p99s, y, marker="|", color="k", s=200, label="p99")
+    colors = ["#999" if n.startswith("floor") else "#2a7" if n.startswith("shmhb") else "#c55"
+              for n in names]
+    ax.barh(y, med, color=colors, label="median (measured)")
+    ax.scatter(p99s, y, marker="|", color="k", s=200, label="p99 (measured)")
     ax.set_yticks(y, names, fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("ns per call (median; | = p99), log scale")
-    ax.set_title("Q1: one heartbeat / one liveness read")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(PLOTS / "q1_cost.png", dpi=110)
-    plt.close(fig)
-    made.append("q1_cost.png")
-    # 2: step loop
-    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.set_xlabel("ns per call, log scale")
+    ax.set_title("Q1: one heartbeat / one liveness read (green shmhb, red alternatives, grey floor)")
+    legend_outside(ax)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save(fig, "q1_cost.png", seed_note)
+    # 2: step loop (measured)
+    fig, ax = plt.subplots(figsize=(7, 4.4))
     ks = list(q2.step_ms)
     ax.boxplot([q2.step_ms[k] for k in ks])
     ax.set_xticks(range(1, len(ks) + 1), ks)
-    ax.set_ylabel("ms per step (block means)")
+    ax.set_ylabel("ms per step (block means, measured)")
     ax.set_title("Q2: numpy step loop with and without heartbeats")
-    fig.tight_layout()
-    fig.savefig(PLOTS / "q2_step_loop.png", dpi=110)
-    plt.close(fig)
-    made.append("q2_step_loop.png")
-    # 3: detection CDFs, log scale
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    series = [("local kill (pidfd)", kill_ms),
-              (f"local hang (SIGSTOP), dead-after {hang.dead_after_s:g} s", hang.dead_ms),
-              (f"remote host kill, peer dead-after {host.policy.peer_dead_after_s:g} s", host.dead_ms),
-              ("seed: is_alive() False (model)", [x * 1e3 for x in seed_model()]),
-              ("seed: link purged (model)", [x * 1e3 for x in purge_model(seed_model(50), phases=50)])]
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save(fig, "q2_step_loop.png")
+    # 3: detection CDFs, log scale; measured solid, modelled dashed
+    fig, ax = plt.subplots(figsize=(13, 5.5))
+    measured = [("shmhb local kill (pidfd)", kill_ms),
+                (f"shmhb local hang (SIGSTOP), dead-after {hang.dead_after_s:g} s", hang.dead_ms),
+                (f"shmhb remote host kill, peer dead-after {host.policy.peer_dead_after_s:g} s",
+                 host.dead_ms)]
     if push is not None:
-        series.insert(1, ("remote worker kill (push)", push.push.values))
-        series.insert(2, ("remote worker kill (pings only, 1 s)", push.pings.values))
-    for label, v in series:
+        measured.insert(1, ("shmhb remote worker kill (push)", push.push.values))
+        measured.insert(2, ("shmhb remote worker kill (pings only, 1 s)", push.pings.values))
+    for m in (anc.sglang, anc.etcd):
+        if m is not None:
+            measured.append((m.name, [x * 1e3 for x in m.values_s]))
+    modelled = [("seed: is_alive() False", [x * 1e3 for x in seed_model()]),
+                ("seed: link purged", [x * 1e3 for x in purge_model(seed_model(50), phases=50)])]
+    modelled += [(k, [x * 1e3 for x in v]) for k, v in anc.models.items()]
+    modelled.append(("stock vLLM MooncakeConnector (measured with vLLM)",
+                     [anchors.VLLM_MOONCAKE_S * 1e3]))
+    palette = iter(plt.get_cmap("tab20").colors)
+
+    def cdf(v: list[float]) -> tuple[Any, Any]:
+        srt = np.sort(v)  # from 0 at the first value, so a single sample still draws
+        return np.r_[srt[0], srt], np.r_[0.0, np.arange(1, len(srt) + 1) / len(srt)]
+
+    for label, v in measured:
         if v:
-            s = np.sort(v)
-            ax.step(s, np.arange(1, len(s) + 1) / len(s), where="post", label=label)
+            ax.step(*cdf(v), where="post", lw=2.0, color=next(palette),
+                    label=f"{label} (measured, n={len(v)})")
+    for label, v in modelled:
+        if len(v) == 1:
+            ax.axvline(v[0], ls=":", color="k", lw=1.2, label=label)
+            continue
+        ax.step(*cdf(v), where="post", ls="--", lw=1.2, color=next(palette), label=f"{label} (model)")
     ax.set_xscale("log")
-    ax.set_xlabel("ms from the event to the verdict, log scale")
-    ax.set_ylabel("fraction")
-    ax.set_title("Q3: detection time")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(PLOTS / "q3_detection.png", dpi=110)
-    plt.close(fig)
-    made.append("q3_detection.png")
-    # 4: messages vs hosts; memory vs slots
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax.set_xlabel("ms from the death to the verdict / drop, log scale")
+    ax.set_ylabel("fraction of deaths seen")
+    ax.set_title("Q3: detection time (solid: measured here; dashed: modelled)")
+    legend_outside(ax)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save(fig, "q3_detection.png", seed_note)
+    # 4: messages vs hosts (model lines, measured points); memory vs slots (computed)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.4))
     hs = [2, 4, 8, 16, 32, 64, 128, 256]
-    a1.plot(hs, [msgs_model(h, 16)[1] for h in hs], "o-", label="seed: every rank pings (1 s)")
-    a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], "o-", label="shmhb: one pinger per host (budget)")
+    a1.plot(hs, [msgs_model(h, 16)[1] for h in hs], "--", color="#c55",
+            label="seed: every rank pings, 1 s (model)")
+    a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], "--", color="#2a7",
+            label="shmhb: one pinger per host, ping budget (model)")
+    title = "Q4: messages (model)"
+    if shape is not None and shape.sh_msgs:
+        a1.plot([shape.H], [shape.seed_full_msgs], "o", color="#c55", ms=8,
+                label=f"seed, {shape.H} x {shape.R} (measured)")
+        a1.plot([shape.H], [shape.sh_msgs], "o", color="#2a7", ms=8,
+                label=f"shmhb, {shape.H} x {shape.R} (measured)")
+        title = "Q4: messages (dashed: model; dots: measured)"
     a1.set_xscale("log", base=2)
     a1.set_yscale("log")
     a1.set_xlabel("hosts (16 ranks each)")
     a1.set_ylabel("messages/s, whole cluster")
-    a1.legend(fontsize=8)
-    a1.set_title("Q4: messages (model; 4x16 and 32x16 measured)")
-    a2.plot([m[0] for m in mem], [m[1] / 1024 for m in mem], "o-", label="default capacity")
-    a2.plot([m[0] for m in mem], [m[2] / 1024 for m in mem], "o-", label="local slots only")
+    a1.set_title(title)
+    a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
+    a2.plot([m[0] for m in mem], [m[1] / 1024 for m in mem], "o--", mfc="none",
+            label="default capacity (computed)")
+    a2.plot([m[0] for m in mem], [m[2] / 1024 for m in mem], "s--", mfc="none",
+            label="local slots only (computed)")
     a2.set_xscale("log", base=2)
     a2.set_yscale("log")
     a2.set_xlabel("local slots")
     a2.set_ylabel("board size, KiB")
-    a2.legend(fontsize=8)
-    a2.set_title("Q4: board memory")
-    fig.tight_layout()
-    fig.savefig(PLOTS / "q4_scale.png", dpi=110)
-    plt.close(fig)
-    made.append("q4_scale.png")
+    a2.set_title("Q4: board memory (shmhb.layout.Sizes)")
+    a2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save(fig, "q4_scale.png", seed_note)
     return made
 
 
@@ -755,10 +802,20 @@ def dist(v: list[float], unit: str = "ms") -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a smoke run, well under a minute")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer samples, about a minute")
+    mode.add_argument("--smoke", action="store_true",
+                      help="the least that exercises every part (the test suite runs it); its "
+                           "figures mean nothing")
     ap.add_argument("--out", default=str(OUT_MD), help="markdown report (default bench/RESULTS.md)")
+    ap.add_argument("--plots", default=str(PLOTS), help="directory for the plots (default bench/plots)")
+    ap.add_argument("--base-addr", default=None, metavar="ADDR",
+                    help="first loopback address of the simulated hosts (default: "
+                         "$SHMHB_LOOPBACK_BASE or 127.0.0.2; up to 5 consecutive ones are used)")
     a = ap.parse_args(argv)
-    quick = a.quick
+    set_base(a.base_addr)
+    quick = a.quick or a.smoke
+    run_name = "python -m bench" + (" --quick" if a.quick else " --smoke" if a.smoke else "")
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
@@ -768,8 +825,15 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     info = stats.machine_info()
     load0 = os.getloadavg()
-    P = dict(q1=60, q2=8, kills=10, pool=5, hangs=4, hostk=2, push=0, stress=10.0) if quick else \
-        dict(q1=400, q2=30, kills=100, pool=10, hangs=20, hostk=6, push=15, stress=60.0)
+    if a.smoke:  # SGLang's checker at a 0.2 s interval: the code path, not its figure
+        P: dict[str, Any] = dict(q1=15, q2=3, kills=3, pool=2, hangs=1, hostk=1, push=0, stress=3.0,
+                                 sglang=2, sglang_s=0.2, etcd=0)
+    elif a.quick:
+        P = dict(q1=60, q2=8, kills=10, pool=5, hangs=4, hostk=2, push=0, stress=10.0,
+                 sglang=3, sglang_s=anchors.SGLANG_INTERVAL_S, etcd=3)
+    else:
+        P = dict(q1=400, q2=30, kills=100, pool=10, hangs=20, hostk=6, push=15, stress=60.0,
+                 sglang=8, sglang_s=anchors.SGLANG_INTERVAL_S, etcd=8)
     with contextlib.ExitStack() as st:
         log("Q1: one heartbeat / one read")
         q1 = q1_costs(st, P["q1"])
@@ -802,20 +866,27 @@ def main(argv: list[str] | None = None) -> int:
             log(f"Q4: pinger CPU, {n} emulated hosts (bench.cluster.run_cpu_target)")
             cpu.append(cluster_bench.run_cpu_target(3.0, 1, 0, rng, hosts=n,
                                                     kills=3 if n == cluster_bench.CPU_KILL_HOSTS else 0))
+    log("Q3: today's stacks (bench.anchors): SGLang's checker, Dynamo's etcd lease")
+    anc = anchors.run(P["sglang"], P["etcd"], sglang_interval_s=P["sglang_s"], log=log)
     with contextlib.ExitStack() as st:
         log(f"Q5: false verdicts, {P['stress']:g} s with every core hogged")
         stress = q5_stress(st, P["stress"])
     load1 = os.getloadavg()
     wall = time.monotonic() - t_start
+    stamp = f"{run_name}, {started:%Y-%m-%d %H:%M %Z}; {info[0][1]}; load {load0[0]:.1f} -> {load1[0]:.1f}"
     mem = memory_rows()
 
     # ---- report
     out: list[str] = []
     targets: list[list[str]] = []
     out.append("# shmhb benchmark results\n")
-    out.append(f"`python -m bench{' --quick' if quick else ''}`, run {started:%Y-%m-%d %H:%M %Z}, "
+    out.append(f"`{run_name}`, run {started:%Y-%m-%d %H:%M %Z}, "
                f"{wall:.0f} s wall. Written by the run: figures differ run to run; compare rows of "
                "one run. Re-run: `python -m bench` (full, a few minutes) or `python -m bench --quick`.\n")
+    if a.smoke:
+        out.append("**Smoke run** (`--smoke`): a handful of samples per question, to prove the suite "
+                   "runs; none of its figures is a measurement worth quoting.\n")
+    out.append(SEED_MEANS + "\n")
     for k, v in info:
         out.append(f"- {k}: {v}")
     out.append(f"- load average (1/5/15 min) at the start: {' '.join(f'{x:.2f}' for x in load0)}; "
@@ -910,6 +981,7 @@ def main(argv: list[str] | None = None) -> int:
         ["", "seed: cached link info purged (60 s watcher)", *dist(seed_p, "s"),
          "modelled: + uniform 0-60 s wait", "-"],
     ]
+    rows += anchors.rows(anc)
     out.append(stats.table(["event", "verdict", "median", "p99", "how", "note"], rows))
     out.append("")
     out.extend(f"- {n}" for n in kill_notes)
@@ -926,6 +998,14 @@ def main(argv: list[str] | None = None) -> int:
                f"{host.policy.peer_dead_after_s:g} s (default {pol.peer_suspect_after_s:g} / "
                f"{pol.peer_dead_after_s:g} s). Silence counts from the last ack, up to one interval before "
                "the kill, so the figure can sit under peer-dead-after.")
+    out.append("- today's stacks (bench.anchors): " + anchors.NOTE
+               + (f" This run checked every {P['sglang_s']:g} s instead of 5 s (smoke)."
+                  if P["sglang_s"] != anchors.SGLANG_INTERVAL_S else ""))
+    out.append("- link cleanup: shmhb's `LinkReaper` drops a link at its first `poll()` after the "
+               "verdict (from the step loop, or `reaper.start(0.05)`: at most 50 ms later), so cleanup "
+               "= the verdict rows above + one poll; SGLang removes the prefill's connection info "
+               "when it drops it (same time as its row); a lease holder's key is gone when the lease "
+               "expires; the seed purges on its 60 s watcher.")
     out.append("- the seed: its design has no local path: every death, local or remote, is seen only "
                "when pings stop being answered, and a SIGSTOPped process answers no ping. Measured "
                "seed kills (4 s rule) are in bench/results_cluster.md and, in a full run, above; they "
@@ -1030,12 +1110,13 @@ def main(argv: list[str] | None = None) -> int:
         out.append("")
     out.append("## Plots\n")
     try:
-        made = plots(q1, q2, kill_values, hang, host, pr, mem)
+        made = plots(Path(a.plots), stamp, q1, q2, kill_values, hang, host, pr, mem, anc, shape)
     except Exception as e:  # noqa: BLE001 - a plot must not lose the results
         log(f"plots failed: {e!r}")
         made = []
     if made:
-        out.extend(f"![{m}](plots/{m})" for m in made)
+        rel = os.path.relpath(a.plots, os.path.dirname(os.path.abspath(a.out)))
+        out.extend(f"![{m}]({rel}/{m})" for m in made)
     else:
         out.append("matplotlib is not installed: no plots (`pip install shmhb[bench]`).")
     out.append("")

@@ -1,0 +1,48 @@
+"""``python -m bench --smoke``: the benchmark suite runs end to end, writes its tables
+(and plots where matplotlib is installed) and leaves no board behind.
+
+Its figures are not checked: timing targets belong to the benchmarks, not to tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import ROOT
+
+
+def test_bench_smoke_run_completes_and_writes_every_table(tmp_path: Path) -> None:
+    out = tmp_path / "RESULTS.md"
+    plots = tmp_path / "plots"
+    p = subprocess.Popen([sys.executable, "-m", "bench", "--smoke", "--out", str(out), "--plots", str(plots)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()  # SIGKILL: its children die with it (PR_SET_PDEATHSIG)
+            p.communicate()
+    assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    text = out.read_text()
+    for heading in ("## 1. One heartbeat", "## 2. Overhead", "## 3. Detection time",
+                    "## 4. Cost that grows", "## 5. False verdicts", "## Targets"):
+        assert heading in text, heading
+    assert "**seed**" in text.split("## 1.")[0]  # said what "seed" means before it is used
+    assert "Smoke run" in text
+    for row in ("| shmhb ", "| local kill (SIGKILL)", "SGLang heartbeat checker",
+                "vLLM NIXL KV lease", "Mooncake store client TTL", "MooncakeConnector",
+                "Dynamo etcd lease", "| local workers"):
+        assert row in text, row
+    sglang = next(ln for ln in text.splitlines() if "SGLang heartbeat checker (GET" in ln)
+    assert "measured, 2 kills" in sglang, sglang
+    if importlib.util.find_spec("matplotlib") is not None:
+        made = sorted(p.name for p in plots.iterdir())
+        assert made == ["q1_cost.png", "q2_step_loop.png", "q3_detection.png", "q4_scale.png"]
+        assert all((plots / m).stat().st_size > 10_000 for m in made)
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"shmhb-bench-{p.pid}-")]
+    assert not left, left
