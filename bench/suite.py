@@ -529,7 +529,7 @@ for i in range(n):
         if os.getppid() != parent:
             os._exit(1)
         hb = shmhb.Board.attach(name).register(f"worker-{i}", agent=False).start(0.1)
-        os.write(1, b"ready\n")  # one write: print() may split it, and siblings interleave
+        os.write(1, b"ready\\n")  # one write: print() may split it, and siblings interleave
         while True:
             signal.pause()
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
