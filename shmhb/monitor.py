@@ -346,14 +346,16 @@ def event_text(e: Event) -> Text:
     return t
 
 
-def _header(view: View, refresh_hz: float) -> Text:
+def _header(view: View, refresh_hz: float, width: int = 200) -> Text:
     t = Text()
     t.append("shmhb monitor", style="bold reverse")
     now = _dt.datetime.fromtimestamp(view.t).strftime("%H:%M:%S")
     t.append(f"  board {view.board}  {now}  local: ")
     t.append_text(_counts(view.slots))
     t.append(f"  hosts: {len(view.peers)}  ")
-    t.append(f"{refresh_hz:g} Hz  Ctrl-C quits", style="dim")
+    tail = f"{refresh_hz:g} Hz  Ctrl-C quits"
+    if t.cell_len + len(tail) <= width:  # the counts matter more than the hint
+        t.append(tail, style="dim")
     return t
 
 
@@ -388,7 +390,7 @@ def monitor_renderable(view: View, events: Iterable[Event], refresh_hz: float = 
     body_h = max(len(left), len(pinger) + 2 if right_w else 0)
     body_h = max(1, min(body_h, budget))
     right = box("pinger", pinger, right_w, body_h) if right_w else []
-    lines = [fit(_header(view, refresh_hz), width), fit(agent_line(view), width)]
+    lines = [fit(_header(view, refresh_hz, width), width), fit(agent_line(view), width)]
     for i in range(body_h):
         row = fit(left[i] if i < len(left) else Text(), left_w)
         if right_w:
