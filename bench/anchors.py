@@ -380,11 +380,11 @@ def run(n_sglang: int, n_etcd: int, *, sglang_interval_s: float = SGLANG_INTERVA
 def rows(a: Anchors) -> list[list[str]]:
     """Q3 rows, columns: event, verdict, median, p99, how, note."""
     out = []
-    for m in (a.sglang, a.etcd):
+    for m, verdict in ((a.sglang, "dropped, links removed"), (a.etcd, "key deleted, lease expired")):
         if m is None:
             continue
         how = f"measured, {len(m.values_s)} kills" + (f" (+{m.missed} missed)" if m.missed else "")
-        out.append(["prefill/peer kill (today's stacks)", m.name + ": dropped, links removed",
+        out.append(["" if out else "prefill/peer kill (today's stacks)", f"{m.name}: {verdict}",
                     *_dist_s(m.values_s), how, m.note or "-"])
     for name, v in a.models.items():
         note = a.etcd_why_not if name.startswith("Dynamo") and a.etcd_why_not else "-"
