@@ -1122,6 +1122,7 @@ def main(argv: list[str] | None = None) -> int:
     out.append("")
     out.append(BASELINES)
     text = "\n".join(out)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as f:
         f.write(text)
     print(text)
