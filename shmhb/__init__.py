@@ -19,7 +19,7 @@ from .errors import (
 from .heartbeat import Heartbeat
 from .native import native
 from .reaper import DropReason, Link, LinkReaper
-from .status import AgentStatus, PeerStatus, SlotStatus, Status
+from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 
 __version__ = "0.1.0"
 
@@ -28,9 +28,9 @@ __all__ = [
     "BoardNotFound", "BoardPermissionError", "DropReason", "Link", "LinkReaper", "BoardSpaceError", "BoardVersionMismatch",
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
     "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
-    "MonotonicClock", "PeerStatus", "PingerConfig", "Policy", "ProtocolError", "ShmhbError",
-    "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__", "get_include",
-    "native",
+    "MonotonicClock", "NetworkStatus", "PeerStatus", "PingerConfig", "Policy", "ProtocolError",
+    "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__",
+    "get_include", "native",
 ]
 
 

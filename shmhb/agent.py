@@ -17,33 +17,34 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Protocol
 
-import numpy as np
 import zmq
 
 from . import locks
+from .agentwriter import AgentWriter
 from .board import Board
 from .clock import MONOTONIC, Clock
 from .config import AgentConfig
-from .layout import (
-    HEADER_DTYPE, INC_SHIFT, LEFT_BIT, LOCK_AGENT, LOCK_SLOT_BASE, STAT_NAMES,
-    TS_SHIFT, pack_agent_id, pack_hb, pack_verdict,
-)
-from .procinfo import own_pid_namespace, pidfd_open, start_time
+from .localwatch import LocalWatch
+from .layout import LOCK_AGENT
+from .netstate import NetAuth, NetReason, NetState
+from .netsup import NetSupervisor
+from .procinfo import thread_switches
 from .rows import RowWriter
 
 log = logging.getLogger(__name__)
 
-_STAT = {n: i for i, n in enumerate(STAT_NAMES)}
-_SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
+__all__ = ["Agent", "AgentWriter", "Component", "LocalWatch", "embedded_join", "embedded_leave"]
 
 
 class Component(Protocol):
     """A part of the agent's loop: sockets or fds to poll, and a periodic tick.
     ``pollables_gen`` moves whenever ``pollables()`` would return another set."""
 
-    pollables_gen: int
+    @property
+    def pollables_gen(self) -> int: ...
 
     def pollables(self) -> list[zmq.Socket | int]: ...
     def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None: ...
@@ -53,175 +54,8 @@ class Component(Protocol):
     def close(self) -> None: ...
 
 
-class AgentWriter:
-    """What the role holder may write into the header: its words and its counters."""
-
-    def __init__(self, board: Board, term: int) -> None:
-        self.board = board
-        self.term = term
-        q = board._q
-        fields = HEADER_DTYPE.fields
-        self._q = q
-        self._hb_i = fields["agent_hb"][1] // 8
-        self._gen_i = fields["agent_gen"][1] // 8
-        self._late_i = fields["agent_lateness_us"][1] // 8
-        self._stats0 = fields["stats"][1] // 8
-        q[fields["agent_id"][1] // 8] = pack_agent_id(term, os.getpid())
-
-    def alive(self, now_ns: int) -> None:
-        self._q[self._hb_i] = pack_hb(self.term, now_ns >> TS_SHIFT)
-
-    def left(self, now_ns: int) -> None:
-        self._q[self._hb_i] = pack_hb(self.term, now_ns >> TS_SHIFT, left=True)
-
-    def changed(self) -> None:
-        """Bump the change counter readers use to skip work when nothing moved."""
-        self._q[self._gen_i] = self._q[self._gen_i] + 1
-
-    def count(self, stat: str, n: int = 1) -> None:
-        i = self._stats0 + _STAT[stat]
-        self._q[i] = self._q[i] + n
-
-    def lateness(self, late_us: int) -> None:
-        self._q[self._late_i] = late_us
-
-
-class _Watched:
-    __slots__ = ("tag", "pid", "pidfd", "done")
-
-    def __init__(self, tag: int, pid: int, pidfd: int | None, done: bool) -> None:
-        self.tag, self.pid, self.pidfd, self.done = tag, pid, pidfd, done
-
-
-class LocalWatch:
-    """Watches every registered local worker and records its death at once.
-
-    Workers in our pid namespace are watched through a pidfd: the kernel wakes us when
-    the process exits.  The pid is verified against the start time the worker recorded
-    at registration, so a reused pid is never mistaken for the worker.  Workers in
-    another namespace, or where pidfd_open is missing, are checked every tick through
-    their slot lock, which the kernel releases when they die.
-    """
-
-    def __init__(self, board: Board, writer: AgentWriter) -> None:
-        self.board = board
-        self.w = writer
-        self._watched: dict[int, _Watched] = {}
-        self._by_fd: dict[int, int] = {}
-        self._lockfd = board._new_fd()
-        self._ns = own_pid_namespace()
-        self._pidfd_ok = hasattr(os, "pidfd_open")
-        self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
-        self._retry: set[int] = set()
-        self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
-        self.pollables_gen = 0
-
-    def pollables(self) -> list[zmq.Socket | int]:
-        return list(self._by_fd)
-
-    def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None:
-        i = self._by_fd.pop(what, None)  # type: ignore[arg-type]
-        if i is None:
-            return
-        self.pollables_gen += 1
-        wt = self._watched[i]
-        os.close(wt.pidfd)  # type: ignore[arg-type]
-        wt.pidfd = None
-        self._convict(i, wt, now_ns, "exited")
-
-    def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
-        wt.done = True
-        self._by_lock.discard(i)
-        hb = self.board._q[self.board._hb0 + i * 8]
-        if hb >> INC_SHIFT != wt.tag or hb & LEFT_BIT:
-            return  # it left gracefully, or the slot was registered again meanwhile
-        self.board._q[self.board._hb0 + i * 8 + 1] = pack_verdict(wt.tag, now_ns >> TS_SHIFT)
-        self.w.changed()
-        self.w.count("deaths_seen")
-        info = self.board._read_slot(i)
-        log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
-                 info[0] if info else f"slot {i}", wt.pid, why)
-
-    def tick(self, now_ns: int, late_ns: int) -> None:
-        """Start watching new registrations, stop watching leaves, and check the slot
-        locks of workers that have no pidfd.  Only slots whose (incarnation, left) bits
-        changed since the last tick are examined one by one."""
-        b = self.board
-        hbs = b._hb.copy()
-        marks = hbs >> _SHIFT39
-        todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
-        self._marks = marks
-        self._retry = set()
-        if todo:
-            verdicts = b._verdict.copy()
-            for i in sorted(todo):
-                if hbs[i]:
-                    self._examine(i, int(hbs[i]), int(verdicts[i]), now_ns)
-        for i in list(self._by_lock):
-            if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-                self._convict(i, self._watched[i], now_ns, "released its slot lock")
-
-    def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
-        tag = hb >> INC_SHIFT
-        wt = self._watched.get(i)
-        if wt is not None and wt.tag == tag:
-            if hb & LEFT_BIT and not wt.done:  # it left gracefully: stop watching
-                self._forget(i)
-                self._watched[i] = _Watched(tag, wt.pid, None, True)
-                # Readers learn of changes from the change counter; the leaver moves the
-                # registry's half of it, unless the registry lock was out of its reach
-                # (held by a stopped process): ours is always within reach.
-                self.w.changed()
-            return
-        self._forget(i)
-        if hb & LEFT_BIT or verdict >> INC_SHIFT == tag:
-            self._watched[i] = _Watched(tag, 0, None, True)
-            return
-        info = self.board._read_slot(i)
-        if info is None:
-            self._retry.add(i)  # caught mid-registration: look again next tick
-            return
-        pid = info[1]
-        rec = self.board._records[i]
-        wt = _Watched(tag, pid, None, False)
-        self._watched[i] = wt
-        if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
-            try:
-                pidfd = pidfd_open(pid)
-            except OSError as e:
-                log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
-                self._pidfd_ok = False
-            else:
-                if pidfd is None:
-                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
-                elif start_time(pid) != int(rec["pid_start"]):
-                    os.close(pidfd)
-                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
-                else:
-                    wt.pidfd = pidfd
-                    self._by_fd[pidfd] = i
-                    self.pollables_gen += 1
-                return
-        # another pid namespace, or no pidfd: the slot lock tells, checked every tick
-        self._by_lock.add(i)
-        if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-            self._convict(i, wt, now_ns, "released its slot lock")
-
-    def flush(self, now_ns: int) -> None:
-        """Nothing to do: verdicts are written as each pidfd fires."""
-
-    def _forget(self, i: int) -> None:
-        self._by_lock.discard(i)
-        wt = self._watched.pop(i, None)
-        if wt is not None and wt.pidfd is not None:
-            self._by_fd.pop(wt.pidfd, None)
-            os.close(wt.pidfd)
-            self.pollables_gen += 1
-
-    def close(self) -> None:
-        for i in list(self._watched):
-            self._forget(i)
-        os.close(self._lockfd)
+class _Deposed(Exception):
+    """The watchdog gave the role up while the loop was stuck: stop writing at once."""
 
 
 class Agent:
@@ -229,6 +63,13 @@ class Agent:
 
     ``network``: also run the pinger (the network half) with the settings stored in the
     board.  ``run()`` blocks; ``start()`` runs it in a daemon thread.
+
+    A watchdog thread gives the role up when the loop makes no progress for
+    ``config.watchdog_s`` (stuck in a call that blocks, e.g. on a hung /proc read): it
+    sets ``deposed`` and closes the role's lock fd, so a standby takes over within its
+    election poll.  The stuck loop, when it comes back, sees ``deposed`` before it
+    writes anything more and leaves without touching the words the new holder owns.
+    ``shmhb pinger`` exits non-zero on ``deposed`` (its supervisor restarts it).
     """
 
     def __init__(self, board_name: str, *, config: AgentConfig | None = None,
@@ -240,7 +81,10 @@ class Agent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fd = -1
+        self._fd_lock = threading.Lock()
         self.holding = threading.Event()
+        self.deposed = threading.Event()
+        self._progress_ns = 0
         locks.on_fork(self)
 
     def start(self) -> Agent:
@@ -255,6 +99,10 @@ class Agent:
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
 
+    def is_running(self) -> bool:
+        """Whether the agent's thread (started by ``start``) is still running."""
+        return self._thread is not None and self._thread.is_alive()
+
     def run(self) -> None:
         board = Board.attach(self.board_name, clock=self.clock)
         self._fd = board._new_fd()
@@ -264,16 +112,64 @@ class Agent:
                     self._hold(board)
                     break
                 self._stop.wait(self.config.election_poll_s)
+        except _Deposed:
+            log.error("board %s: the agent loop was stuck; the role was given up",
+                      self.board_name)
         except BaseException:
             # The role is released below, so a standby takes over; say why loudly.
             log.exception("board %s: the agent stopped on an unexpected error", self.board_name)
             raise
         finally:
-            if self._fd >= 0:
-                os.close(self._fd)  # releases the role
-                self._fd = -1
+            self._release()
             self.holding.clear()
             board.close()
+
+    def _release(self) -> None:
+        with self._fd_lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)  # releases the role
+
+    def _watchdog(self, done: threading.Event, tid: int) -> None:
+        """Give the role up when the loop thread is stuck: no progress for the bound
+        while it made no context switch either (blocked in one call), or no progress
+        for three times the bound whatever it did.  A loop that is merely starved of CPU
+        (a loaded host: it is preempted, it waits for the GIL) keeps switching and is
+        left alone up to the long bound; so is a process stopped as a whole (SIGSTOP),
+        during which the watchdog does not run either."""
+        bound_ns = int(self.config.watchdog_s * 1e9)
+        period = min(0.25, self.config.watchdog_s / 4)
+        period_ns = int(period * 1e9)
+        last = resumed = moved = time.monotonic_ns()
+        switches = thread_switches(tid)
+        while not done.wait(period):
+            now = time.monotonic_ns()
+            if now - last > 2 * period_ns + 100_000_000:
+                # The watchdog itself did not run: the whole process was stopped
+                # (SIGSTOP) or starved (a C call holding the GIL).  That is no sign of a
+                # stuck loop: count from now, and let the loop show it is back.
+                resumed = now
+            last = now
+            sw = thread_switches(tid)
+            if sw is None or sw != switches:
+                # the loop thread ran, or waited for its turn (or, unreadable -- out of
+                # fds -- it is given the benefit of the doubt up to the long bound)
+                switches, moved = sw, now
+            since = max(self._progress_ns, resumed)
+            stuck_ns = now - since
+            blocked_ns = now - max(since, moved)
+            if blocked_ns > bound_ns or stuck_ns > 3 * bound_ns:
+                self.deposed.set()
+                log.error("board %s: the agent loop made no progress for %.1f s: giving "
+                          "the role up so a standby takes over", self.board_name,
+                          stuck_ns / 1e9)
+                self._release()
+                return
+
+    def _check(self) -> None:
+        self._progress_ns = time.monotonic_ns()
+        if self.deposed.is_set():
+            raise _Deposed()
 
     def _hold(self, board: Board) -> None:
         # The term counter has one writer at a time without the registry lock: only the
@@ -288,23 +184,34 @@ class Agent:
         # Before our heartbeat makes readers trust the peer rows again: the previous
         # holder's verdicts on remote hosts are not ours (invariant 5).
         RowWriter(board).forget_peer_verdicts()
+        local = LocalWatch(board, w)
+        comps: list[Component] = [local]
+        net: NetSupervisor | None = None
+        if self.network:
+            net = NetSupervisor(board, w, self.clock, retry_min_s=self.config.net_retry_min_s,
+                                retry_max_s=self.config.net_retry_max_s)
+            comps.append(net)
+        else:
+            w.network(NetState.OFF, NetAuth.NONE, False, NetReason.NONE, 0, 0, 0, "", "")
         w.alive(now())
         log.info("board %s: this process (pid %d) holds the agent role, term %d",
                  board.name, os.getpid(), term)
         self.holding.set()
-        comps: list[Component] = [LocalWatch(board, w)]
-        if self.network:
-            from .pinger import NetworkHalf
-            comps.append(NetworkHalf(board, w, self.clock))
+        self._progress_ns = time.monotonic_ns()
+        done = threading.Event()
+        threading.Thread(target=self._watchdog, args=(done, threading.get_native_id()),
+                         daemon=True, name=f"shmhb-watchdog-{board.name}").start()
         tick_ns = int(self.config.tick_s * 1e9)
         poller = zmq.Poller()
         registered: dict[object, Component] = {}
+        deposed = False
         try:
             next_tick = now()
             worst_late = 0
             window_end = next_tick + 1_000_000_000
             seen_gen = -1
             while not self._stop.is_set():
+                self._check()
                 gen = sum(c.pollables_gen for c in comps)
                 if gen != seen_gen:  # the set of fds and sockets changed: sync the poller
                     seen_gen = gen
@@ -321,13 +228,28 @@ class Agent:
                 # whole milliseconds, rounded up: pyzmq truncates, and a timeout that
                 # falls short of the tick makes the loop spin until it comes
                 timeout_ms = max(0, -(-(next_tick - t) // 1_000_000))
-                events = poller.poll(timeout_ms)
+                try:
+                    events = poller.poll(timeout_ms)
+                except zmq.ZMQError as e:
+                    # Only the network half's sockets can make a poll fail: contain it
+                    # there; the local watch goes on with the next iteration.
+                    if net is None:
+                        raise
+                    net.failed(e)
+                    seen_gen = -1
+                    continue
+                self._check()
+                # Deaths first: a pidfd's notice is handled before any network frame,
+                # and the network half's work per wake-up is bounded by time.
                 local_events = False
                 for what, _ev in events:
-                    c = registered.get(what)
-                    if c is not None:
-                        c.on_ready(what, now())
-                        local_events |= c is comps[0]
+                    if registered.get(what) is local:
+                        local.on_ready(what, now())
+                        local_events = True
+                for what, _ev in events:
+                    owner = registered.get(what)
+                    if owner is not None and owner is not local:
+                        owner.on_ready(what, now())
                 if local_events:
                     # Deaths seen now are pushed now, all of this poll's in one batch.
                     t = now()
@@ -340,6 +262,7 @@ class Agent:
                 worst_late = max(worst_late, late)
                 if late > 4 * tick_ns:
                     w.count("loop_late")
+                self._check()
                 w.alive(t)
                 for c in comps:
                     c.tick(t, late)
@@ -347,15 +270,21 @@ class Agent:
                 if t >= window_end:
                     w.lateness(worst_late // 1000)
                     worst_late, window_end = 0, t + 1_000_000_000
+        except _Deposed:
+            deposed = True
+            raise
         finally:
+            done.set()
             for c in comps:
                 c.close()
-            w.left(now())
+            if not deposed:  # after a watchdog release these words are the next holder's
+                w.left(now())
             log.info("board %s: agent role released (pid %d)", board.name, os.getpid())
 
     def _after_fork_in_child(self) -> None:
         self._thread = None
         self._stop = threading.Event()
+        self._fd_lock = threading.Lock()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

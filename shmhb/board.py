@@ -37,7 +37,7 @@ from .layout import (
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
 from .protocol import MAX_KEY_BYTES
-from .status import AgentStatus, PeerStatus, SlotStatus, Status
+from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
 
@@ -479,6 +479,13 @@ class Board:
         """Whether this host's agent is observing now (its heartbeat is fresh): when it
         is not, every remote status reads UNKNOWN.  One word and the clock."""
         return self._agent_ok(self._now_ns() >> TS_SHIFT)
+
+    def network(self) -> NetworkStatus:
+        """The agent's network half (the pinger): listening or not, on which address,
+        degraded and why, as the holder of the agent role recorded it."""
+        from .netstate import decode_network
+        a = self.agent()
+        return decode_network(self._head.copy(), a.term, a.status is Status.ALIVE)
 
     def agent_held(self) -> bool:
         """Whether a live process holds the agent role (a syscall: not for hot paths)."""

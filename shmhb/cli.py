@@ -18,47 +18,50 @@ from . import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, board_name
 from .errors import InvalidConfig, ShmhbError
-from .status import Status
+from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
 
 log = logging.getLogger(__name__)
 
-HEALTHY = (Status.ALIVE, Status.LEFT)
 
-
-def _status_doc(board: Board) -> dict[str, object]:
-    agent = board.agent()
+def _status_doc(view: View, native: bool) -> dict[str, object]:
+    code, problems = view.health()
+    policy = view.policy
     return {
-        "board": board.name,
-        "native": board.native,
-        "slots": [s.to_json() for s in sorted(board.slots(), key=lambda s: s.key)],
-        "pinger": {**agent.to_json(), "held": board.agent_held(),
-                   "lateness_ms": board.lateness_ms(), "stats": board.stats()},
-        "peers": [p.to_json() for p in board.peers()],
-        "policy": {
-            "suspect_after_s": board.policy.suspect_after_s,
-            "dead_after_s": board.policy.dead_after_s,
-            "peer_suspect_after_s": board.policy.peer_suspect_after_s,
-            "peer_dead_after_s": board.policy.peer_dead_after_s,
+        "schema": STATUS_SCHEMA,
+        "board": view.board,
+        "native": native,
+        "health": {"exit_code": code, "problems": problems},
+        "slots": [s.to_json() for s in sorted(view.slots, key=lambda s: s.key)],
+        "pinger": {**view.agent.to_json(), "held": view.agent_held,
+                   "lateness_ms": view.lateness_ms, "stats": dict(view.stats)},
+        "network": view.network.to_json(),
+        "peers": [p.to_json() for p in view.peers],
+        "policy": None if policy is None else {
+            "suspect_after_s": policy.suspect_after_s,
+            "dead_after_s": policy.dead_after_s,
+            "peer_suspect_after_s": policy.peer_suspect_after_s,
+            "peer_dead_after_s": policy.peer_dead_after_s,
         },
     }
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    if args.json:
-        with Board.attach(args.board) as board:
-            doc = _status_doc(board)
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-        slots = doc["slots"]
-        assert isinstance(slots, list)
-        return 0 if all(Status(s["status"]) in HEALTHY for s in slots) else 1
-    from .monitor import print_status
     from .view import read_view
 
     with Board.attach(args.board) as board:
         view = read_view(board)
+        native = board.native
+    code, problems = view.health()
+    if args.json:
+        json.dump(_status_doc(view, native), sys.stdout, indent=2)
+        print()
+        return code
+    from .monitor import print_status
+
     print_status(view)
-    return 0 if not view.unhealthy() else 1
+    for p in problems:
+        print(f"problem: {p}")
+    return code
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
@@ -176,9 +179,10 @@ def cmd_pinger(args: argparse.Namespace) -> int:
 
     Board.open(args.board).close()
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
-        from .pinger import configure_from_args
+        from .netconfig import configure_from_args
         configure_from_args(args)  # stored in the board: any holder of the role applies them
-    agent = Agent(board_name(args.board), config=AgentConfig(tick_s=args.tick_s))
+    agent = Agent(board_name(args.board),
+                  config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s))
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
@@ -192,7 +196,11 @@ def cmd_pinger(args: argparse.Namespace) -> int:
     log.info("pinger for board %s started (pid %d); waiting for the agent role",
              board_name(args.board), __import__("os").getpid())
     while not stop.wait(0.5):
-        if agent._thread is not None and not agent._thread.is_alive():
+        if agent.deposed.is_set():
+            log.error("the agent loop was stuck and gave the role up: exiting so that a "
+                      "supervisor restarts this pinger")
+            return 1
+        if not agent.is_running():
             log.error("the agent loop ended unexpectedly")
             return 1
     agent.stop()
@@ -227,7 +235,20 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--board", default=None,
                         help=f"board name (default: ${BOARD_ENV} or {DEFAULT_BOARD!r})")
 
-    sp = sub.add_parser("status", help="show the board; exit 1 if a local slot is not healthy")
+    sp = sub.add_parser(
+        "status", help="show the board; the exit status says whether the host is healthy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show the board: the agent, its network half, local slots, remote hosts.",
+        epilog=f"""exit status (the first that applies, in this order):
+  {EXIT_ERROR}  the command failed (no such board, bad options)
+  {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
+     left; deaths are not detected at once and remote verdicts read unknown
+  {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
+     cannot listen, secret or keys unreadable, hosts skipped, restarting
+  {EXIT_SLOTS}  a local slot is suspect, dead or unknown
+  {EXIT_OK}  healthy: an agent runs, its network half works (or none is configured),
+     every local slot is alive or left
+--json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.""")
     board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=cmd_status)
@@ -235,8 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("pinger", help="hold the host agent role in the foreground")
     board_arg(sp)
     sp.add_argument("--tick-s", type=float, default=0.05, help="agent loop period (default 0.05)")
+    sp.add_argument("--watchdog-s", type=float, default=10.0,
+                    help="give the role up (and exit 1) when the agent loop is blocked this "
+                         "long (default 10)")
     sp.set_defaults(func=cmd_pinger)
-    from .pinger import add_pinger_args
+    from .netconfig import add_pinger_args
     add_pinger_args(sp)
 
     sp = sub.add_parser("monitor", help="live full-screen view of the board (Ctrl-C quits)")

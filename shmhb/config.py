@@ -96,10 +96,23 @@ class AgentConfig:
 
     tick_s: float = 0.05
     election_poll_s: float = 0.2
+    #: a holder whose loop makes no progress for this long (blocked in one call) gives
+    #: the role up; readers already read its verdicts UNKNOWN after agent_stale_s, so
+    #: this bounds how long the host goes without an observer, not the detection time.
+    #: Loaded hosts starve loops for seconds: keep it well above that.
+    watchdog_s: float = 10.0
+    #: the network half, when it fails, is retried after this, doubling up to the max
+    net_retry_min_s: float = 0.25
+    net_retry_max_s: float = 10.0
 
     def __post_init__(self) -> None:
-        _positive("tick_s", self.tick_s)
-        _positive("election_poll_s", self.election_poll_s)
+        for f in ("tick_s", "election_poll_s", "watchdog_s", "net_retry_min_s",
+                  "net_retry_max_s"):
+            _positive(f, getattr(self, f))
+        if self.watchdog_s < 4 * self.tick_s:
+            raise InvalidConfig("watchdog_s must be at least 4 ticks (4 * tick_s)")
+        if self.net_retry_max_s < self.net_retry_min_s:
+            raise InvalidConfig("net_retry_max_s must be >= net_retry_min_s")
 
 
 def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:

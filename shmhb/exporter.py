@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9645
 STATUSES = tuple(Status)
+NETWORK_STATES = ("not configured", "starting", "listening", "degraded", "unknown")
 
 #: board counters (``Board.stats``) exported as plain counters, by metric name
 MESSAGE_COUNTERS = {
@@ -173,6 +174,27 @@ class BoardCollector:
         g.add_metric([], view.lateness_ms / 1000.0)
         yield g
 
+        # the agent's network half
+        net = view.network
+        g = GaugeMetricFamily("shmhb_network_state", "State of the agent's network half: 1 "
+                              "for the current state, 0 for the others.", labels=["state"])
+        for state in NETWORK_STATES:
+            g.add_metric([state], 1 if net.state == state else 0)
+        yield g
+        g = GaugeMetricFamily("shmhb_network_degraded", "1 if the network half is configured "
+                              "but not working, by reason (see `shmhb status`).",
+                              labels=["reason"])
+        g.add_metric([net.reason or "none"], 0 if net.working else 1)
+        yield g
+        g = GaugeMetricFamily("shmhb_network_skipped_hosts",
+                              "Followed hosts the network half cannot ping (no key, bad address).")
+        g.add_metric([], net.skipped_hosts)
+        yield g
+        g = GaugeMetricFamily("shmhb_health_exit_code",
+                              "What `shmhb status` would exit with now (0: healthy).")
+        g.add_metric([], view.health()[0])
+        yield g
+
         # remote hosts and their workers
         pst = GaugeMetricFamily("shmhb_peer_status", "Status of each followed remote host: 1 "
                                 "for its current status, 0 for the others.", labels=["peer", "status"])
@@ -222,6 +244,10 @@ class BoardCollector:
         c = CounterMetricFamily("shmhb_agent_late_loops",
                                 "Agent loop iterations that ran more than four ticks late.")
         c.add_metric([], stats.get("loop_late", 0))
+        yield c
+        c = CounterMetricFamily("shmhb_network_failures",
+                                "Times the network half failed and was closed for a retry.")
+        c.add_metric([], stats.get("net_failures", 0))
         yield c
         for stat, (name, doc) in MESSAGE_COUNTERS.items():
             c = CounterMetricFamily(name, doc)

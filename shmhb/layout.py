@@ -48,6 +48,9 @@ Word maps (bit 63 on the left)::
     peer/remote row status word
               | gen:20 | code:4 | ts:40         |      agent; code is a Status code
     rtt word  | gen:20 | rtt_us:44              |      agent
+    net_state | term:24 | state:4 | auth:2 | listening:1 | reason:8 | errno:16 | skipped:9 |
+                                                   agent; the network half (see netstate.py)
+    net_gen   | term:24 | cfg_gen:40             |      agent; the settings generation applied
 """
 
 from __future__ import annotations
@@ -119,6 +122,38 @@ def pack_rtt(gen: int, rtt_us: int) -> int:
     return ((gen & GEN_MASK) << GEN_SHIFT) | (min(rtt_us, RTT_MASK) & RTT_MASK)
 
 
+# network half state word (net_state): see the word map above and shmhb.netstate
+NET_STATE_SHIFT: Final = 36
+NET_AUTH_SHIFT: Final = 34
+NET_LISTENING_BIT: Final = 1 << 33
+NET_REASON_SHIFT: Final = 25
+NET_ERRNO_SHIFT: Final = 9
+NET_SKIPPED_MASK: Final = (1 << 9) - 1
+
+
+def pack_net_state(term: int, state: int, auth: int, listening: bool, reason: int,
+                   err: int, skipped: int) -> int:
+    return (((term & INC_MASK) << INC_SHIFT) | ((state & 0xF) << NET_STATE_SHIFT)
+            | ((auth & 0x3) << NET_AUTH_SHIFT) | (NET_LISTENING_BIT if listening else 0)
+            | ((reason & 0xFF) << NET_REASON_SHIFT) | ((err & 0xFFFF) << NET_ERRNO_SHIFT)
+            | min(max(skipped, 0), NET_SKIPPED_MASK))
+
+
+def unpack_net_state(word: int) -> tuple[int, int, int, bool, int, int, int]:
+    """(term, state, auth, listening, reason, errno, skipped) of a net_state word."""
+    return (word >> INC_SHIFT, (word >> NET_STATE_SHIFT) & 0xF, (word >> NET_AUTH_SHIFT) & 0x3,
+            bool(word & NET_LISTENING_BIT), (word >> NET_REASON_SHIFT) & 0xFF,
+            (word >> NET_ERRNO_SHIFT) & 0xFFFF, word & NET_SKIPPED_MASK)
+
+
+def pack_net_gen(term: int, cfg_gen: int) -> int:
+    return ((term & INC_MASK) << INC_SHIFT) | (cfg_gen & TS40_MASK)
+
+
+def net_checksum(state_word: int, gen_word: int, listen: bytes, error: bytes) -> int:
+    return checksum(state_word, gen_word, listen, error)
+
+
 # --- sizes of fixed fields --------------------------------------------------------------
 
 KEY_BYTES: Final = 64  # utf-8 key, NUL padded; at most KEY_BYTES - 1 bytes used
@@ -126,6 +161,7 @@ ENDPOINTS_BYTES: Final = 256  # endpoints joined by b",", NUL padded
 ADDR_BYTES: Final = 64  # "host:port" of a pinger or watched endpoint
 PATH_BYTES: Final = 256
 MAX_ENDPOINTS: Final = 8
+NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
 
 # --- header -----------------------------------------------------------------------------
 #
@@ -147,6 +183,12 @@ MAX_ENDPOINTS: Final = 8
 #                       any holder of the role applies (listen address, secret, interval,
 #                       ping budget in milli-pings/s: 0 in a board made before it existed,
 #                       read as the default)
+# net_state             the agent role holder: its network half's state (one word, the
+#                       only one `status` judges by; names the holder's term)
+# net_gen, net_listen,  the agent role holder: details of that state (settings generation,
+# net_error, net_ck     the address listened on, the last error's text), checksummed with
+#                       the state word: a reader that catches them mid-write sees a bad
+#                       checksum and shows the state word alone, never mixed details
 
 STAT_NAMES: Final = (
     "pings_sent",
@@ -166,6 +208,11 @@ STAT_NAMES: Final = (
     "loop_late",
     "deaths_seen",
     "pings_evidence",
+    "bad_spoofed",
+    "push_unlisted",
+    "drain_budget_spent",
+    "net_failures",
+    "intake_muted",
 )
 NSTATS: Final = 32
 
@@ -184,6 +231,7 @@ HEADER_DTYPE: Final = np.dtype(
             "stats",
             "cfg_gen", "cfg_listen", "cfg_secret_path", "cfg_curve_dir",
             "cfg_interval_ns", "cfg_checksum", "cfg_budget_mpps",
+            "net_state", "net_gen", "net_listen", "net_error", "net_ck",
         ],
         "formats": [
             "<u8", "<u4", "<u4", "<u8",
@@ -198,6 +246,7 @@ HEADER_DTYPE: Final = np.dtype(
             ("<u8", NSTATS),
             "<u8", f"S{ADDR_BYTES}", f"S{PATH_BYTES}", f"S{PATH_BYTES}",
             "<u8", "<u8", "<u8",
+            "<u8", "<u8", f"S{ADDR_BYTES}", f"S{NET_ERROR_BYTES}", "<u8",
         ],
         "offsets": [
             0, 8, 12, 16,
@@ -214,6 +263,8 @@ HEADER_DTYPE: Final = np.dtype(
             # pinger settings
             640, 648, 712, 968,
             1224, 1232, 1240,
+            # the network half's state (agent role holder), its own cache lines
+            1280, 1288, 1296, 1360, 1616,
         ],
         "itemsize": HEADER_BYTES,
     }

@@ -81,6 +81,25 @@ def agent_line(view: View) -> Text:
     return t
 
 
+def network_line(view: View) -> Text:
+    """One line on the agent's network half: listening where, or why it is degraded."""
+    n = view.network
+    t = Text("network ", no_wrap=True, overflow="ellipsis")
+    style = "bold red" if not n.working else "green" if n.state == "listening" else "dim"
+    t.append(n.state, style=style)
+    if n.listen:
+        t.append(f" on {n.listen}")
+    if n.state not in ("not configured", "unknown"):
+        t.append(f"  auth {n.auth}")
+    if n.reason:
+        t.append(f"  {n.reason}", style="red")
+    if n.skipped_hosts:
+        t.append(f"  {n.skipped_hosts} host(s) skipped")
+    if n.error:
+        t.append(f"  {n.error}")
+    return t
+
+
 # -- tables -------------------------------------------------------------------------------
 
 
@@ -211,7 +230,8 @@ def remote_lines(peers: Sequence[PeerStatus]) -> list[Text]:
 
 def status_renderable(view: View) -> RenderableType:
     """What ``shmhb status`` prints: the agent line, local slots, remote hosts."""
-    return _BLANK_LINE.join([agent_line(view), local_table(view), remote_table(view.peers)])
+    head = Text("\n").join([agent_line(view), network_line(view)])
+    return _BLANK_LINE.join([head, local_table(view), remote_table(view.peers)])
 
 
 def print_status(view: View, console: Console | None = None) -> None:
@@ -304,6 +324,7 @@ def _pinger_rows(view: View) -> list[tuple[str, str | Text]]:
     rows.append(("term", str(a.term)))
     rows.append(("role held", "yes" if view.agent_held else Text("no", style="bold red")))
     rows.append(("last beat", f"{fmt_age(a.age_s)} ago" if a.age_s is not None else "-"))
+    rows.append(("network", network_line(view)[len("network "):]))
     rows.append(("lateness", f"{view.lateness_ms:.1f} ms"))
     rows.append(("late loops", str(st.get("loop_late", 0))))
     rows.append(("deaths seen", str(st.get("deaths_seen", 0))))

@@ -42,6 +42,22 @@ def start_time(pid: int | str = "self") -> int | None:
     return int(rest[19])
 
 
+def thread_switches(tid: int) -> int | None:
+    """Context switches (voluntary + not) of thread ``tid`` of this process so far, or
+    None if they cannot be read (no procfs, out of fds).  A thread blocked in one call
+    makes none; one that runs, is preempted or waits for the GIL keeps making them."""
+    try:
+        with open(f"/proc/self/task/{tid}/status", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    n = 0
+    for line in data.splitlines():
+        if line.startswith((b"voluntary_ctxt_switches:", b"nonvoluntary_ctxt_switches:")):
+            n += int(line.split()[1])
+    return n
+
+
 def pidfd_open(pid: int) -> int | None:
     """A pidfd for ``pid``, or None if the process is gone; raises OSError(ENOSYS) where
     the kernel has no pidfd_open."""

@@ -95,3 +95,29 @@ class AgentStatus(NamedTuple):
             "age_s": None if self.age_s is None else round(self.age_s, 3),
             "term": self.term,
         }
+
+
+class NetworkStatus(NamedTuple):
+    """The host agent's network half (the pinger) as the board shows it.
+
+    ``state``: "not configured", "starting", "listening", "degraded" or "unknown" (no
+    holder has written it, or the holder that did is gone).  ``reason`` names why it is
+    degraded; ``error`` is the last error's text; ``listen``: the address it listens on
+    (None when not listening or not known); ``auth``: none, hmac or curve;
+    ``skipped_hosts``: followed hosts it cannot ping (no key, unusable address);
+    ``settings_gen``: the stored settings generation it applied."""
+
+    state: str
+    working: bool
+    listening: bool
+    listen: str | None
+    auth: str
+    reason: str | None
+    errno: int
+    error: str | None
+    skipped_hosts: int
+    settings_gen: int | None
+    term: int
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self._asdict())

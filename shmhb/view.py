@@ -16,10 +16,21 @@ from dataclasses import dataclass, field
 
 from .board import Board
 from .config import Policy
-from .status import AgentStatus, PeerStatus, SlotStatus, Status
+from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 
 BAD_PREFIX = "bad_"
 NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
+NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
+
+#: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 1, 0).
+EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
+EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
+EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli)
+EXIT_NO_OBSERVER = 3  # no running agent: none ever ran, its holder is gone, stalled or left
+EXIT_NETWORK = 4  # the configured network half is not working (degraded: see the reason)
+#: Version of ``shmhb status --json``: bumped when a field changes meaning or goes away
+#: (new fields may appear without a bump).
+STATUS_SCHEMA = 1
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -45,6 +56,7 @@ class View:
     stats: Mapping[str, int] = field(default_factory=dict)
     lateness_ms: float = 0.0
     policy: Policy | None = None
+    network: NetworkStatus = NO_NETWORK
 
     def bad_frames(self) -> dict[str, int]:
         """Bad-frame counters by reason (``bad_auth`` -> ``auth``)."""
@@ -53,6 +65,36 @@ class View:
     def unhealthy(self) -> list[SlotStatus]:
         """Local slots that are neither alive nor left (what makes ``status`` exit 1)."""
         return [s for s in self.slots if s.status not in (Status.ALIVE, Status.LEFT)]
+
+    def health(self) -> tuple[int, list[str]]:
+        """``shmhb status``'s exit code (``EXIT_*``) and the problems behind it, worst
+        first.  The one place that decides it, for the text and the JSON alike."""
+        problems: list[tuple[int, str]] = []
+        a = self.agent
+        if a.status is Status.UNKNOWN:
+            problems.append((EXIT_NO_OBSERVER, "no agent has run on this board: deaths are "
+                             "not detected; start `shmhb pinger` or register a worker"))
+        elif a.status is Status.LEFT:
+            problems.append((EXIT_NO_OBSERVER, "the agent left and no process holds the role"
+                             if not self.agent_held else "the agent role is changing hands"))
+        elif a.status is not Status.ALIVE:
+            problems.append((EXIT_NO_OBSERVER, "the agent is stalled (role still held)"
+                             if self.agent_held else "the agent is gone; no standby took over"))
+        elif not self.agent_held:
+            problems.append((EXIT_NO_OBSERVER, "the agent is gone (role not held)"))
+        n = self.network
+        if not n.working:
+            why = n.reason or "unknown reason"
+            problems.append((EXIT_NETWORK, f"the network half is degraded ({why})"
+                             + (f": {n.error}" if n.error else "")))
+        bad = self.unhealthy()
+        if bad:
+            problems.append((EXIT_SLOTS, f"{len(bad)} local slot(s) not healthy: "
+                             + ", ".join(f"{s.key} {s.status.value}" for s in bad[:8])
+                             + (" ..." if len(bad) > 8 else "")))
+        order = (EXIT_NO_OBSERVER, EXIT_NETWORK, EXIT_SLOTS)
+        problems.sort(key=lambda p: order.index(p[0]))
+        return (problems[0][0] if problems else EXIT_OK), [m for _, m in problems]
 
 
 def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
@@ -70,4 +112,5 @@ def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
         stats=board.stats(),
         lateness_ms=board.lateness_ms(),
         policy=board.policy,
+        network=board.network(),
     )

@@ -299,8 +299,11 @@ def cluster_fixture(tmp_path: Any) -> Iterator[Cluster]:
 
 
 def write_secret(path: str, secret: bytes) -> str:
-    with open(path, "wb") as f:
+    """A secret file as the pinger wants it: readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(secret)
+    os.chmod(path, 0o600)
     return path
 
 

@@ -453,7 +453,9 @@ def test_fuzzing_flood_is_counted_and_dropped_while_good_pings_are_answered(clus
     s.setsockopt(zmq.RCVHWM, 10)
     s.connect(f"tcp://{b.listen}")
     try:
-        # the first copy of `replayed` is a good ping (answered), every later one a replay
+        # Without a secret there is no replay guard (its key, the identity, is anyone's to
+        # claim: a guard would let a forger lock a host out), so every copy of
+        # `replayed` is a good ping, answered; acks are matched to nonces by the pinger.
         s.send(replayed)
         wait_until(lambda: s.poll(0), timeout_s=10, what="the fuzzer's first ping answered")
         s.recv()
@@ -467,7 +469,7 @@ def test_fuzzing_flood_is_counted_and_dropped_while_good_pings_are_answered(clus
         t_flood = time.monotonic()
         for k in range(batches):
             for _ in range(batch):
-                parts, reason = pool[rng.randrange(len(pool))] if rng.random() > 0.05 else ([replayed], "bad_replay")
+                parts, reason = pool[rng.randrange(len(pool))] if rng.random() > 0.05 else ([replayed], "pings_answered")
                 s.send_multipart(parts)
                 want[reason] = want.get(reason, 0) + 1
             sent += batch
@@ -485,7 +487,10 @@ def test_fuzzing_flood_is_counted_and_dropped_while_good_pings_are_answered(clus
         print(f"{sent} bad frames counted in {time.monotonic() - t_flood:.2f} s: "
               + ", ".join(f"{r} {n}" for r, n in sorted(want.items())))
         for reason, n in want.items():
-            assert after[reason] - before[reason] == n, (reason, n, after[reason] - before[reason])
+            got = after[reason] - before[reason]
+            # pings_answered also counts the honest watcher's pings
+            assert got == n or reason == "pings_answered" and got >= n, (reason, n, got)
+        assert after["bad_replay"] == before["bad_replay"]
         assert after["pings_answered"] > before["pings_answered"]
         assert a.stats()["acks_received"] > acks_before
         assert a.peer_status(b) is Status.ALIVE

@@ -57,6 +57,7 @@ from .invariants import (
     read_view,
     scan_board,
 )
+from .hostile import LIAR_IP, HostileFaults
 from .schedule import NEEDS_NETNS, NEEDS_ROOT, Fault, Timing, make_schedule
 
 WORKER = r"""
@@ -138,6 +139,7 @@ RECLAIM_S = 3.0
 TAKEOVER_S = 1.5
 PARTITION_MARGIN_S = 8.0  # TCP retransmits with backoff after the veth comes back
 GAP_REPORT_S = 0.5
+PRLIMIT = shutil.which("prlimit")
 SCAN_EVERY_S = 0.25
 
 
@@ -286,7 +288,7 @@ class _Host:
         return out
 
 
-class Harness:
+class Harness(HostileFaults):
     def __init__(self, cfg: ChaosConfig) -> None:
         self.cfg = cfg
         self.t = cfg.timing
@@ -390,6 +392,7 @@ class Harness:
             o.rboard = Board.attach(o.name)
             o.reaper = LinkReaper(o.rboard, on_drop=self._on_drop_cb(o.idx)).start(0.05)
         self.ctx = zmq.Context()  # for the garbage DEALERs
+        self.hostile_setup()  # a lying followed host, watched by every loopback host
         # everything up, every view converged, every link tracked
         deadline = now_ns() + 120 * NS
         while True:
@@ -406,7 +409,10 @@ class Harness:
         assert self.cluster is not None
         h.h._n += 1
         label = f"{h.name}-pinger{h.h._n}"
-        proc = self.cluster.spawn(h.h.pinger_cmd(configure=configure), label)
+        cmd = h.h.pinger_cmd(configure=configure)
+        if PRLIMIT:  # the file descriptors a systemd unit gets by default
+            cmd = [PRLIMIT, "--nofile=1024:1024", *cmd]
+        proc = self.cluster.spawn(cmd, label)
         p = _Pinger(proc, label)
         h.pingers.append(p)
         h.all_pids.add(proc.pid)
@@ -556,6 +562,7 @@ class Harness:
                 probs = scan_board(h.board, h.all_pids)
                 self.checker.torn(h.idx, t, probs, self.truth.pinger_stopped[h.idx])
         self._check_garbage(t)
+        self.hostile_check(t)
         self.checker.judge(t)
         self._last_step = now_ns()
 
@@ -1347,6 +1354,8 @@ class Harness:
             want: dict[bytes, int] = {}
             for s in self.truth.followed(o.idx):  # type: ignore[union-attr]
                 want[self.hosts[s].ip.encode()] = 1
+            if self.liar is not None and o.group == 0:
+                want[LIAR_IP.encode()] = 1  # the lying followed host (hostile.py)
             for lk in o.reaper.links() if o.reaper is not None else []:
                 k = lk.endpoint.rsplit(":", 1)[0].encode()
                 want[k] = want.get(k, 0) + 1
@@ -1361,6 +1370,7 @@ class Harness:
 
     def teardown(self) -> None:
         errors = []
+        self.hostile_teardown()
         for h in self.hosts:
             if h.reaper is not None:
                 h.reaper.stop()

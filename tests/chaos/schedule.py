@@ -37,6 +37,20 @@ shm_full               create a board in a private mount namespace whose /dev/sh
                        tiny tmpfs: must fail with BoardSpaceError (root only)
 partition              take the veth between the two namespaced hosts down for
                        ``duration_s`` (root with iproute2 only)
+conn_flood             1100 TCP connections (half of them half a ZMTP greeting) at a
+                       pinger that has 1024 file descriptors, for ``duration_s``
+forged_ping            learn host X's identity from an ack, ping host Y as X with nonce
+                       2^64-1 (no secret): Y must not lock X's real pings out
+push_flood             the liar (a followed host) pushes 64 new keys a push, as fast as
+                       it can, for ``duration_s``
+relay                  the liar answers pings with another host's acks to the same nonce
+spoof                  the liar lists every other host's worker endpoints ALIVE
+bad_watch              a watch address libzmq refuses, stored as an older version would
+                       have, for ``duration_s``
+long_endpoint          a worker registers a 72-byte endpoint (a Kubernetes service name)
+bad_config             a throwaway host next to the cluster whose pinger cannot run as
+                       configured (port in use, secret missing or readable by others,
+                       no CURVE secret key, a listen address not on this host)
 =====================  ==================================================================
 """
 
@@ -95,6 +109,14 @@ WEIGHTS: dict[str, float] = {
     "cpu_hog": 1.5,
     "shm_full": 1,
     "partition": 2,
+    "conn_flood": 1.5,
+    "forged_ping": 2,
+    "push_flood": 2,
+    "relay": 1.5,
+    "spoof": 2,
+    "bad_watch": 1.5,
+    "long_endpoint": 1.5,
+    "bad_config": 1.5,
 }
 KINDS = tuple(WEIGHTS)
 #: faults that need the namespaced pair of hosts, or root
@@ -128,6 +150,17 @@ class Fault:
         extra = f" n={self.n}" if self.kind == "garbage" else (
             f" {self.duration_s:.2f}s" if self.duration_s else "")
         return f"{self.kind} {tgt}{extra}"
+
+
+def hostile_duration(kind: str, rng: random.Random) -> float | None:
+    """Durations of the hostile-input kinds (``hostile.py``); None for the others."""
+    lo_hi = {"conn_flood": (1.0, 5.0), "push_flood": (0.5, 3.0), "relay": (1.0, 4.0),
+             "spoof": (1.0, 6.0), "bad_watch": (1.0, 6.0), "long_endpoint": (0.5, 4.0),
+             "forged_ping": None, "bad_config": None}
+    if kind not in lo_hi:
+        return None
+    r = lo_hi[kind]
+    return 0.0 if r is None else rng.uniform(*r)
 
 
 def make_schedule(seed: int, duration_s: float, n_hosts: int, n_workers: int,
@@ -171,6 +204,8 @@ def make_schedule(seed: int, duration_s: float, n_hosts: int, n_workers: int,
         elif kind == "garbage":
             d = 0.0
             n = rng.randrange(20, 400)
+        elif (hd := hostile_duration(kind, rng)) is not None:
+            d = hd
         else:
             d = 0.0
         out.append(Fault(round(t, 3), kind, host, worker, round(d, 3), n, rng.getrandbits(32)))

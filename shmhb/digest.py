@@ -1,0 +1,87 @@
+"""The local digest: what this host's pinger tells its watchers about local slots.
+
+Rebuilt only when a slot's status or incarnation changed (one vectorised judgement of
+the whole board per flush); its encoded body is cached per generation so an ack costs a
+header and a copy.  The generation starts at a random value, not 0: the board's
+identity outlives this process, so a restarted pinger (or a standby taking over) that
+counted from 0 again could reach the very generation number a watcher already holds,
+with different contents (a worker died meanwhile), and answer "unchanged": the watcher
+would keep a stale ALIVE for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import numpy as np
+
+from .board import Board
+from .judge import judge_local_array
+from .layout import INC_MASK, INC_SHIFT
+from .errors import ProtocolError
+from .protocol import MAX_ACK_ENTRIES, DigestEntry, encode_entries
+from .status import Status
+
+log = logging.getLogger(__name__)
+_DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
+
+
+class LocalDigest:
+    def __init__(self, board: Board) -> None:
+        self.b = board
+        self.gen = random.getrandbits(62) | 1
+        self.body = encode_entries(())
+        self._key: tuple[bytes, bytes] | None = None
+        self._entries: dict[str, DigestEntry] = {}
+        self._last_log_ns = -(10**12)
+
+    def rebuild(self) -> list[DigestEntry]:
+        """Rebuild the digest if a local slot changed; returns the changes worth a push
+        (new incarnations, deaths, leaves)."""
+        b = self.b
+        hb, v, now = b.snapshot()
+        codes, _ = judge_local_array(hb, v, int(now), b.thresholds)
+        key = (codes.tobytes(), (hb >> np.uint64(INC_SHIFT)).tobytes())
+        if key == self._key:
+            return []
+        self._key = key
+        entries: dict[str, DigestEntry] = {}
+        for i in np.flatnonzero(codes):
+            info = b._read_slot(int(i))
+            if info is None:
+                continue
+            k, pid, inc, eps = info
+            if (int(hb[i]) >> INC_SHIFT) != inc & INC_MASK:
+                continue
+            e = DigestEntry(k, inc, int(codes[i]), pid,
+                            int((int(now) - (int(hb[i]) & ((1 << 39) - 1))) * 1.048576), eps)
+            if self._fits(e):
+                entries[k] = e
+        news = [e for k, e in entries.items()
+                if (old := self._entries.get(k)) is None or old.incarnation != e.incarnation
+                or (old.status != e.status and e.status in _DEAD_OR_LEFT)]
+        if [(e.key, e.incarnation, e.status) for e in entries.values()] == [
+                (e.key, e.incarnation, e.status) for e in self._entries.values()]:
+            return []
+        self._entries = entries
+        self.gen += 1
+        self.body = encode_entries(list(entries.values())[:MAX_ACK_ENTRIES])
+        return news
+
+    def _fits(self, e: DigestEntry) -> bool:
+        """Whether ``e`` fits the wire's limits.  A slot stored by an older version (an
+        endpoint over 63 bytes, say) is left out of the digest with a rate-limited log,
+        never allowed to stop the digest, and with it the agent (every standby would
+        read the same slot)."""
+        try:
+            encode_entries((e,))
+        except ProtocolError as err:
+            now = time.monotonic_ns()
+            if now - self._last_log_ns >= 10 * 10**9:
+                self._last_log_ns = now
+                log.warning("board %s: slot %r left out of the digest: %s [further ones "
+                            "logged at most every 10 s]", self.b.name, e.key, err)
+            return False
+        return True

@@ -1,0 +1,69 @@
+"""What a followed host may speak for: the trust rules the pinger applies to what
+arrives on its connection to that host (pure functions, no I/O).
+
+An ack counts only on the connection to the address that was pinged (the caller
+matches it to a nonce sent there), from a board identity no other followed host uses,
+naming that address -- or a wildcard listen address, which says nothing -- as its own:
+otherwise it is another host's ack relayed.  An endpoint counts only from the host it
+names: a followed host cannot make another host's killed worker read ALIVE by listing
+that worker's endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .config import parse_hostport
+from .errors import InvalidConfig
+from .protocol import DigestEntry, Identity
+from .suspicion import PeerState
+
+_WILDCARDS = frozenset(("-", "0.0.0.0", "::", "*"))
+
+
+@dataclass
+class Target:
+    """A followed host: its routing id on our client socket, our verdict, its rows."""
+
+    address: str
+    host: str
+    rid: bytes
+    endpoint: str
+    state: PeerState
+    row: int
+    gen: int
+    next_ping_ns: int  # retries while its connection is down (turns: the ping plan)
+    reachable: bool = True
+    evidence_nonce: int = 0  # highest nonce of its pings that counted as evidence
+    identity: Identity | None = None
+    digest_gen: int = 0
+    remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+
+def host_of(text: str) -> str | None:
+    try:
+        return parse_hostport(text)[0].lower()
+    except InvalidConfig:
+        return None
+
+
+def speaks_for_another(t: Target, identity: Identity, address: str,
+                       targets: Iterable[Target]) -> bool:
+    """Whether a frame on ``t``'s connection speaks for another host: a board identity
+    another followed host uses, or an address other than ``t``'s."""
+    for o in targets:
+        if o is not t and o.identity == identity:
+            return True
+    if address == t.address or address in _WILDCARDS:
+        return False
+    h = host_of(address)
+    return h is None or h not in _WILDCARDS and address.lower() != t.address.lower()
+
+
+def own_endpoints(t: Target, e: DigestEntry) -> DigestEntry:
+    """``e`` with only the endpoints on ``t``'s own host (``e`` itself if all are)."""
+    eps = tuple(ep for ep in e.endpoints if host_of(ep) == t.host)
+    if len(eps) == len(e.endpoints):
+        return e
+    return DigestEntry(e.key, e.incarnation, e.status, e.pid, e.age_ms, eps)

@@ -1,0 +1,193 @@
+"""The local half of the agent role: every registered worker watched, its death recorded
+at once.  Never depends on the network half, and survives what the host throws at it
+(EMFILE, slot records it cannot decode): such a slot is looked at again next tick, and
+a worker whose pidfd cannot be had is watched through its slot lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+import numpy as np
+import zmq
+
+from . import locks
+from .agentwriter import AgentWriter
+from .board import Board
+from .errors import ShmhbError
+from .layout import INC_SHIFT, LEFT_BIT, LOCK_SLOT_BASE, TS_SHIFT, pack_verdict
+from .procinfo import own_pid_namespace, pidfd_open, start_time
+
+log = logging.getLogger(__name__)
+
+_SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
+_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+
+
+class _Watched:
+    __slots__ = ("tag", "pid", "pidfd", "done")
+
+    def __init__(self, tag: int, pid: int, pidfd: int | None, done: bool) -> None:
+        self.tag, self.pid, self.pidfd, self.done = tag, pid, pidfd, done
+
+
+class LocalWatch:
+    """Watches every registered local worker and records its death at once.
+
+    Workers in our pid namespace are watched through a pidfd: the kernel wakes us when
+    the process exits.  The pid is verified against the start time the worker recorded
+    at registration, so a reused pid is never mistaken for the worker.  Workers in
+    another namespace, or where pidfd_open is missing, are checked every tick through
+    their slot lock, which the kernel releases when they die.
+    """
+
+    def __init__(self, board: Board, writer: AgentWriter) -> None:
+        self.board = board
+        self.w = writer
+        self._watched: dict[int, _Watched] = {}
+        self._by_fd: dict[int, int] = {}
+        self._lockfd = board._new_fd()
+        self._ns = own_pid_namespace()
+        self._pidfd_ok = hasattr(os, "pidfd_open")
+        self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
+        self._retry: set[int] = set()
+        self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
+        self._last_log: dict[str, int] = {}
+        self.pollables_gen = 0
+
+    def _rate_log(self, what: str, msg: str, *args: object) -> None:
+        now = time.monotonic_ns()
+        last = self._last_log.get(what)
+        if last is None or now - last >= 10 * 10**9:
+            self._last_log[what] = now
+            log.warning(msg + " [further ones logged at most every 10 s]", *args)
+
+    def pollables(self) -> list[zmq.Socket | int]:
+        return list(self._by_fd)
+
+    def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None:
+        i = self._by_fd.pop(what, None)  # type: ignore[arg-type]
+        if i is None:
+            return
+        self.pollables_gen += 1
+        wt = self._watched[i]
+        os.close(wt.pidfd)  # type: ignore[arg-type]
+        wt.pidfd = None
+        self._convict(i, wt, now_ns, "exited")
+
+    def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
+        wt.done = True
+        self._by_lock.discard(i)
+        hb = self.board._q[self.board._hb0 + i * 8]
+        if hb >> INC_SHIFT != wt.tag or hb & LEFT_BIT:
+            return  # it left gracefully, or the slot was registered again meanwhile
+        self.board._q[self.board._hb0 + i * 8 + 1] = pack_verdict(wt.tag, now_ns >> TS_SHIFT)
+        self.w.changed()
+        self.w.count("deaths_seen")
+        info = self.board._read_slot(i)
+        log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
+                 info[0] if info else f"slot {i}", wt.pid, why)
+
+    def tick(self, now_ns: int, late_ns: int) -> None:
+        """Start watching new registrations, stop watching leaves, and check the slot
+        locks of workers that have no pidfd.  Only slots whose (incarnation, left) bits
+        changed since the last tick are examined one by one."""
+        b = self.board
+        hbs = b._hb.copy()
+        marks = hbs >> _SHIFT39
+        todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
+        self._marks = marks
+        self._retry = set()
+        if todo:
+            verdicts = b._verdict.copy()
+            for i in sorted(todo):
+                if hbs[i]:
+                    try:
+                        self._examine(i, int(hbs[i]), int(verdicts[i]), now_ns)
+                    except (OSError, ShmhbError, ValueError, UnicodeError) as e:
+                        # /proc unreadable (EMFILE), or a slot record an older version
+                        # stored that does not decode: look again next tick, never stop
+                        # watching the others over it.
+                        self._forget(i)
+                        self._retry.add(i)
+                        self._rate_log("examine", "board %s: slot %d not watched yet: %s",
+                                       self.board.name, i, e)
+        for i in list(self._by_lock):
+            if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                self._convict(i, self._watched[i], now_ns, "released its slot lock")
+
+    def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
+        tag = hb >> INC_SHIFT
+        wt = self._watched.get(i)
+        if wt is not None and wt.tag == tag:
+            if hb & LEFT_BIT and not wt.done:  # it left gracefully: stop watching
+                self._forget(i)
+                self._watched[i] = _Watched(tag, wt.pid, None, True)
+                # Readers learn of changes from the change counter; the leaver moves the
+                # registry's half of it, unless the registry lock was out of its reach
+                # (held by a stopped process): ours is always within reach.
+                self.w.changed()
+            return
+        self._forget(i)
+        if hb & LEFT_BIT or verdict >> INC_SHIFT == tag:
+            self._watched[i] = _Watched(tag, 0, None, True)
+            return
+        info = self.board._read_slot(i)
+        if info is None:
+            self._retry.add(i)  # caught mid-registration: look again next tick
+            return
+        pid = info[1]
+        rec = self.board._records[i]
+        wt = _Watched(tag, pid, None, False)
+        self._watched[i] = wt
+        if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
+            pidfd = None
+            try:
+                pidfd = pidfd_open(pid)
+                started = start_time(pid) if pidfd is not None else None
+            except OSError as e:
+                if e.errno in _FD_ERRNOS:
+                    # Out of file descriptors (a connection flood, a low LimitNOFILE):
+                    # this worker is watched through its slot lock instead, which needs
+                    # no fd of its own and is checked every tick.
+                    self._rate_log("fds", "board %s: no fd for a pidfd (%s): worker %d "
+                                   "watched through its slot lock", self.board.name, e, pid)
+                else:
+                    log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
+                    self._pidfd_ok = False
+                if pidfd is not None:
+                    os.close(pidfd)
+            else:
+                if pidfd is None:
+                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
+                elif started != int(rec["pid_start"]):
+                    os.close(pidfd)
+                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
+                else:
+                    wt.pidfd = pidfd
+                    self._by_fd[pidfd] = i
+                    self.pollables_gen += 1
+                return
+        # another pid namespace, or no pidfd: the slot lock tells, checked every tick
+        self._by_lock.add(i)
+        if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+            self._convict(i, wt, now_ns, "released its slot lock")
+
+    def flush(self, now_ns: int) -> None:
+        """Nothing to do: verdicts are written as each pidfd fires."""
+
+    def _forget(self, i: int) -> None:
+        self._by_lock.discard(i)
+        wt = self._watched.pop(i, None)
+        if wt is not None and wt.pidfd is not None:
+            self._by_fd.pop(wt.pidfd, None)
+            os.close(wt.pidfd)
+            self.pollables_gen += 1
+
+    def close(self) -> None:
+        for i in list(self._watched):
+            self._forget(i)
+        os.close(self._lockfd)

@@ -1,0 +1,149 @@
+"""The answering side of the pinger: acks to the pings of hosts that watch us, and
+pushes of local deaths, leaves and restarts to them.
+
+It owns the listening ROUTER's traffic: each ping is decoded, (with a secret) checked
+for replay, and answered on the connection it came in on with the local digest, whole
+or "unchanged" (``protocol.wants_full_digest``).  Watchers are remembered by routing id
+for pushes (at most ``4 * npeers`` of them, dropped after three peer-dead periods of
+silence).  The work per wake-up is bounded by time (``DRAIN_BUDGET_NS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+
+from .board import Board
+from .clock import Clock
+from .digest import LocalDigest
+from .protocol import (
+    MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, ReplayGuard, decode,
+    encode_ack_raw, encode_push, wants_full_digest,
+)
+from .suspicion import Suspicion
+
+log = logging.getLogger(__name__)
+
+_RECV_BATCH = 256  # frames handled per readiness event at most
+#: Time one wake-up may spend on the frames of one socket: a flood cannot hold the loop
+#: (and so the next pidfd notice) for longer than about this.
+DRAIN_BUDGET_NS = 5_000_000
+_NOBLOCK = int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost an enum operation per send
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
+# At most one push per this gap.  The first change after a quiet spell goes out at once;
+# changes within the gap are held and sent together by the first flush after it (every
+# tick runs one).  Workers killed together die one by one over milliseconds to tens of
+# milliseconds (the kernel tears their memory down in turn), and without a gap each
+# agent wake-up in between sent its own push: 5 to 11 messages for 32 deaths were seen
+# on a 2-core machine.  The price: a change that follows another within the gap waits
+# for it (plus up to one tick).
+_PUSH_GAP_NS = 50_000_000
+
+
+class Responder:
+    def __init__(self, board: Board, router: zmq.Socket[bytes], identity: Identity,
+                 address: str, secret: bytes | None, suspicion: Suspicion, clock: Clock,
+                 count: Callable[..., None], bad: Callable[[str, str], None],
+                 rate_log: Callable[..., None],
+                 on_ping: Callable[[Ping, int], None] | None = None) -> None:
+        self.b = board
+        self.router = router
+        self.identity = identity
+        self.address = address
+        self.secret = secret
+        self.suspicion = suspicion
+        self.clock = clock
+        self._count, self._bad, self._rate_log = count, bad, rate_log
+        self._on_ping = on_ping  # a ping that passed: the pinger weighs it as evidence
+        # Replay protection for pings only with a secret: without one a ping's identity
+        # is anyone's to claim, and a guard keyed by it lets a forger lock a host's real
+        # pings out (one ping as A with nonce 2**64-1 and B refused A for good).
+        # Unauthenticated replayed pings are harmless: acks are matched to nonces.
+        self.ping_guard: ReplayGuard | None = ReplayGuard() if secret else None
+        self.watchers: dict[bytes, int] = {}  # ROUTER routing id -> last ping ns
+        self._max_watchers = 4 * board.sizes.npeers
+        self.digest = LocalDigest(board)
+        self._push_seq = time.time_ns()
+        self._unpushed: dict[str, DigestEntry] = {}  # changes held back by _PUSH_GAP_NS
+        self._last_push_ns: int | None = None
+
+    def drain(self, now_ns: int) -> None:
+        r = self.router
+        deadline = self.clock.monotonic_ns() + DRAIN_BUDGET_NS
+        for n in range(_RECV_BATCH):
+            if not int(r.getsockopt(zmq.EVENTS)) & _POLLIN:
+                return  # drained (cheaper than letting recv raise Again)
+            if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
+                self._count("drain_budget_spent")
+                return  # the rest waits for the next wake-up, after the local watch
+            parts = r.recv_multipart(_NOBLOCK)
+            if len(parts) != 2:
+                self._bad("malformed", "router")
+                continue
+            rid, frame = parts
+            try:
+                msg = decode(frame, self.secret)
+            except FrameRejected as e:
+                self._bad(e.reason, "router")
+                continue
+            if not isinstance(msg, Ping):
+                self._bad("type", "router")
+                continue
+            if self.ping_guard is not None and not self.ping_guard.accept(msg.identity, msg.nonce):
+                self._bad("replay", "router")
+                continue
+            self.suspicion.inbound(now_ns)
+            if rid in self.watchers or len(self.watchers) < self._max_watchers:
+                self.watchers[rid] = now_ns
+            if self._on_ping is not None:
+                self._on_ping(msg, now_ns)
+            d = self.digest
+            full = wants_full_digest(msg, self.identity, d.gen)
+            ack = encode_ack_raw(msg.nonce, self.identity, self.address, d.gen,
+                                 d.body if full else None, self.secret)
+            try:
+                r.send(rid, _MORE)
+                r.send(ack, _NOBLOCK)
+                self._count("pings_answered")
+            except zmq.ZMQError as e:  # EHOSTUNREACH (gone), EAGAIN (slow reader)
+                self._rate_log("ack", "pinger: ack to a watcher not sent: %s", e)
+
+    def expire(self, cutoff_ns: int) -> None:
+        for rid, seen in list(self.watchers.items()):
+            if seen < cutoff_ns:
+                del self.watchers[rid]
+
+    def flush(self, now_ns: int) -> None:
+        """Rebuild the digest of local slots if anything changed, and push deaths, leaves
+        and restarts to the hosts that pinged us recently (batched: see _PUSH_GAP_NS)."""
+        for e in self.digest.rebuild():
+            self._unpushed[e.key] = e  # the latest change of a slot wins
+        if not self._unpushed:
+            return
+        if not self.watchers:
+            self._unpushed.clear()  # nobody to tell: a watcher's next ack tells it all
+            return
+        if self._last_push_ns is not None and now_ns - self._last_push_ns < _PUSH_GAP_NS:
+            return  # held back: a later flush sends everything held so far in one push
+        self._last_push_ns = now_ns
+        entries, self._unpushed = list(self._unpushed.values()), {}
+        self._push(entries)
+
+    def _push(self, entries: list[DigestEntry]) -> None:
+        r = self.router
+        for k in range(0, len(entries), MAX_PUSH_ENTRIES):
+            self._push_seq = max(self._push_seq + 1, time.time_ns())
+            frame = encode_push(Push(self.identity, self.address, self._push_seq,
+                                     self.digest.gen, tuple(entries[k:k + MAX_PUSH_ENTRIES])),
+                                self.secret)
+            for rid in list(self.watchers):
+                try:
+                    r.send(rid, _MORE)
+                    r.send(frame, _NOBLOCK)
+                    self._count("pushes_sent")
+                except zmq.ZMQError:
+                    del self.watchers[rid]  # that connection is gone; its host re-pings us
