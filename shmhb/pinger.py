@@ -36,7 +36,7 @@ from .board import Board
 from .clock import Clock
 from .config import PingerConfig, parse_hostport
 from .errors import InvalidConfig
-from .netconfig import read_secret
+from .netconfig import configure_from_args, load_config, read_secret, store_config  # re-exported
 from .netstate import AgentWords, NetDown, NetReason
 from .protocol import (
     MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, OutstandingPings, Ping, Push,
@@ -371,4 +371,5 @@ class NetworkHalf(Following):
         self.net.close()
 
 
-__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf"]
+__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args", "load_config",
+           "store_config"]
