@@ -46,6 +46,17 @@ REGISTRY_TIMEOUT_S = 5.0
 _RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
 
 
+_fork_guard = threading.Lock()
+
+
+def _reset_fork_guard() -> None:
+    global _fork_guard
+    _fork_guard = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_fork_guard)
+
+
 def _word_index(byte_offset: int) -> int:
     assert byte_offset % 8 == 0, "board words must be 8-byte aligned"
     return byte_offset // 8
@@ -105,6 +116,9 @@ class Board:
         self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
         self._closed = False
         self._thread_lock = threading.Lock()
+        # The registry lock's descriptor, one per process: see _registry_fd.
+        self._reg_fd = seg.fd
+        self._reg_pid = os.getpid()
         self._bind_hot_paths(native.extension())
 
     def _bind_hot_paths(self, ext: Any) -> None:
@@ -192,8 +206,8 @@ class Board:
             log.info("created board %s: %d slots, %d bytes", name, cap.slots, sizes.total_bytes)
             return cls(seg, clock)
         except BaseException:
+            seg.unlink_if_named()
             seg.close()
-            segment._unlink_quietly(name)
             raise
 
     @classmethod
@@ -213,11 +227,10 @@ class Board:
             except BoardNotFound:
                 pass
             except StaleBoard as e:
-                log.warning("board %s: %s; recreating it", name, e)
-                try:
-                    segment.unlink(name)
-                except BoardNotFound:
-                    pass
+                # Several processes may find it stale at once: remove_stale removes it
+                # only if it is still that stale segment, so all end up on one board.
+                if segment.remove_stale(name):
+                    log.warning("board %s: %s; recreating it", name, e)
             try:
                 return cls.create(name, **create_kwargs)
             except segment.BoardExists:
@@ -231,6 +244,8 @@ class Board:
         if self._closed:
             return
         self._closed = True
+        if self._reg_fd != self._seg.fd and self._reg_pid == os.getpid():
+            os.close(self._reg_fd)
         self._by_key.clear()
         self._remote_cache.clear()
         if self._ext is not None:  # give back the C objects' exports of the mapping
@@ -272,17 +287,37 @@ class Board:
         wait_s = REGISTRY_TIMEOUT_S if timeout_s is None else timeout_s
         what = f"board {self.name!r} registry"
         deadline = time.monotonic() + wait_s
-        if not self._thread_lock.acquire(timeout=max(wait_s, 0.0)):
+        fd, tlock = self._registry_fd()
+        if not tlock.acquire(timeout=max(wait_s, 0.0)):
             raise LockTimeout(f"{what} stayed locked by another thread for {wait_s:g} s")
         try:
-            locks.lock(self._seg.fd, LOCK_REGISTRY, what=what,
+            locks.lock(fd, LOCK_REGISTRY, what=what,
                        timeout_s=max(0.0, deadline - time.monotonic()))
             try:
                 yield
             finally:
-                locks.unlock(self._seg.fd, LOCK_REGISTRY)
+                locks.unlock(fd, LOCK_REGISTRY)
         finally:
-            self._thread_lock.release()
+            tlock.release()
+
+    def _registry_fd(self) -> tuple[int, threading.Lock]:
+        """This process's descriptor for the registry lock, and its thread lock.
+
+        An OFD lock belongs to an open file description, which a forked child shares
+        with its parent: taken on the inherited one, parent and child would not exclude
+        each other, and a child killed while holding it would leave it held for as long
+        as the parent lives (the description stays open there).  So the first call in
+        a new process opens a description of its own (of the same segment, not by
+        name) and a new thread lock (the parent's may have been held at the fork by a
+        thread that does not exist here)."""
+        pid = os.getpid()
+        if pid != self._reg_pid:
+            with _fork_guard:
+                if pid != self._reg_pid:
+                    self._reg_fd = self._seg.new_fd()
+                    self._thread_lock = threading.Lock()
+                    self._reg_pid = pid
+        return self._reg_fd, self._thread_lock
 
     # -- registration ---------------------------------------------------------------------
 
