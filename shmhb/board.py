@@ -9,6 +9,7 @@ See ``shmhb.layout`` for the byte map and the one-writer-per-word rules.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -22,7 +23,7 @@ import numpy as np
 from . import locks, native, segment
 from .clock import MONOTONIC, Clock
 from .config import (
-    Capacity, Policy, board_name, check_endpoint, format_hostport, parse_address, parse_hostport,
+    Capacity, Policy, board_name, check_endpoint, is_canonical, is_endpoint, parse_address,
 )
 from .errors import (
     BoardFull, BoardNotFound, InvalidKey, KeyInUse, LockTimeout, StaleBoard, WatchTableFull,
@@ -32,14 +33,17 @@ from .layout import (
     ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
     LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
-    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, decode_endpoints,
-    encode_endpoints, inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
+    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, encode_endpoints,
+    inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
 from .protocol import MAX_KEY_BYTES
+from .ratelog import RateLimitedLog
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
+#: rows that today's doors refuse (written by an older version, or damaged): skipped
+_skipped = RateLimitedLog(log)
 
 UNIT_S = TS_UNIT_NS / 1e9
 REGISTRY_TIMEOUT_S = 5.0
@@ -468,8 +472,11 @@ class Board:
             rec = self._records[i].copy()  # one pass over the bytes, then validate the copy
             ck = int(rec["checksum"])
             if ck and ck == record_checksum(rec) and inc_tag(int(rec["incarnation"])) == tag:
-                info = (bytes(rec["key"]).decode(), int(rec["pid"]), int(rec["incarnation"]),
-                        decode_endpoints(bytes(rec["endpoints"])))
+                key = _stored_key(bytes(rec["key"]), f"slot {i}")
+                if key is None:
+                    return None
+                info = (key, int(rec["pid"]), int(rec["incarnation"]),
+                        _stored_endpoints(bytes(rec["endpoints"]), f"slot {i} ({key!r})"))
                 self._rec_cache[i] = (tag, info)
                 return info
         return None
@@ -565,7 +572,7 @@ class Board:
         if keep_port or owner_pid == 0:
             ab = str(parse_address(endpoint, what="peer address")).encode()
         else:
-            ab = parse_address(check_endpoint(endpoint)).host.encode()
+            ab = str(parse_address(check_endpoint(endpoint)).with_port(None)).encode()
         pid = os.getpid() if owner_pid is None else owner_pid
         pstart = (start_time() or 0) if pid else 0
         with self.registry(timeout_s):
@@ -640,7 +647,12 @@ class Board:
             row = w[int(i)]
             if int(row["checksum"]) != watch_checksum(row):
                 continue
-            host = bytes(row["address"]).decode()
+            host = _stored_text(bytes(row["address"]))
+            if host is None or not is_canonical(host):
+                _skipped.warn("watch", "board %s: skipping watch row %d: address %r is not "
+                              "valid (written by an older shmhb?); unwatch it or run "
+                              "`shmhb gc` on an idle board", self.name, int(i), host)
+                continue
             out[host] = out.get(host, 0) + 1
         return out
 
@@ -665,8 +677,12 @@ class Board:
             rtt = int(row["rtt"])
             rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
             last = int(row["status"]) & ((1 << 40) - 1)
-            return (bytes(row["address"]).decode(), gen, st, rtt_ms,
-                    age * UNIT_S if last else None)
+            addr = _stored_text(bytes(row["address"]))
+            if addr is None or not is_canonical(addr):
+                _skipped.warn("peer", "board %s: skipping peer row %d: address %r is not "
+                              "valid", self.name, i, addr)
+                return None
+            return (addr, gen, st, rtt_ms, age * UNIT_S if last else None)
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
@@ -690,9 +706,12 @@ class Board:
             if hs is None or hs[0] != int(row["peer_gen"]):
                 continue  # the row belongs to a peer row that has since been reused
             st = combine_remote(reported, hs[1])
-            out.append((p, SlotStatus(bytes(row["key"]).decode(), int(row["pid"]),
-                                      int(row["incarnation"]), st, _remote_age(age, hs[2]),
-                                      decode_endpoints(bytes(row["endpoints"])))))
+            key = _stored_key(bytes(row["key"]), f"remote row {int(i)}")
+            if key is None:
+                continue
+            eps = _stored_endpoints(bytes(row["endpoints"]), f"remote row {int(i)} ({key!r})")
+            out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
+                                      _remote_age(age, hs[2]), eps)))
         return out
 
     def peers(self) -> list[PeerStatus]:
@@ -713,10 +732,10 @@ class Board:
 
     def peer(self, address: str) -> PeerStatus | None:
         """The remote host at ``address`` ("host" or "host:port" of its pinger)."""
-        host, port = parse_hostport(address)
+        want = parse_address(address)
         for p in self.peers():
-            h, pp = parse_hostport(p.address)
-            if h == host and (pp == port or ":" not in address.replace("[", "").split("]")[-1]):
+            h, pp = parse_address(p.address)  # valid: peers() skips what is not
+            if h == want.host and (want.port is None or pp in (want.port, None)):
                 return p
         return None
 
@@ -766,7 +785,7 @@ class Board:
         row = self._remotes[i].copy()
         if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
             return None
-        eps = decode_endpoints(bytes(row["endpoints"]))
+        eps = _stored_endpoints(bytes(row["endpoints"]), f"remote row {i}")
         if endpoint not in eps:
             return None
         j = judge_row(int(row["status"]), gen, ok, now)
@@ -776,7 +795,10 @@ class Board:
         pr = self._peer_row(p, now, ok)
         if pr is None or pr[1] != int(row["peer_gen"]):
             return None
-        return SlotStatus(bytes(row["key"]).decode(), int(row["pid"]), int(row["incarnation"]),
+        key = _stored_key(bytes(row["key"]), f"remote row {i}")
+        if key is None:
+            return None
+        return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
                           combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps), p
 
 
@@ -803,6 +825,53 @@ def check_key(key: object) -> bytes:
     if any(c < " " or c == "\x7f" for c in key):
         raise InvalidKey(f"key {key!r} contains NUL or control characters: use printable text")
     return kb
+
+
+def _stored_text(raw: bytes) -> str | None:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _valid_key(raw: bytes) -> str | None:
+    text = _stored_text(raw)
+    try:
+        check_key(text)
+    except InvalidKey:
+        return None
+    return text
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _valid_endpoints(raw: bytes) -> tuple[tuple[str, ...], bool]:
+    """(the endpoints today's door accepts, whether some were refused); memoised, so a
+    hot read pays one hash of the raw bytes."""
+    text = _stored_text(raw)
+    eps = tuple(text.split(",")) if text else ()
+    good = tuple(e for e in eps if is_endpoint(e))
+    return good, text is None or len(good) != len(eps)
+
+
+def _stored_key(raw: bytes, where: str) -> str | None:
+    """A key read back from the board, or None (logged) if today's door refuses it."""
+    key = _valid_key(raw)
+    if key is None:
+        _skipped.warn("key", "skipping %s: its key %r is not valid (written by an older "
+                      "shmhb?)", where, raw)
+    return key
+
+
+def _stored_endpoints(raw: bytes, where: str) -> tuple[str, ...]:
+    """Endpoints read back from the board, without those today's door refuses (logged):
+    the worker itself still counts, only the bad endpoint is not served."""
+    good, refused = _valid_endpoints(raw)
+    if refused:
+        _skipped.warn("endpoint", "%s: skipping endpoint(s) in %r: not valid (written by an "
+                      "older shmhb?); re-register the worker with host:port endpoints of at "
+                      "most 63 bytes", where, raw)
+    return good
 
 
 def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:

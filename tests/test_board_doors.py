@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,9 +17,14 @@ import pytest
 
 import shmhb
 from shmhb import locks, segment
-from shmhb.layout import HEADER_DTYPE, LOCK_REGISTRY, LOCK_SLOT_BASE
+from shmhb.layout import (
+    HEADER_DTYPE, LOCK_REGISTRY, LOCK_SLOT_BASE, record_checksum, watch_checksum,
+)
 
-from .conftest import ROOT, unlink_quietly, wait_until
+from shmhb import Status
+
+from .conftest import ROOT, Procs, unlink_quietly, wait_until
+from .hosts import free_port
 
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
@@ -243,3 +249,87 @@ def test_not_a_board_under_the_name_is_a_clear_error(board_name: str, kind: str)
     finally:
         os.rmdir(path) if kind == "dir" else os.unlink(path)
         unlink_quietly(board_name)
+
+
+# -- what an older version stored that today's doors refuse ---------------------------------
+
+def _plant_record(board: shmhb.Board, index: int, *, key: bytes | None = None,
+                  endpoints: bytes | None = None) -> None:
+    """Rewrite slot ``index``'s record as a laxer older version could have written it
+    (with a valid checksum), as its registrant does: under the registry lock."""
+    with board.registry():
+        rec = board._records[index]
+        rec["checksum"] = 0
+        if key is not None:
+            rec["key"] = key
+        if endpoints is not None:
+            rec["endpoints"] = endpoints
+        rec["checksum"] = record_checksum(rec)
+
+
+def _plant_watch(board: shmhb.Board, address: bytes) -> None:
+    with board.registry():
+        w = board._watches
+        row = w[int(np.flatnonzero(w["checksum"] == 0)[0])]
+        row["owner_pid"], row["owner_start"], row["refs"], row["owner_ns"] = 0, 0, 1, 0
+        row["address"] = address
+        row["checksum"] = watch_checksum(row)
+        board._head["reg_gen"] = int(board._head["reg_gen"]) + 1
+
+
+BAD_WATCHES = [b"a b", b"*", "h\u00e9".encode(), b"[a:b]:1", b"-x", b"[h:99999]:1",
+               b"host_a, host_b", b"\xff\xfe", b"not an ip"]
+
+
+def test_readers_skip_rows_an_older_version_stored(board: shmhb.Board,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    good = board.register("good", endpoints=("10.0.0.1:1",), agent=False)
+    odd = board.register("odd", endpoints=("10.0.0.1:2",), agent=False)
+    bad = board.register("bad-key", agent=False)
+    long_ep = b"decode-rank-3.decode-headless.llm-inference-prod.svc.cluster.local:30003"
+    _plant_record(board, odd.index, endpoints=b"10.0.0.1:2," + long_ep + b",a b:1,h")
+    _plant_record(board, bad.index, key=b"\xff\xfekey")
+    for a in BAD_WATCHES:
+        _plant_watch(board, a)
+    board.watch("10.0.0.3:1")
+    with caplog.at_level("WARNING", logger="shmhb.board"):
+        fresh = shmhb.Board.attach(board.name)  # a reader with no cache
+        try:
+            slots = {s.key: s for s in fresh.slots()}
+            assert set(slots) == {"good", "odd"}  # the undecodable key is skipped
+            assert slots["odd"].endpoints == ("10.0.0.1:2",)  # only the bad endpoints go
+            assert fresh.slot("odd").endpoints == ("10.0.0.1:2",)  # type: ignore[union-attr]
+            assert fresh.watched_hosts() == {"10.0.0.3": 1}
+            for _ in range(100):  # again and again: logged once per kind, never raised
+                fresh.watched_hosts()
+                fresh.slots()
+            assert fresh.remote("a b:1") is None and fresh.peers() == []
+        finally:
+            fresh.close()
+    warned = [r for r in caplog.records if "skipping" in r.getMessage()]
+    assert 1 <= len(warned) <= 3, [r.getMessage() for r in warned]
+    for hb in (good, odd, bad):
+        hb.close()
+
+
+def test_the_pinger_survives_bad_watch_rows_and_still_sees_a_kill(
+        board: shmhb.Board, procs: Procs) -> None:
+    for a in BAD_WATCHES:
+        _plant_watch(board, a)  # stored by an older version: every holder reads them
+    w = procs.worker(board.name, "victim", endpoints="127.0.0.1:31001")
+    port = free_port(["127.0.0.1"])
+    p = procs.spawn([sys.executable, "-m", "shmhb", "pinger", "--board", board.name,
+                     "--listen", f"127.0.0.1:{port}", "--tick-s", "0.02", "--interval-s", "0.05"],
+                    ready=False)
+    wait_until(lambda: p.poll() is not None or (board.agent().pid == p.pid
+                                                and board.agent().status is Status.ALIVE),
+               timeout_s=20, what="the pinger holding the role")
+    assert p.poll() is None
+    board.watch("127.0.0.9:1")  # a good watch among the bad ones: followed
+    wait_until(lambda: any(pr.address.startswith("127.0.0.9") for pr in board.peers()),
+               timeout_s=10, what="the good watch followed")
+    os.kill(w.pid, signal.SIGKILL)
+    t = time.monotonic()
+    wait_until(lambda: board.status("victim") is Status.DEAD, timeout_s=10, what="DEAD")
+    assert time.monotonic() - t < 1.0, "a local kill took over 1 s to read DEAD"
+    assert p.poll() is None, "the pinger died on a bad row"
