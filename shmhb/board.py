@@ -9,6 +9,7 @@ See ``shmhb.layout`` for the byte map and the one-writer-per-word rules.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -26,17 +27,21 @@ from .config import (
     Capacity, Policy, board_name, check_endpoint, is_canonical, is_endpoint, parse_address,
 )
 from .errors import (
-    BoardFull, BoardNotFound, InvalidKey, KeyInUse, LockTimeout, StaleBoard, WatchTableFull,
+    BoardCorrupt, BoardFull, BoardNotFound, InvalidConfig, InvalidKey, KeyInUse, KeyNotFound,
+    LockTimeout,
+    StaleBoard,
+    WatchTableFull,
 )
 from .judge import Thresholds, agent_fresh, combine_remote, judge_agent, judge_local, judge_row
 from .layout import (
-    ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
-    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
+    ENDPOINTS_BYTES, FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
+    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, LOCK_WATCH_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
     TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, encode_endpoints,
     inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
+from .timens import monotonic_offset_ns
 from .protocol import MAX_KEY_BYTES
 from .ratelog import RateLimitedLog
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
@@ -99,13 +104,24 @@ class Board:
         self._agent_id_i = _word_index(off["agent_id"][1])
         self._reg_gen_i = _word_index(off["reg_gen"][1])
         self._agent_gen_i = _word_index(off["agent_gen"][1])
-        self.policy = Policy(
-            suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
-            dead_after_s=int(h["dead_after_ns"]) / 1e9,
-            agent_stale_s=int(h["agent_stale_ns"]) / 1e9,
-            peer_suspect_after_s=int(h["peer_suspect_after_ns"]) / 1e9,
-            peer_dead_after_s=int(h["peer_dead_after_ns"]) / 1e9,
-        )
+        forget_ns = int(h["forget_after_ns"])  # 0: off (and in boards of earlier versions)
+        try:
+            self.policy = Policy(
+                suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
+                dead_after_s=int(h["dead_after_ns"]) / 1e9,
+                agent_stale_s=int(h["agent_stale_ns"]) / 1e9,
+                peer_suspect_after_s=int(h["peer_suspect_after_ns"]) / 1e9,
+                peer_dead_after_s=int(h["peer_dead_after_ns"]) / 1e9,
+                forget_after_s=forget_ns / 1e9 if forget_ns else None,
+            )
+        except InvalidConfig as e:
+            raise BoardCorrupt(f"board {self.name!r} holds a policy this shmhb refuses ({e}): "
+                               "remove it (`shmhb gc`) and let its users create it again") from None
+        self._forget_units = forget_ns >> TS_SHIFT
+        self._forget_refused: set[tuple[int, int]] = set()  # (slot, hb word) not to retry
+        # The creator's CLOCK_MONOTONIC offset; unknown (None) in boards of earlier versions.
+        self.timens_offset_ns = (int(h["timens_offset_ns"]) if int(h["features"]) & FEATURE_TIMENS
+                                 else None)
         self.thresholds = Thresholds(*(int(h[f]) >> TS_SHIFT for f in (
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
@@ -160,6 +176,7 @@ class Board:
         suspect_after_s: float | None = None,
         dead_after_s: float | None = None,
         mode: int = 0o600,
+        forget_after_s: float | None = None,
         peers: int | None = None,
         remote_slots: int | None = None,
         watches: int | None = None,
@@ -169,16 +186,24 @@ class Board:
         """Create a new board; ``BoardExists`` if the name is taken."""
         name = board_name(name)
         pol = policy or Policy()
-        if suspect_after_s is not None or dead_after_s is not None:
-            pol = Policy(
+        if not isinstance(pol, Policy):
+            raise InvalidConfig(f"policy must be a shmhb.Policy, got {pol!r}")
+        if suspect_after_s is not None or dead_after_s is not None or forget_after_s is not None:
+            pol = dataclasses.replace(
+                pol,
                 suspect_after_s=pol.suspect_after_s if suspect_after_s is None else suspect_after_s,
                 dead_after_s=pol.dead_after_s if dead_after_s is None else dead_after_s,
-                agent_stale_s=pol.agent_stale_s,
-                peer_suspect_after_s=pol.peer_suspect_after_s,
-                peer_dead_after_s=pol.peer_dead_after_s,
+                forget_after_s=pol.forget_after_s if forget_after_s is None else forget_after_s,
             )
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777 \
+                or mode & 0o600 != 0o600:
+            raise InvalidConfig(
+                f"mode must be file permission bits in 0o600..0o777 that let the owner read "
+                f"and write (e.g. 0o600, or 0o660 to share with a group), got {mode!r}")
         d = Capacity()
-        cap = Capacity(slots, peers or d.peers, remote_slots or d.remote_slots, watches or d.watches)
+        cap = Capacity(slots, d.peers if peers is None else peers,
+                       d.remote_slots if remote_slots is None else remote_slots,
+                       d.watches if watches is None else watches)
         sizes = Sizes(cap.slots, cap.peers, cap.remote_slots, cap.watches)
         seg = segment.Segment.create(name, sizes, mode)
         try:
@@ -203,6 +228,9 @@ class Board:
             h["agent_stale_ns"] = int(pol.agent_stale_s * 1e9)
             h["peer_suspect_after_ns"] = int(pol.peer_suspect_after_s * 1e9)
             h["peer_dead_after_ns"] = int(pol.peer_dead_after_s * 1e9)
+            h["forget_after_ns"] = int((pol.forget_after_s or 0) * 1e9)
+            h["timens_offset_ns"] = monotonic_offset_ns()
+            h["features"] = FEATURE_TIMENS
             h["magic"] = MAGIC
             h["state"] = STATE_READY
             del h
@@ -336,6 +364,7 @@ class Board:
         from .heartbeat import Heartbeat
 
         kb, eb, eps = _check_key(key, endpoints)
+        self._check_clock()
         fd = self._new_fd()
         try:
             index, inc = self._claim(key, kb, eb, fd)
@@ -347,6 +376,17 @@ class Board:
             from .agent import embedded_join
             embedded_join(self.name, hb)
         return hb
+
+    def _check_clock(self) -> None:
+        """Refuse a registrant whose CLOCK_MONOTONIC is not the board's: in another time
+        namespace its beats would read ALIVE forever or DEAD at once."""
+        mine = monotonic_offset_ns()
+        board = self.timens_offset_ns if self.timens_offset_ns is not None else 0
+        if mine != board:
+            raise InvalidConfig(
+                f"this process's monotonic clock is offset by {mine / 1e9:+.3f} s (a time "
+                f"namespace) from board {self.name!r}'s ({board / 1e9:+.3f} s): its beats "
+                "would be misjudged; run it in the board's time namespace")
 
     def _claim(self, key: str, kb: bytes, eb: bytes, fd: int) -> tuple[int, int]:
         with self.registry():
@@ -405,6 +445,99 @@ class Board:
             f"board {self.name!r} is full: all {self.sizes.nslots} slots are held by live "
             "processes; create it with more slots (Board.create(slots=...))"
         )
+
+    # -- forgetting dead slots ----------------------------------------------------------
+
+    def forget(self, key: str, *, timeout_s: float | None = None) -> SlotStatus:
+        """Clear the slot of ``key``, DEAD or LEFT, so it no longer shows (a probe such
+        as ``shmhb status`` and its alert recover after a crash without rebuilding the
+        board).  Returns what the slot held.  ``KeyInUse`` if a live process holds it
+        (ALIVE or SUSPECT, or DEAD by silence while its process lives: kill it first);
+        ``KeyNotFound`` (a ``KeyError``) if no slot holds ``key``."""
+        check_key(key)
+        with self.registry(timeout_s):
+            for i in np.flatnonzero(self._records["key"] == key.encode()):
+                got = self._slot_at(int(i))
+                if got is None or got.key != key:
+                    continue
+                if got.status not in (Status.DEAD, Status.LEFT):
+                    raise KeyInUse(f"{key!r} is {got.status.value} (pid {got.pid}): only a "
+                                   "dead or left slot can be forgotten")
+                if not self._clear_slot(int(i), got.incarnation):
+                    raise KeyInUse(f"{key!r} reads dead but its process (pid {got.pid}) "
+                                   "still holds the slot (hung or stopped?): kill it first")
+                log.info("board %s: forgot %r (slot %d, incarnation %d, %s)", self.name, key,
+                         int(i), got.incarnation, got.status.value)
+                return got
+        raise KeyNotFound(f"no slot of board {self.name!r} holds {key!r}: see `shmhb status`")
+
+    def forget_expired(self, timeout_s: float = 0.01) -> list[str]:
+        """Clear the slots that read DEAD or LEFT for the policy's ``forget_after_s``
+        (counted from their last beat); the agent calls this from its local watch.  A
+        no-op (one comparison) when the policy has it off, and one vectorised pass over
+        the heartbeat words otherwise; never raises for a busy registry (retried at the
+        next call).  Returns the keys forgotten."""
+        if not self._forget_units:
+            return []
+        hb = self._hb.copy()
+        now = self._now_ns() >> TS_SHIFT
+        old = np.flatnonzero((hb != 0) & (now - (hb & np.uint64(TS39_MASK)).astype(np.int64)
+                                          >= self._forget_units))
+        todo = [int(i) for i in old if (int(i), int(hb[i])) not in self._forget_refused]
+        if not todo:
+            return []
+        out = []
+        try:
+            with self.registry(timeout_s):
+                for i in todo:
+                    got = self._slot_at(i)
+                    if got is None or got.status not in (Status.DEAD, Status.LEFT):
+                        self._forget_refused.add((i, int(hb[i])))
+                        continue
+                    if self._clear_slot(i, got.incarnation):
+                        out.append(got.key)
+                    else:  # its process lives on (hung): not until it is gone
+                        self._forget_refused.add((i, int(hb[i])))
+        except LockTimeout:
+            return out
+        if out:
+            log.info("board %s: forgot %d slot(s) dead or left for %g s: %s", self.name,
+                     len(out), self.policy.forget_after_s, ", ".join(map(repr, out)))
+        if len(self._forget_refused) > 4 * self.sizes.nslots:
+            self._forget_refused.clear()
+        return out
+
+    def _slot_at(self, i: int) -> SlotStatus | None:
+        info = self._read_slot(i)
+        if info is None:
+            return None
+        key, pid, inc, eps = info
+        hb = self._q[self._hb0 + i * 8]
+        if hb >> INC_SHIFT != inc_tag(inc):
+            return None
+        st, age = judge_local(hb, self._q[self._hb0 + i * 8 + 1], self._now_ns() >> TS_SHIFT,
+                              self.thresholds)
+        return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+
+    def _clear_slot(self, i: int, incarnation: int) -> bool:
+        """Empty slot ``i`` if no live process holds it (caller holds the registry lock);
+        False if one does.  Holding the slot's lock while clearing makes this process the
+        slot's one writer, as a registrant is: its worker is gone, and a new registrant
+        must wait for both locks."""
+        fd = self._new_fd()
+        try:
+            if not locks.try_lock(fd, LOCK_SLOT_BASE + i):
+                return False
+            wi = self._hb0 + i * 8
+            if self._q[wi] >> INC_SHIFT != inc_tag(incarnation):
+                return False  # not the incarnation judged (cannot happen under the registry lock)
+            self._q[wi] = 0  # readers see an empty slot from here on
+            self._records[i]["checksum"] = 0  # free: a registrant may take it
+            self._rec_cache.pop(i, None)
+            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+            return True
+        finally:
+            os.close(fd)  # drops the slot lock
 
     def _bump_reg_gen(self, timeout_s: float | None = None) -> None:
         with self.registry(timeout_s):
@@ -580,16 +713,22 @@ class Board:
             ns = own_pid_namespace() if pid else 0
             mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
                                   & (w["owner_ns"] == ns) & (w["address"] == ab))
+            own_fd = self._registry_fd()[0]
             if len(mine):
-                row = w[int(mine[0])]
+                i = int(mine[0])
+                row = w[i]
                 refs = int(row["refs"]) + delta if int(row["owner_start"]) == pstart else delta
                 if refs <= 0:
                     row["checksum"] = 0
+                    if pid:
+                        locks.unlock(own_fd, LOCK_WATCH_BASE + i)
                 else:
                     row["checksum"] = 0
                     row["owner_start"] = pstart
                     row["refs"] = refs
                     row["checksum"] = watch_checksum(row)
+                    if pid:
+                        locks.try_lock(own_fd, LOCK_WATCH_BASE + i, exclusive=False)
             elif delta > 0:
                 free = np.flatnonzero(w["checksum"] == 0)
                 if not len(free):
@@ -597,7 +736,10 @@ class Board:
                 if not len(free):
                     raise WatchTableFull(
                         f"board {self.name!r}: all {self.sizes.nwatch} watch rows are in use")
-                row = w[int(free[0])]
+                i = int(free[0])
+                if pid:  # held while this process lives (see _reclaim_watches)
+                    locks.try_lock(own_fd, LOCK_WATCH_BASE + i, exclusive=False)
+                row = w[i]
                 row["owner_pid"] = pid
                 row["owner_start"] = pstart
                 row["refs"] = delta
@@ -608,14 +750,23 @@ class Board:
 
     def _reclaim_watches(self) -> np.ndarray:
         """Free watch rows of processes that are gone (caller holds the registry lock);
-        returns the free rows.  Only owners in our pid namespace can be judged by pid and
-        start time; the watches of another namespace's processes are kept."""
+        returns the free rows.  Owners in our pid namespace are judged by pid and start
+        time; those of another namespace (whose pids mean nothing here) by the row's
+        lock, which a live owner holds: without that, their rows stayed forever and the
+        table filled for good (WatchTableFull)."""
         w = self._watches
+        ns = own_pid_namespace()
+        probe = self._registry_fd()[0]
         for i in np.flatnonzero(w["checksum"] != 0):
             row = w[int(i)]
             pid = int(row["owner_pid"])
-            if (pid and int(row["owner_ns"]) == own_pid_namespace()
-                    and start_time(pid) != int(row["owner_start"])):
+            if not pid:
+                continue  # the pinger's --peer list: kept until the settings change
+            if int(row["owner_ns"]) == ns:
+                gone = start_time(pid) != int(row["owner_start"])
+            else:
+                gone = not locks.is_held(probe, LOCK_WATCH_BASE + int(i))
+            if gone:
                 row["checksum"] = 0
         return np.flatnonzero(w["checksum"] == 0)
 

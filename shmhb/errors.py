@@ -56,6 +56,13 @@ class KeyInUse(ShmhbError, RuntimeError):
     """The key is registered by a process that is still alive."""
 
 
+class KeyNotFound(ShmhbError, KeyError):
+    """No slot of the board holds that key."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class InvalidKey(ShmhbError, ValueError):
     """A key or endpoint that does not fit the board's fixed-size fields."""
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .board import Board
-from .config import parse_hostport
+from .config import parse_hostport, positive_seconds
 from .errors import LockTimeout
 from .periodic import Periodic
 from .status import PeerStatus, SlotStatus, Status
@@ -338,7 +338,7 @@ class LinkReaper:
 
     def start(self, interval_s: float = 0.05) -> LinkReaper:
         """Poll from a daemon thread every ``interval_s`` until ``stop()``."""
-        self._ticker.start(self.poll, interval_s)
+        self._ticker.start(self.poll, positive_seconds("interval_s", interval_s))
         return self
 
     @property

@@ -23,7 +23,9 @@ from .errors import (
     BoardCorrupt, BoardExists, BoardNotFound, BoardPermissionError, BoardSpaceError,
     BoardVersionMismatch, StaleBoard,
 )
-from .layout import HEADER_BYTES, HEADER_DTYPE, LAYOUT_VERSION, LOCK_REGISTRY, MAGIC, STATE_READY, Sizes
+from .layout import (
+    HEADER_BYTES, HEADER_DTYPE, LAYOUT_VERSION, LOCK_REGISTRY, MAGIC, STATE_READY, TS_UNIT_NS, Sizes,
+)
 from .procinfo import boot_id
 
 log = logging.getLogger(__name__)
@@ -217,8 +219,11 @@ class Segment:
             )
         pol = [int(head[f]) for f in ("suspect_after_ns", "dead_after_ns", "agent_stale_ns",
                                      "peer_suspect_after_ns", "peer_dead_after_ns")]
-        if min(pol) <= 0 or pol[1] < pol[0] or pol[4] < pol[3]:
-            raise BoardCorrupt(f"board {self.name!r} holds an invalid policy")
+        if min(pol) < TS_UNIT_NS or pol[1] < pol[0] or pol[4] < pol[3]:
+            # under the time unit a threshold reads 0 units: every slot would be DEAD
+            raise BoardCorrupt(f"board {self.name!r} holds an invalid policy (a time under "
+                               "its ~1 ms unit, or dead before suspect): remove it with "
+                               "`shmhb gc` and create it again")
         if bytes(head["boot_id"]).ljust(16, b"\0") != boot_id():
             raise StaleBoard(
                 f"board {self.name!r} was created in an earlier boot of this host: "

@@ -22,6 +22,7 @@ from shmhb.layout import (
 )
 
 from shmhb import Status
+from shmhb.procinfo import own_pid_namespace, start_time
 
 from .conftest import ROOT, Procs, unlink_quietly, wait_until
 from .hosts import free_port
@@ -271,7 +272,9 @@ def _plant_watch(board: shmhb.Board, address: bytes) -> None:
     with board.registry():
         w = board._watches
         row = w[int(np.flatnonzero(w["checksum"] == 0)[0])]
-        row["owner_pid"], row["owner_start"], row["refs"], row["owner_ns"] = 0, 0, 1, 0
+        # owned by this (live) process, as a worker's watch: kept by every pinger start
+        row["owner_pid"], row["owner_start"] = os.getpid(), start_time() or 0
+        row["refs"], row["owner_ns"] = 1, own_pid_namespace()
         row["address"] = address
         row["checksum"] = watch_checksum(row)
         board._head["reg_gen"] = int(board._head["reg_gen"]) + 1
