@@ -24,7 +24,7 @@ import numpy as np
 from . import locks, native, segment
 from .clock import MONOTONIC, Clock
 from .config import (
-    Capacity, Policy, board_name, check_endpoint, is_canonical, is_endpoint, parse_address,
+    Capacity, Policy, board_name, check_endpoint, parse_address,
 )
 from .errors import (
     BoardCorrupt, BoardFull, BoardNotFound, InvalidConfig, InvalidKey, KeyInUse, KeyNotFound,
@@ -43,12 +43,10 @@ from .layout import (
 from .procinfo import boot_id, own_pid_namespace, start_time
 from .timens import monotonic_offset_ns
 from .protocol import MAX_KEY_BYTES
-from .ratelog import RateLimitedLog
+from .records import check_key, check_registration, stored_address, stored_endpoints, stored_key
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
-#: rows that today's doors refuse (written by an older version, or damaged): skipped
-_skipped = RateLimitedLog(log)
 
 UNIT_S = TS_UNIT_NS / 1e9
 REGISTRY_TIMEOUT_S = 5.0
@@ -100,6 +98,7 @@ class Board:
         self._q = memoryview(mm).cast("B").cast("Q")
         self._hb0 = _word_index(sz.slot_off)
         off = HEADER_DTYPE.fields
+        assert off is not None
         self._agent_hb_i = _word_index(off["agent_hb"][1])
         self._agent_id_i = _word_index(off["agent_id"][1])
         self._reg_gen_i = _word_index(off["reg_gen"][1])
@@ -363,7 +362,7 @@ class Board:
         """
         from .heartbeat import Heartbeat
 
-        kb, eb, eps = _check_key(key, endpoints)
+        kb, eb, eps = check_registration(key, endpoints)
         self._check_clock()
         fd = self._new_fd()
         try:
@@ -605,11 +604,11 @@ class Board:
             rec = self._records[i].copy()  # one pass over the bytes, then validate the copy
             ck = int(rec["checksum"])
             if ck and ck == record_checksum(rec) and inc_tag(int(rec["incarnation"])) == tag:
-                key = _stored_key(bytes(rec["key"]), f"slot {i}")
+                key = stored_key(bytes(rec["key"]), f"slot {i}")
                 if key is None:
                     return None
                 info = (key, int(rec["pid"]), int(rec["incarnation"]),
-                        _stored_endpoints(bytes(rec["endpoints"]), f"slot {i} ({key!r})"))
+                        stored_endpoints(bytes(rec["endpoints"]), f"slot {i} ({key!r})"))
                 self._rec_cache[i] = (tag, info)
                 return info
         return None
@@ -620,8 +619,8 @@ class Board:
         verdicts = self._verdict.copy()
         now = self._now_ns() >> TS_SHIFT
         out = []
-        for i in np.flatnonzero(hbs):
-            i = int(i)
+        for i0 in np.flatnonzero(hbs):
+            i = int(i0)
             info = self._read_slot(i)
             if info is None:
                 continue
@@ -633,7 +632,7 @@ class Board:
             out.append(SlotStatus(key, pid, inc, st, age * UNIT_S, eps))
         return out
 
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.uint64]:
         """Vectorised view of every slot: (hb words, verdict words, now) for
         ``judge.judge_local_array``; the cheap way to scan a large board."""
         return self._hb.copy(), self._verdict.copy(), np.uint64(self._now_ns() >> TS_SHIFT)
@@ -798,11 +797,8 @@ class Board:
             row = w[int(i)]
             if int(row["checksum"]) != watch_checksum(row):
                 continue
-            host = _stored_text(bytes(row["address"]))
-            if host is None or not is_canonical(host):
-                _skipped.warn("watch", "board %s: skipping watch row %d: address %r is not "
-                              "valid (written by an older shmhb?); unwatch it or run "
-                              "`shmhb gc` on an idle board", self.name, int(i), host)
+            host = stored_address(bytes(row["address"]), f"board {self.name!r} watch row {int(i)}")
+            if host is None:
                 continue
             out[host] = out.get(host, 0) + 1
         return out
@@ -828,10 +824,8 @@ class Board:
             rtt = int(row["rtt"])
             rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
             last = int(row["status"]) & ((1 << 40) - 1)
-            addr = _stored_text(bytes(row["address"]))
-            if addr is None or not is_canonical(addr):
-                _skipped.warn("peer", "board %s: skipping peer row %d: address %r is not "
-                              "valid", self.name, i, addr)
+            addr = stored_address(bytes(row["address"]), f"board {self.name!r} peer row {i}")
+            if addr is None:
                 return None
             return (addr, gen, st, rtt_ms, age * UNIT_S if last else None)
         return None
@@ -857,10 +851,10 @@ class Board:
             if hs is None or hs[0] != int(row["peer_gen"]):
                 continue  # the row belongs to a peer row that has since been reused
             st = combine_remote(reported, hs[1])
-            key = _stored_key(bytes(row["key"]), f"remote row {int(i)}")
+            key = stored_key(bytes(row["key"]), f"remote row {int(i)}")
             if key is None:
                 continue
-            eps = _stored_endpoints(bytes(row["endpoints"]), f"remote row {int(i)} ({key!r})")
+            eps = stored_endpoints(bytes(row["endpoints"]), f"remote row {int(i)} ({key!r})")
             out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
                                       _remote_age(age, hs[2]), eps)))
         return out
@@ -936,7 +930,7 @@ class Board:
         row = self._remotes[i].copy()
         if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
             return None
-        eps = _stored_endpoints(bytes(row["endpoints"]), f"remote row {i}")
+        eps = stored_endpoints(bytes(row["endpoints"]), f"remote row {i}")
         if endpoint not in eps:
             return None
         j = judge_row(int(row["status"]), gen, ok, now)
@@ -946,7 +940,7 @@ class Board:
         pr = self._peer_row(p, now, ok)
         if pr is None or pr[1] != int(row["peer_gen"]):
             return None
-        key = _stored_key(bytes(row["key"]), f"remote row {i}")
+        key = stored_key(bytes(row["key"]), f"remote row {i}")
         if key is None:
             return None
         return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
@@ -959,79 +953,3 @@ def _remote_age(row_age: int, host_age_s: float | None) -> float:
     confirms every row of that host without rewriting them)."""
     age_s = row_age * UNIT_S
     return age_s if host_age_s is None else min(age_s, host_age_s)
-
-
-def check_key(key: object) -> bytes:
-    """``key`` encoded, or ``InvalidKey``: 1..63 UTF-8 bytes (the wire's
-    ``MAX_KEY_BYTES``, what a slot holds), no NUL and no control characters."""
-    if not isinstance(key, str) or not key:
-        raise InvalidKey(f"a key must be a non-empty str, got {key!r}")
-    try:
-        kb = key.encode()
-    except UnicodeEncodeError:
-        raise InvalidKey(f"key {key!r} is not valid Unicode text: use UTF-8 text") from None
-    if len(kb) > MAX_KEY_BYTES or len(kb) >= KEY_BYTES:
-        raise InvalidKey(f"key {key!r} is {len(kb)} bytes; the wire limit is "
-                         f"{MAX_KEY_BYTES}: choose a shorter key")
-    if any(c < " " or c == "\x7f" for c in key):
-        raise InvalidKey(f"key {key!r} contains NUL or control characters: use printable text")
-    return kb
-
-
-def _stored_text(raw: bytes) -> str | None:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return None
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _valid_key(raw: bytes) -> str | None:
-    text = _stored_text(raw)
-    try:
-        check_key(text)
-    except InvalidKey:
-        return None
-    return text
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _valid_endpoints(raw: bytes) -> tuple[tuple[str, ...], bool]:
-    """(the endpoints today's door accepts, whether some were refused); memoised, so a
-    hot read pays one hash of the raw bytes."""
-    text = _stored_text(raw)
-    eps = tuple(text.split(",")) if text else ()
-    good = tuple(e for e in eps if is_endpoint(e))
-    return good, text is None or len(good) != len(eps)
-
-
-def _stored_key(raw: bytes, where: str) -> str | None:
-    """A key read back from the board, or None (logged) if today's door refuses it."""
-    key = _valid_key(raw)
-    if key is None:
-        _skipped.warn("key", "skipping %s: its key %r is not valid (written by an older "
-                      "shmhb?)", where, raw)
-    return key
-
-
-def _stored_endpoints(raw: bytes, where: str) -> tuple[str, ...]:
-    """Endpoints read back from the board, without those today's door refuses (logged):
-    the worker itself still counts, only the bad endpoint is not served."""
-    good, refused = _valid_endpoints(raw)
-    if refused:
-        _skipped.warn("endpoint", "%s: skipping endpoint(s) in %r: not valid (written by an "
-                      "older shmhb?); re-register the worker with host:port endpoints of at "
-                      "most 63 bytes", where, raw)
-    return good
-
-
-def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:
-    kb = check_key(key)
-    eps = (endpoints,) if isinstance(endpoints, str) else tuple(endpoints)
-    if len(eps) > MAX_ENDPOINTS:
-        raise InvalidKey(f"at most {MAX_ENDPOINTS} endpoints per slot, got {len(eps)}")
-    eps = tuple(check_endpoint(e) for e in eps)
-    eb = encode_endpoints(eps)
-    if len(eb) >= ENDPOINTS_BYTES:
-        raise InvalidKey(f"endpoints take {len(eb)} bytes; at most {ENDPOINTS_BYTES - 1}")
-    return kb, eb, eps

@@ -295,7 +295,7 @@ def test_readers_skip_rows_an_older_version_stored(board: shmhb.Board,
     for a in BAD_WATCHES:
         _plant_watch(board, a)
     board.watch("10.0.0.3:1")
-    with caplog.at_level("WARNING", logger="shmhb.board"):
+    with caplog.at_level("WARNING", logger="shmhb"):
         fresh = shmhb.Board.attach(board.name)  # a reader with no cache
         try:
             slots = {s.key: s for s in fresh.slots()}
