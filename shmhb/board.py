@@ -363,7 +363,7 @@ class Board:
         from .heartbeat import Heartbeat
 
         kb, eb, eps = check_registration(key, endpoints)
-        self._check_clock()
+        self.check_clock()
         fd = self._new_fd()
         try:
             index, inc = self._claim(key, kb, eb, fd)
@@ -376,9 +376,11 @@ class Board:
             embedded_join(self.name, hb)
         return hb
 
-    def _check_clock(self) -> None:
-        """Refuse a registrant whose CLOCK_MONOTONIC is not the board's: in another time
-        namespace its beats would read ALIVE forever or DEAD at once."""
+    def check_clock(self) -> None:
+        """``InvalidConfig`` if this process's CLOCK_MONOTONIC is not the board's (another
+        time namespace): its beats would read ALIVE forever or DEAD at once.  Called by
+        ``register``; an agent should call it before taking the role.  A board of an
+        earlier version, which did not record its creator's offset, counts as 0."""
         mine = monotonic_offset_ns()
         board = self.timens_offset_ns if self.timens_offset_ns is not None else 0
         if mine != board:
@@ -604,11 +606,11 @@ class Board:
             rec = self._records[i].copy()  # one pass over the bytes, then validate the copy
             ck = int(rec["checksum"])
             if ck and ck == record_checksum(rec) and inc_tag(int(rec["incarnation"])) == tag:
-                key = stored_key(bytes(rec["key"]), f"slot {i}")
+                key = stored_key(bytes(rec["key"]), "slot", i)
                 if key is None:
                     return None
                 info = (key, int(rec["pid"]), int(rec["incarnation"]),
-                        stored_endpoints(bytes(rec["endpoints"]), f"slot {i} ({key!r})"))
+                        stored_endpoints(bytes(rec["endpoints"]), "slot", i))
                 self._rec_cache[i] = (tag, info)
                 return info
         return None
@@ -631,6 +633,12 @@ class Board:
             st, age = judge_local(hb, int(verdicts[i]), now, self.thresholds)
             out.append(SlotStatus(key, pid, inc, st, age * UNIT_S, eps))
         return out
+
+    def cached_index(self, key: str) -> int | None:
+        """The slot index of ``key`` as this handle's last ``slot(key)`` found it, or None
+        if it has not looked it up (or found nothing)."""
+        c = self._by_key.get(key)
+        return None if c is None else (c[0] - self._hb0) // 8
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.uint64]:
         """Vectorised view of every slot: (hb words, verdict words, now) for
@@ -797,7 +805,7 @@ class Board:
             row = w[int(i)]
             if int(row["checksum"]) != watch_checksum(row):
                 continue
-            host = stored_address(bytes(row["address"]), f"board {self.name!r} watch row {int(i)}")
+            host = stored_address(bytes(row["address"]), "watch row", int(i))
             if host is None:
                 continue
             out[host] = out.get(host, 0) + 1
@@ -824,7 +832,7 @@ class Board:
             rtt = int(row["rtt"])
             rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
             last = int(row["status"]) & ((1 << 40) - 1)
-            addr = stored_address(bytes(row["address"]), f"board {self.name!r} peer row {i}")
+            addr = stored_address(bytes(row["address"]), "peer row", i)
             if addr is None:
                 return None
             return (addr, gen, st, rtt_ms, age * UNIT_S if last else None)
@@ -851,10 +859,10 @@ class Board:
             if hs is None or hs[0] != int(row["peer_gen"]):
                 continue  # the row belongs to a peer row that has since been reused
             st = combine_remote(reported, hs[1])
-            key = stored_key(bytes(row["key"]), f"remote row {int(i)}")
+            key = stored_key(bytes(row["key"]), "remote row", int(i))
             if key is None:
                 continue
-            eps = stored_endpoints(bytes(row["endpoints"]), f"remote row {int(i)} ({key!r})")
+            eps = stored_endpoints(bytes(row["endpoints"]), "remote row", int(i))
             out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
                                       _remote_age(age, hs[2]), eps)))
         return out
@@ -930,7 +938,7 @@ class Board:
         row = self._remotes[i].copy()
         if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
             return None
-        eps = stored_endpoints(bytes(row["endpoints"]), f"remote row {i}")
+        eps = stored_endpoints(bytes(row["endpoints"]), "remote row", i)
         if endpoint not in eps:
             return None
         j = judge_row(int(row["status"]), gen, ok, now)
@@ -940,7 +948,7 @@ class Board:
         pr = self._peer_row(p, now, ok)
         if pr is None or pr[1] != int(row["peer_gen"]):
             return None
-        key = stored_key(bytes(row["key"]), f"remote row {i}")
+        key = stored_key(bytes(row["key"]), "remote row", i)
         if key is None:
             return None
         return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),

@@ -304,6 +304,8 @@ def check_args(args: argparse.Namespace) -> None:
     command touches a board: ``InvalidConfig``/``InvalidName`` say which and why."""
     if getattr(args, "board", None) is not None:
         board_name(args.board)
+    for name in getattr(args, "names", None) or ():
+        board_name(name)
     for flag in ("interval_s", "tick_s"):
         v = getattr(args, flag, None)
         if v is not None:

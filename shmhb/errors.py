@@ -44,6 +44,10 @@ class StaleBoard(BoardCorrupt):
     """The segment was left by an earlier boot of this host or by a creator that crashed."""
 
 
+class BoardOpenError(ShmhbError, OSError):
+    """The system refused to open the board (too many open files, no memory, ...)."""
+
+
 class BoardSpaceError(ShmhbError, OSError):
     """/dev/shm has no room for a board of the requested size."""
 

@@ -191,9 +191,9 @@ class LinkReaper:
         self._remote_links = sum(1 for lk in self._links.values() if not lk.local)
         for link in self._links.values():
             if link.local and link.key is not None:
-                c = self.board._by_key.get(link.key)
-                if c is not None:
-                    idx.add((c[0] - self.board._hb0) // 8)
+                i = self.board.cached_index(link.key)
+                if i is not None:
+                    idx.add(i)
         self._local_words = np.array(sorted(idx), np.intp)
 
     def _local(self, endpoint: str) -> SlotStatus | None:

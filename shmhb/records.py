@@ -66,23 +66,24 @@ def _valid_endpoints(raw: bytes) -> tuple[tuple[str, ...], bool]:
     return good, text is None or len(good) != len(eps)
 
 
-def stored_key(raw: bytes, where: str) -> str | None:
-    """A key read back from the board, or None (logged) if today's door refuses it."""
+def stored_key(raw: bytes, table: str, row: int) -> str | None:
+    """A key read back from row ``row`` of ``table``, or None (logged) if today's door
+    refuses it."""
     key = _valid_key(raw)
     if key is None:
-        skipped.warn("key", "skipping %s: its key %r is not valid (written by an older "
-                      "shmhb?)", where, raw)
+        skipped.warn("key", "skipping %s %d: its key %r is not valid (written by an older "
+                     "shmhb?)", table, row, raw)
     return key
 
 
-def stored_endpoints(raw: bytes, where: str) -> tuple[str, ...]:
+def stored_endpoints(raw: bytes, table: str, row: int) -> tuple[str, ...]:
     """Endpoints read back from the board, without those today's door refuses (logged):
     the worker itself still counts, only the bad endpoint is not served."""
     good, refused = _valid_endpoints(raw)
     if refused:
-        skipped.warn("endpoint", "%s: skipping endpoint(s) in %r: not valid (written by an "
-                      "older shmhb?); re-register the worker with host:port endpoints of at "
-                      "most 63 bytes", where, raw)
+        skipped.warn("endpoint", "%s %d: skipping endpoint(s) in %r: not valid (written by "
+                     "an older shmhb?); re-register the worker with host:port endpoints of "
+                     "at most 63 bytes", table, row, raw)
     return good
 
 
@@ -98,13 +99,18 @@ def check_registration(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes
     return kb, eb, eps
 
 
-def stored_address(raw: bytes, where: str) -> str | None:
+def stored_address(raw: bytes, table: str, row: int) -> str | None:
     """A watch or peer address read back from the board, or None (logged) if today's
     door refuses it."""
-    text = stored_text(raw)
-    if text is None or not is_canonical(text):
-        skipped.warn("address", "skipping %s: address %r is not valid (written by an older "
-                     "shmhb?); unwatch it, or remove the board when idle (`shmhb gc`)",
-                     where, raw)
-        return None
+    text = _valid_address(raw)
+    if text is None:
+        skipped.warn("address", "skipping %s %d: address %r is not valid (written by an "
+                     "older shmhb?); unwatch it, or remove the board when idle (`shmhb gc`)",
+                     table, row, raw)
     return text
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _valid_address(raw: bytes) -> str | None:
+    text = stored_text(raw)
+    return text if text is not None and is_canonical(text) else None

@@ -20,7 +20,7 @@ import posix_ipc
 
 from . import locks
 from .errors import (
-    BoardCorrupt, BoardExists, BoardNotFound, BoardPermissionError, BoardSpaceError,
+    BoardCorrupt, BoardExists, BoardNotFound, BoardOpenError, BoardPermissionError, BoardSpaceError,
     BoardVersionMismatch, StaleBoard,
 )
 from .layout import (
@@ -68,6 +68,9 @@ def _open_error(name: str, e: Exception) -> Exception:
         return BoardPermissionError(
             f"no permission to open board {name!r}: run as its owner, or create it with a wider mode"
         )
+    if isinstance(e, OSError) and e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENOTDIR):
+        return BoardOpenError(e.errno, f"cannot open board {name!r}: {e.strerror or e} "
+                                       "(too many open files? raise LimitNOFILE / ulimit -n)")
     if isinstance(e, OSError):
         return BoardCorrupt(f"cannot open board {name!r}: {e.strerror or e}; remove "
                             f"{SHM_DIR}/{name} or use another board name")
@@ -82,15 +85,12 @@ def _shm_open(name: str, **kw: int) -> int:
         return int(posix_ipc.SharedMemory(_path(name), **kw).fd)
     except posix_ipc.ExistentialError:
         if kw.get("flags") == posix_ipc.O_CREX:
-            raise BoardExists(_not_a_board(name) or
-                              f"board {name!r} exists already; attach to it or unlink it first") from None
+            bad = _not_a_board(name)
+            raise bad or BoardExists(
+                f"board {name!r} exists already; attach to it or unlink it first") from None
         raise _open_error(name, posix_ipc.ExistentialError()) from None
     except (posix_ipc.PermissionsError, OSError, ValueError) as e:
         raise _open_error(name, e) from None
-
-
-class _Vanished(Exception):
-    """The segment being created was removed before its creator could lock it."""
 
 
 class Segment:

@@ -237,3 +237,24 @@ def test_watch_rows_of_live_owners_in_another_pid_namespace_are_kept(board_name:
             p.wait()
         b.close()
         unlink_quietly(board_name)
+
+
+@pytest.mark.parametrize("argv,what", [
+    (["status", "--board", "a/b"], "invalid board name"),
+    (["pinger", "--listen", "*:1"], "invalid listen address"),
+    (["pinger", "--peer", "host_a, host_b"], "invalid peer address"),
+    (["pinger", "--listen", "decode-rank-3.decode-headless.llm-inference-prod.svc.cluster.local"],
+     "the wire holds at most 63"),
+    (["events", "--interval-s", "0"], "--interval-s"),
+    (["pinger", "--tick-s", "nan"], "--tick-s"),
+    (["monitor", "--refresh-hz", "-1"], "--refresh-hz"),
+    (["exporter", "--port", "70000"], "--port"),
+    (["exporter", "--addr", "a b"], "--addr"),
+    (["gc", "--yes", "../x"], "invalid board name"),
+])
+def test_cli_refuses_bad_flags_in_one_line(argv: list[str], what: str, board_name: str) -> None:
+    out = cli(*argv) if "--board" in argv or argv[0] == "gc" else cli(*argv, "--board", board_name)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert what in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not os.path.exists(f"/dev/shm/{board_name}")  # refused before any board was made
