@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import secrets
@@ -27,24 +26,21 @@ from .config import (
     Capacity, Policy, board_name, check_endpoint, parse_address,
 )
 from .errors import (
-    BoardCorrupt, BoardFull, BoardNotFound, InvalidConfig, InvalidKey, KeyInUse, KeyNotFound,
-    LockTimeout,
-    StaleBoard,
-    WatchTableFull,
+    BoardCorrupt, BoardFull, BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout,
+    StaleBoard, WatchTableFull,
 )
 from .judge import Thresholds, agent_fresh, combine_remote, judge_agent, judge_local, judge_row
 from .layout import (
-    ENDPOINTS_BYTES, FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
-    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, LOCK_WATCH_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
+    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LAYOUT_VERSION,
+    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, LOCK_WATCH_BASE, MAGIC, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
-    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, encode_endpoints,
+    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes,
     inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
-from .timens import monotonic_offset_ns
-from .protocol import MAX_KEY_BYTES
 from .records import check_key, check_registration, stored_address, stored_endpoints, stored_key
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
+from .timens import monotonic_offset_ns
 
 log = logging.getLogger(__name__)
 
