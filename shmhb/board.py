@@ -112,17 +112,12 @@ class Board:
         except InvalidConfig as e:
             raise BoardCorrupt(f"board {self.name!r} holds a policy this shmhb refuses ({e}): "
                                "remove it (`shmhb gc`) and let its users create it again") from None
-        self._forget_units = forget_ns >> TS_SHIFT
-        self._forget_refused: set[tuple[int, int]] = set()  # (slot, hb word) not to retry
-        # The creator's CLOCK_MONOTONIC offset; unknown (None) in boards of earlier versions.
-        self.timens_offset_ns = (int(h["timens_offset_ns"]) if int(h["features"]) & FEATURE_TIMENS
-                                 else None)
+        # (forget_after in units, 0: off; (slot, hb word) pairs not to try again)
+        self._forget: tuple[int, set[tuple[int, int]]] = (forget_ns >> TS_SHIFT, set())
         self.thresholds = Thresholds(*(int(h[f]) >> TS_SHIFT for f in (
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
-        self.capacity = Capacity(sz.nslots, sz.npeers, sz.nremote, sz.nwatch)
         self.board_inc = int(h["board_inc"])
-        self.boot_id = bytes(h["boot_id"]).ljust(16, b"\0")
         # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
@@ -131,9 +126,10 @@ class Board:
         self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
         self._closed = False
         self._thread_lock = threading.Lock()
-        # The registry lock's descriptor, one per process: see _registry_fd.
-        self._reg_fd = seg.fd
-        self._reg_pid = os.getpid()
+        # (pid, the registry lock's descriptor in that process): see _registry_fd.
+        # Instance attributes stay at most 30 here: beyond, CPython 3.11 stops sharing
+        # the instance dict's keys and every attribute load of the hot path gets slower.
+        self._reg = (os.getpid(), seg.fd)
         self._bind_hot_paths(native.extension())
 
     def _bind_hot_paths(self, ext: Any) -> None:
@@ -161,6 +157,23 @@ class Board:
     def native(self) -> bool:
         """Whether this handle's hot paths are the C extension's (``shmhb.native``)."""
         return self._ext is not None
+
+    @property
+    def capacity(self) -> Capacity:
+        sz = self.sizes
+        return Capacity(sz.nslots, sz.npeers, sz.nremote, sz.nwatch)
+
+    @property
+    def boot_id(self) -> bytes:
+        """The boot this board was created in (16 bytes)."""
+        return bytes(self._head["boot_id"]).ljust(16, b"\0")
+
+    @property
+    def timens_offset_ns(self) -> int | None:
+        """The creator's CLOCK_MONOTONIC offset (time namespace); None in boards of
+        earlier versions, which did not record it."""
+        h = self._head
+        return int(h["timens_offset_ns"]) if int(h["features"]) & FEATURE_TIMENS else None
 
     @classmethod
     def create(
@@ -271,8 +284,9 @@ class Board:
         if self._closed:
             return
         self._closed = True
-        if self._reg_fd != self._seg.fd and self._reg_pid == os.getpid():
-            os.close(self._reg_fd)
+        pid, fd = self._reg
+        if fd != self._seg.fd and pid == os.getpid():
+            os.close(fd)
         self._by_key.clear()
         self._remote_cache.clear()
         if self._ext is not None:  # give back the C objects' exports of the mapping
@@ -338,13 +352,12 @@ class Board:
         name) and a new thread lock (the parent's may have been held at the fork by a
         thread that does not exist here)."""
         pid = os.getpid()
-        if pid != self._reg_pid:
+        if pid != self._reg[0]:
             with _fork_guard:
-                if pid != self._reg_pid:
-                    self._reg_fd = self._seg.new_fd()
+                if pid != self._reg[0]:
                     self._thread_lock = threading.Lock()
-                    self._reg_pid = pid
-        return self._reg_fd, self._thread_lock
+                    self._reg = (pid, self._seg.new_fd())
+        return self._reg[1], self._thread_lock
 
     # -- registration ---------------------------------------------------------------------
 
@@ -474,13 +487,14 @@ class Board:
         no-op (one comparison) when the policy has it off, and one vectorised pass over
         the heartbeat words otherwise; never raises for a busy registry (retried at the
         next call).  Returns the keys forgotten."""
-        if not self._forget_units:
+        units, refused = self._forget
+        if not units:
             return []
         hb = self._hb.copy()
         now = self._now_ns() >> TS_SHIFT
         old = np.flatnonzero((hb != 0) & (now - (hb & np.uint64(TS39_MASK)).astype(np.int64)
-                                          >= self._forget_units))
-        todo = [int(i) for i in old if (int(i), int(hb[i])) not in self._forget_refused]
+                                          >= units))
+        todo = [int(i) for i in old if (int(i), int(hb[i])) not in refused]
         if not todo:
             return []
         out = []
@@ -489,19 +503,19 @@ class Board:
                 for i in todo:
                     got = self._slot_at(i)
                     if got is None or got.status not in (Status.DEAD, Status.LEFT):
-                        self._forget_refused.add((i, int(hb[i])))
+                        refused.add((i, int(hb[i])))
                         continue
                     if self._clear_slot(i, got.incarnation):
                         out.append(got.key)
                     else:  # its process lives on (hung): not until it is gone
-                        self._forget_refused.add((i, int(hb[i])))
+                        refused.add((i, int(hb[i])))
         except LockTimeout:
             return out
         if out:
             log.info("board %s: forgot %d slot(s) dead or left for %g s: %s", self.name,
                      len(out), self.policy.forget_after_s, ", ".join(map(repr, out)))
-        if len(self._forget_refused) > 4 * self.sizes.nslots:
-            self._forget_refused.clear()
+        if len(refused) > 4 * self.sizes.nslots:
+            refused.clear()
         return out
 
     def _slot_at(self, i: int) -> SlotStatus | None:
