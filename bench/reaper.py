@@ -4,7 +4,9 @@ What a connector pays per step for ``reaper.poll()`` with 1,000 tracked links:
 
 1. nothing changed (the common case, every step): target <= 20 us.  For remote links
    that is one read of the board's change counter; for local links also a vectorised
-   staleness check of the slots they point at;
+   staleness check of the slots they point at; also with links still pending (tracked
+   without an incarnation, for endpoints no report names yet), which wait for the board
+   to change instead of being judged at every poll;
 2. one change (a slot closed, its 8 links dropped), for comparison: the poll that
    judges every link once.
 
@@ -42,6 +44,7 @@ from .stats import Summary, Variant
 REPO = Path(__file__).resolve().parent.parent
 TARGET_US = 20.0
 WORKERS, PER = 125, 8  # 1,000 links
+PENDING = 100  # links tracked without an incarnation that no report names
 LONG = shmhb.Policy(suspect_after_s=600.0, dead_after_s=1200.0)  # nothing goes stale by itself
 IPS = tuple(loopback_addrs(2))  # $SHMHB_LOOPBACK_BASE moves them
 
@@ -145,10 +148,11 @@ def pure_handle(stack: contextlib.ExitStack, board: shmhb.Board) -> shmhb.Board:
     return b
 
 
-def bench_nothing_changed(hosts: Hosts, local: LinkReaper, remote: LinkReaper, samples: int,
+def bench_nothing_changed(hosts: Hosts, local: LinkReaper, remote: LinkReaper,
+                          pending: LinkReaper, samples: int,
                           pure: tuple[LinkReaper, LinkReaper] | None = None) -> list[Row]:
     """``pure``: the same links on pure-Python handles, measured in the same run."""
-    ns = {"LOCAL": local, "REMOTE": remote, "BOARD": hosts.watcher}
+    ns = {"LOCAL": local, "REMOTE": remote, "BOARD": hosts.watcher, "PENDING": pending}
     tag = " [C]" if hosts.watcher.native else ""
     vs = [
         Variant("floor: board.changes() (one read of the counter)", "changes()", ns,
@@ -157,6 +161,9 @@ def bench_nothing_changed(hosts: Hosts, local: LinkReaper, remote: LinkReaper, s
                 setup="poll = REMOTE.poll"),
         Variant(f"poll(), {len(local.links())} local links, nothing changed{tag}", "poll()", ns,
                 setup="poll = LOCAL.poll"),
+        Variant(f"poll(), {len(pending.links())} remote links of which {PENDING} pending, "
+                "nothing changed", "poll()", ns,
+                setup="poll = PENDING.poll"),
     ]
     if pure is not None:
         ns["PLOCAL"], ns["PREMOTE"] = pure
@@ -249,7 +256,15 @@ def main(argv: list[str] | None = None) -> int:
             hosts.settle(plocal)
             hosts.settle(premote)
             pure = (plocal, premote)
-        rows = bench_nothing_changed(hosts, local, remote, samples, pure)
+        # the same 1,000 remote links plus 100 that no report names (no incarnation given)
+        pending = LinkReaper(hosts.watcher)
+        for lk in remote.links():
+            pending.track(lk.endpoint, incarnation=lk.incarnation)
+        for j in range(PENDING):
+            pending.track(f"{IPS[1]}:{40000 + j}")
+        wait(lambda: pending.poll() == [] and len(pending.links()) == WORKERS * PER + PENDING
+             and pending.pending, 30, "the pending links")
+        rows = bench_nothing_changed(hosts, local, remote, pending, samples, pure)
         if pure is not None:
             for r in pure:
                 for lk in r.links():

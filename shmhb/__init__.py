@@ -13,7 +13,7 @@ from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerCo
 from .errors import (
     BoardCorrupt, BoardExists, BoardFull, BoardNotFound, BoardPermissionError,
     BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidAddress, InvalidConfig, InvalidKey,
-    InvalidName, KeyInUse, LockTimeout, ProtocolError, ShmhbError, StaleBoard,
+    InvalidName, KeyInUse, KeyNotFound, LockTimeout, ProtocolError, ShmhbError, StaleBoard,
     WatchTableFull,
 )
 from .heartbeat import Heartbeat
@@ -27,10 +27,10 @@ __all__ = [
     "AgentConfig", "AgentStatus", "Board", "BoardCorrupt", "BoardExists", "BoardFull",
     "BoardNotFound", "BoardPermissionError", "DropReason", "Link", "LinkReaper", "BoardSpaceError", "BoardVersionMismatch",
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
-    "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "LockTimeout",
-    "MonotonicClock", "NetworkStatus", "PeerStatus", "PingerConfig", "Policy", "ProtocolError",
-    "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull", "__version__",
-    "get_include", "native",
+    "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "KeyNotFound",
+    "LockTimeout", "MonotonicClock", "NetworkStatus", "PeerStatus", "PingerConfig", "Policy",
+    "ProtocolError", "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull",
+    "__version__", "get_include", "native",
 ]
 
 

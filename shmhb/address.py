@@ -50,8 +50,9 @@ class Address(NamedTuple):
     def __str__(self) -> str:
         return format_address(self.host, self.port)
 
-    def with_port(self, port: int) -> Address:
-        return self if self.port is not None else Address(self.host, port)
+    def with_port(self, port: int | None) -> Address:
+        """The same host at ``port`` (None: without a port)."""
+        return Address(self.host, port)
 
 
 def format_address(host: str, port: int | None) -> str:

@@ -9,6 +9,7 @@ See ``shmhb.layout`` for the byte map and the one-writer-per-word rules.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -22,28 +23,41 @@ import numpy as np
 from . import locks, native, segment
 from .clock import MONOTONIC, Clock
 from .config import (
-    Capacity, Policy, board_name, check_endpoint, format_hostport, parse_address, parse_hostport,
+    Capacity, Policy, board_name, check_endpoint, parse_address,
 )
 from .errors import (
-    BoardFull, BoardNotFound, InvalidKey, KeyInUse, LockTimeout, StaleBoard, WatchTableFull,
+    BoardCorrupt, BoardFull, BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout,
+    StaleBoard, WatchTableFull,
 )
 from .judge import Thresholds, agent_fresh, combine_remote, judge_agent, judge_local, judge_row
 from .layout import (
-    ADDR_BYTES, ENDPOINTS_BYTES, HEADER_DTYPE, INC_SHIFT, KEY_BYTES, LAYOUT_VERSION,
-    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, MAGIC, MAX_ENDPOINTS, PEER_ROW_DTYPE,
+    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LAYOUT_VERSION,
+    LOCK_AGENT, LOCK_REGISTRY, LOCK_SLOT_BASE, LOCK_WATCH_BASE, MAGIC, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, STATE_READY,
-    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes, decode_endpoints,
-    encode_endpoints, inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
+    TS39_MASK, TS_SHIFT, TS_UNIT_NS, WATCH_ROW_DTYPE, Sizes,
+    inc_tag, pack_hb, peer_checksum, record_checksum, remote_checksum, watch_checksum,
 )
 from .procinfo import boot_id, own_pid_namespace, start_time
-from .protocol import MAX_KEY_BYTES
+from .records import check_key, check_registration, stored_address, stored_endpoints, stored_key
 from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
+from .timens import monotonic_offset_ns
 
 log = logging.getLogger(__name__)
 
 UNIT_S = TS_UNIT_NS / 1e9
 REGISTRY_TIMEOUT_S = 5.0
 _RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
+
+
+_fork_guard = threading.Lock()
+
+
+def _reset_fork_guard() -> None:
+    global _fork_guard
+    _fork_guard = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_fork_guard)
 
 
 def _word_index(byte_offset: int) -> int:
@@ -80,23 +94,30 @@ class Board:
         self._q = memoryview(mm).cast("B").cast("Q")
         self._hb0 = _word_index(sz.slot_off)
         off = HEADER_DTYPE.fields
+        assert off is not None
         self._agent_hb_i = _word_index(off["agent_hb"][1])
         self._agent_id_i = _word_index(off["agent_id"][1])
         self._reg_gen_i = _word_index(off["reg_gen"][1])
         self._agent_gen_i = _word_index(off["agent_gen"][1])
-        self.policy = Policy(
-            suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
-            dead_after_s=int(h["dead_after_ns"]) / 1e9,
-            agent_stale_s=int(h["agent_stale_ns"]) / 1e9,
-            peer_suspect_after_s=int(h["peer_suspect_after_ns"]) / 1e9,
-            peer_dead_after_s=int(h["peer_dead_after_ns"]) / 1e9,
-        )
+        forget_ns = int(h["forget_after_ns"])  # 0: off (and in boards of earlier versions)
+        try:
+            self.policy = Policy(
+                suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
+                dead_after_s=int(h["dead_after_ns"]) / 1e9,
+                agent_stale_s=int(h["agent_stale_ns"]) / 1e9,
+                peer_suspect_after_s=int(h["peer_suspect_after_ns"]) / 1e9,
+                peer_dead_after_s=int(h["peer_dead_after_ns"]) / 1e9,
+                forget_after_s=forget_ns / 1e9 if forget_ns else None,
+            )
+        except InvalidConfig as e:
+            raise BoardCorrupt(f"board {self.name!r} holds a policy this shmhb refuses ({e}): "
+                               "remove it (`shmhb gc`) and let its users create it again") from None
+        # (forget_after in units, 0: off; (slot, hb word) pairs not to try again)
+        self._forget: tuple[int, set[tuple[int, int]]] = (forget_ns >> TS_SHIFT, set())
         self.thresholds = Thresholds(*(int(h[f]) >> TS_SHIFT for f in (
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
-        self.capacity = Capacity(sz.nslots, sz.npeers, sz.nremote, sz.nwatch)
         self.board_inc = int(h["board_inc"])
-        self.boot_id = bytes(h["boot_id"]).ljust(16, b"\0")
         # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, tuple[str, int, int, tuple[str, ...]]]] = {}
@@ -105,6 +126,10 @@ class Board:
         self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
         self._closed = False
         self._thread_lock = threading.Lock()
+        # (pid, the registry lock's descriptor in that process): see _registry_fd.
+        # Instance attributes stay at most 30 here: beyond, CPython 3.11 stops sharing
+        # the instance dict's keys and every attribute load of the hot path gets slower.
+        self._reg = (os.getpid(), seg.fd)
         self._bind_hot_paths(native.extension())
 
     def _bind_hot_paths(self, ext: Any) -> None:
@@ -133,6 +158,23 @@ class Board:
         """Whether this handle's hot paths are the C extension's (``shmhb.native``)."""
         return self._ext is not None
 
+    @property
+    def capacity(self) -> Capacity:
+        sz = self.sizes
+        return Capacity(sz.nslots, sz.npeers, sz.nremote, sz.nwatch)
+
+    @property
+    def boot_id(self) -> bytes:
+        """The boot this board was created in (16 bytes)."""
+        return bytes(self._head["boot_id"]).ljust(16, b"\0")
+
+    @property
+    def timens_offset_ns(self) -> int | None:
+        """The creator's CLOCK_MONOTONIC offset (time namespace); None in boards of
+        earlier versions, which did not record it."""
+        h = self._head
+        return int(h["timens_offset_ns"]) if int(h["features"]) & FEATURE_TIMENS else None
+
     @classmethod
     def create(
         cls,
@@ -142,6 +184,7 @@ class Board:
         suspect_after_s: float | None = None,
         dead_after_s: float | None = None,
         mode: int = 0o600,
+        forget_after_s: float | None = None,
         peers: int | None = None,
         remote_slots: int | None = None,
         watches: int | None = None,
@@ -151,16 +194,24 @@ class Board:
         """Create a new board; ``BoardExists`` if the name is taken."""
         name = board_name(name)
         pol = policy or Policy()
-        if suspect_after_s is not None or dead_after_s is not None:
-            pol = Policy(
+        if not isinstance(pol, Policy):
+            raise InvalidConfig(f"policy must be a shmhb.Policy, got {pol!r}")
+        if suspect_after_s is not None or dead_after_s is not None or forget_after_s is not None:
+            pol = dataclasses.replace(
+                pol,
                 suspect_after_s=pol.suspect_after_s if suspect_after_s is None else suspect_after_s,
                 dead_after_s=pol.dead_after_s if dead_after_s is None else dead_after_s,
-                agent_stale_s=pol.agent_stale_s,
-                peer_suspect_after_s=pol.peer_suspect_after_s,
-                peer_dead_after_s=pol.peer_dead_after_s,
+                forget_after_s=pol.forget_after_s if forget_after_s is None else forget_after_s,
             )
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777 \
+                or mode & 0o600 != 0o600:
+            raise InvalidConfig(
+                f"mode must be file permission bits in 0o600..0o777 that let the owner read "
+                f"and write (e.g. 0o600, or 0o660 to share with a group), got {mode!r}")
         d = Capacity()
-        cap = Capacity(slots, peers or d.peers, remote_slots or d.remote_slots, watches or d.watches)
+        cap = Capacity(slots, d.peers if peers is None else peers,
+                       d.remote_slots if remote_slots is None else remote_slots,
+                       d.watches if watches is None else watches)
         sizes = Sizes(cap.slots, cap.peers, cap.remote_slots, cap.watches)
         seg = segment.Segment.create(name, sizes, mode)
         try:
@@ -185,6 +236,9 @@ class Board:
             h["agent_stale_ns"] = int(pol.agent_stale_s * 1e9)
             h["peer_suspect_after_ns"] = int(pol.peer_suspect_after_s * 1e9)
             h["peer_dead_after_ns"] = int(pol.peer_dead_after_s * 1e9)
+            h["forget_after_ns"] = int((pol.forget_after_s or 0) * 1e9)
+            h["timens_offset_ns"] = monotonic_offset_ns()
+            h["features"] = FEATURE_TIMENS
             h["magic"] = MAGIC
             h["state"] = STATE_READY
             del h
@@ -192,8 +246,8 @@ class Board:
             log.info("created board %s: %d slots, %d bytes", name, cap.slots, sizes.total_bytes)
             return cls(seg, clock)
         except BaseException:
+            seg.unlink_if_named()
             seg.close()
-            segment._unlink_quietly(name)
             raise
 
     @classmethod
@@ -213,11 +267,10 @@ class Board:
             except BoardNotFound:
                 pass
             except StaleBoard as e:
-                log.warning("board %s: %s; recreating it", name, e)
-                try:
-                    segment.unlink(name)
-                except BoardNotFound:
-                    pass
+                # Several processes may find it stale at once: remove_stale removes it
+                # only if it is still that stale segment, so all end up on one board.
+                if segment.remove_stale(name):
+                    log.warning("board %s: %s; recreating it", name, e)
             try:
                 return cls.create(name, **create_kwargs)
             except segment.BoardExists:
@@ -231,6 +284,9 @@ class Board:
         if self._closed:
             return
         self._closed = True
+        pid, fd = self._reg
+        if fd != self._seg.fd and pid == os.getpid():
+            os.close(fd)
         self._by_key.clear()
         self._remote_cache.clear()
         if self._ext is not None:  # give back the C objects' exports of the mapping
@@ -272,17 +328,36 @@ class Board:
         wait_s = REGISTRY_TIMEOUT_S if timeout_s is None else timeout_s
         what = f"board {self.name!r} registry"
         deadline = time.monotonic() + wait_s
-        if not self._thread_lock.acquire(timeout=max(wait_s, 0.0)):
+        fd, tlock = self._registry_fd()
+        if not tlock.acquire(timeout=max(wait_s, 0.0)):
             raise LockTimeout(f"{what} stayed locked by another thread for {wait_s:g} s")
         try:
-            locks.lock(self._seg.fd, LOCK_REGISTRY, what=what,
+            locks.lock(fd, LOCK_REGISTRY, what=what,
                        timeout_s=max(0.0, deadline - time.monotonic()))
             try:
                 yield
             finally:
-                locks.unlock(self._seg.fd, LOCK_REGISTRY)
+                locks.unlock(fd, LOCK_REGISTRY)
         finally:
-            self._thread_lock.release()
+            tlock.release()
+
+    def _registry_fd(self) -> tuple[int, threading.Lock]:
+        """This process's descriptor for the registry lock, and its thread lock.
+
+        An OFD lock belongs to an open file description, which a forked child shares
+        with its parent: taken on the inherited one, parent and child would not exclude
+        each other, and a child killed while holding it would leave it held for as long
+        as the parent lives (the description stays open there).  So the first call in
+        a new process opens a description of its own (of the same segment, not by
+        name) and a new thread lock (the parent's may have been held at the fork by a
+        thread that does not exist here)."""
+        pid = os.getpid()
+        if pid != self._reg[0]:
+            with _fork_guard:
+                if pid != self._reg[0]:
+                    self._thread_lock = threading.Lock()
+                    self._reg = (pid, self._seg.new_fd())
+        return self._reg[1], self._thread_lock
 
     # -- registration ---------------------------------------------------------------------
 
@@ -296,7 +371,8 @@ class Board:
         """
         from .heartbeat import Heartbeat
 
-        kb, eb, eps = _check_key(key, endpoints)
+        kb, eb, eps = check_registration(key, endpoints)
+        self.check_clock()
         fd = self._new_fd()
         try:
             index, inc = self._claim(key, kb, eb, fd)
@@ -308,6 +384,19 @@ class Board:
             from .agent import embedded_join
             embedded_join(self.name, hb)
         return hb
+
+    def check_clock(self) -> None:
+        """``InvalidConfig`` if this process's CLOCK_MONOTONIC is not the board's (another
+        time namespace): its beats would read ALIVE forever or DEAD at once.  Called by
+        ``register``; an agent should call it before taking the role.  A board of an
+        earlier version, which did not record its creator's offset, counts as 0."""
+        mine = monotonic_offset_ns()
+        board = self.timens_offset_ns if self.timens_offset_ns is not None else 0
+        if mine != board:
+            raise InvalidConfig(
+                f"this process's monotonic clock is offset by {mine / 1e9:+.3f} s (a time "
+                f"namespace) from board {self.name!r}'s ({board / 1e9:+.3f} s): its beats "
+                "would be misjudged; run it in the board's time namespace")
 
     def _claim(self, key: str, kb: bytes, eb: bytes, fd: int) -> tuple[int, int]:
         with self.registry():
@@ -366,6 +455,100 @@ class Board:
             f"board {self.name!r} is full: all {self.sizes.nslots} slots are held by live "
             "processes; create it with more slots (Board.create(slots=...))"
         )
+
+    # -- forgetting dead slots ----------------------------------------------------------
+
+    def forget(self, key: str, *, timeout_s: float | None = None) -> SlotStatus:
+        """Clear the slot of ``key``, DEAD or LEFT, so it no longer shows (a probe such
+        as ``shmhb status`` and its alert recover after a crash without rebuilding the
+        board).  Returns what the slot held.  ``KeyInUse`` if a live process holds it
+        (ALIVE or SUSPECT, or DEAD by silence while its process lives: kill it first);
+        ``KeyNotFound`` (a ``KeyError``) if no slot holds ``key``."""
+        check_key(key)
+        with self.registry(timeout_s):
+            for i in np.flatnonzero(self._records["key"] == key.encode()):
+                got = self._slot_at(int(i))
+                if got is None or got.key != key:
+                    continue
+                if got.status not in (Status.DEAD, Status.LEFT):
+                    raise KeyInUse(f"{key!r} is {got.status.value} (pid {got.pid}): only a "
+                                   "dead or left slot can be forgotten")
+                if not self._clear_slot(int(i), got.incarnation):
+                    raise KeyInUse(f"{key!r} reads dead but its process (pid {got.pid}) "
+                                   "still holds the slot (hung or stopped?): kill it first")
+                log.info("board %s: forgot %r (slot %d, incarnation %d, %s)", self.name, key,
+                         int(i), got.incarnation, got.status.value)
+                return got
+        raise KeyNotFound(f"no slot of board {self.name!r} holds {key!r}: see `shmhb status`")
+
+    def forget_expired(self, timeout_s: float = 0.01) -> list[str]:
+        """Clear the slots that read DEAD or LEFT for the policy's ``forget_after_s``
+        (counted from their last beat); the agent calls this from its local watch.  A
+        no-op (one comparison) when the policy has it off, and one vectorised pass over
+        the heartbeat words otherwise; never raises for a busy registry (retried at the
+        next call).  Returns the keys forgotten."""
+        units, refused = self._forget
+        if not units:
+            return []
+        hb = self._hb.copy()
+        now = self._now_ns() >> TS_SHIFT
+        old = np.flatnonzero((hb != 0) & (now - (hb & np.uint64(TS39_MASK)).astype(np.int64)
+                                          >= units))
+        todo = [int(i) for i in old if (int(i), int(hb[i])) not in refused]
+        if not todo:
+            return []
+        out = []
+        try:
+            with self.registry(timeout_s):
+                for i in todo:
+                    got = self._slot_at(i)
+                    if got is None or got.status not in (Status.DEAD, Status.LEFT):
+                        refused.add((i, int(hb[i])))
+                        continue
+                    if self._clear_slot(i, got.incarnation):
+                        out.append(got.key)
+                    else:  # its process lives on (hung): not until it is gone
+                        refused.add((i, int(hb[i])))
+        except LockTimeout:
+            return out
+        if out:
+            log.info("board %s: forgot %d slot(s) dead or left for %g s: %s", self.name,
+                     len(out), self.policy.forget_after_s, ", ".join(map(repr, out)))
+        if len(refused) > 4 * self.sizes.nslots:
+            refused.clear()
+        return out
+
+    def _slot_at(self, i: int) -> SlotStatus | None:
+        info = self._read_slot(i)
+        if info is None:
+            return None
+        key, pid, inc, eps = info
+        hb = self._q[self._hb0 + i * 8]
+        if hb >> INC_SHIFT != inc_tag(inc):
+            return None
+        st, age = judge_local(hb, self._q[self._hb0 + i * 8 + 1], self._now_ns() >> TS_SHIFT,
+                              self.thresholds)
+        return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+
+    def _clear_slot(self, i: int, incarnation: int) -> bool:
+        """Empty slot ``i`` if no live process holds it (caller holds the registry lock);
+        False if one does.  Holding the slot's lock while clearing makes this process the
+        slot's one writer, as a registrant is: its worker is gone, and a new registrant
+        must wait for both locks."""
+        fd = self._new_fd()
+        try:
+            if not locks.try_lock(fd, LOCK_SLOT_BASE + i):
+                return False
+            wi = self._hb0 + i * 8
+            if self._q[wi] >> INC_SHIFT != inc_tag(incarnation):
+                return False  # not the incarnation judged (cannot happen under the registry lock)
+            self._q[wi] = 0  # readers see an empty slot from here on
+            self._records[i]["checksum"] = 0  # free: a registrant may take it
+            self._rec_cache.pop(i, None)
+            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+            return True
+        finally:
+            os.close(fd)  # drops the slot lock
 
     def _bump_reg_gen(self, timeout_s: float | None = None) -> None:
         with self.registry(timeout_s):
@@ -433,8 +616,11 @@ class Board:
             rec = self._records[i].copy()  # one pass over the bytes, then validate the copy
             ck = int(rec["checksum"])
             if ck and ck == record_checksum(rec) and inc_tag(int(rec["incarnation"])) == tag:
-                info = (bytes(rec["key"]).decode(), int(rec["pid"]), int(rec["incarnation"]),
-                        decode_endpoints(bytes(rec["endpoints"])))
+                key = stored_key(bytes(rec["key"]), "slot", i)
+                if key is None:
+                    return None
+                info = (key, int(rec["pid"]), int(rec["incarnation"]),
+                        stored_endpoints(bytes(rec["endpoints"]), "slot", i))
                 self._rec_cache[i] = (tag, info)
                 return info
         return None
@@ -445,8 +631,8 @@ class Board:
         verdicts = self._verdict.copy()
         now = self._now_ns() >> TS_SHIFT
         out = []
-        for i in np.flatnonzero(hbs):
-            i = int(i)
+        for i0 in np.flatnonzero(hbs):
+            i = int(i0)
             info = self._read_slot(i)
             if info is None:
                 continue
@@ -458,7 +644,13 @@ class Board:
             out.append(SlotStatus(key, pid, inc, st, age * UNIT_S, eps))
         return out
 
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def cached_index(self, key: str) -> int | None:
+        """The slot index of ``key`` as this handle's last ``slot(key)`` found it, or None
+        if it has not looked it up (or found nothing)."""
+        c = self._by_key.get(key)
+        return None if c is None else (c[0] - self._hb0) // 8
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.uint64]:
         """Vectorised view of every slot: (hb words, verdict words, now) for
         ``judge.judge_local_array``; the cheap way to scan a large board."""
         return self._hb.copy(), self._verdict.copy(), np.uint64(self._now_ns() >> TS_SHIFT)
@@ -537,7 +729,7 @@ class Board:
         if keep_port or owner_pid == 0:
             ab = str(parse_address(endpoint, what="peer address")).encode()
         else:
-            ab = parse_address(check_endpoint(endpoint)).host.encode()
+            ab = str(parse_address(check_endpoint(endpoint)).with_port(None)).encode()
         pid = os.getpid() if owner_pid is None else owner_pid
         pstart = (start_time() or 0) if pid else 0
         with self.registry(timeout_s):
@@ -545,16 +737,22 @@ class Board:
             ns = own_pid_namespace() if pid else 0
             mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
                                   & (w["owner_ns"] == ns) & (w["address"] == ab))
+            own_fd = self._registry_fd()[0]
             if len(mine):
-                row = w[int(mine[0])]
+                i = int(mine[0])
+                row = w[i]
                 refs = int(row["refs"]) + delta if int(row["owner_start"]) == pstart else delta
                 if refs <= 0:
                     row["checksum"] = 0
+                    if pid:
+                        locks.unlock(own_fd, LOCK_WATCH_BASE + i)
                 else:
                     row["checksum"] = 0
                     row["owner_start"] = pstart
                     row["refs"] = refs
                     row["checksum"] = watch_checksum(row)
+                    if pid:
+                        locks.try_lock(own_fd, LOCK_WATCH_BASE + i, exclusive=False)
             elif delta > 0:
                 free = np.flatnonzero(w["checksum"] == 0)
                 if not len(free):
@@ -562,7 +760,10 @@ class Board:
                 if not len(free):
                     raise WatchTableFull(
                         f"board {self.name!r}: all {self.sizes.nwatch} watch rows are in use")
-                row = w[int(free[0])]
+                i = int(free[0])
+                if pid:  # held while this process lives (see _reclaim_watches)
+                    locks.try_lock(own_fd, LOCK_WATCH_BASE + i, exclusive=False)
+                row = w[i]
                 row["owner_pid"] = pid
                 row["owner_start"] = pstart
                 row["refs"] = delta
@@ -573,14 +774,23 @@ class Board:
 
     def _reclaim_watches(self) -> np.ndarray:
         """Free watch rows of processes that are gone (caller holds the registry lock);
-        returns the free rows.  Only owners in our pid namespace can be judged by pid and
-        start time; the watches of another namespace's processes are kept."""
+        returns the free rows.  Owners in our pid namespace are judged by pid and start
+        time; those of another namespace (whose pids mean nothing here) by the row's
+        lock, which a live owner holds: without that, their rows stayed forever and the
+        table filled for good (WatchTableFull)."""
         w = self._watches
+        ns = own_pid_namespace()
+        probe = self._registry_fd()[0]
         for i in np.flatnonzero(w["checksum"] != 0):
             row = w[int(i)]
             pid = int(row["owner_pid"])
-            if (pid and int(row["owner_ns"]) == own_pid_namespace()
-                    and start_time(pid) != int(row["owner_start"])):
+            if not pid:
+                continue  # the pinger's --peer list: kept until the settings change
+            if int(row["owner_ns"]) == ns:
+                gone = start_time(pid) != int(row["owner_start"])
+            else:
+                gone = not locks.is_held(probe, LOCK_WATCH_BASE + int(i))
+            if gone:
                 row["checksum"] = 0
         return np.flatnonzero(w["checksum"] == 0)
 
@@ -612,7 +822,9 @@ class Board:
             row = w[int(i)]
             if int(row["checksum"]) != watch_checksum(row):
                 continue
-            host = bytes(row["address"]).decode()
+            host = stored_address(bytes(row["address"]), "watch row", int(i))
+            if host is None:
+                continue
             out[host] = out.get(host, 0) + 1
         return out
 
@@ -637,8 +849,10 @@ class Board:
             rtt = int(row["rtt"])
             rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
             last = int(row["status"]) & ((1 << 40) - 1)
-            return (bytes(row["address"]).decode(), gen, st, rtt_ms,
-                    age * UNIT_S if last else None)
+            addr = stored_address(bytes(row["address"]), "peer row", i)
+            if addr is None:
+                return None
+            return (addr, gen, st, rtt_ms, age * UNIT_S if last else None)
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
@@ -662,9 +876,12 @@ class Board:
             if hs is None or hs[0] != int(row["peer_gen"]):
                 continue  # the row belongs to a peer row that has since been reused
             st = combine_remote(reported, hs[1])
-            out.append((p, SlotStatus(bytes(row["key"]).decode(), int(row["pid"]),
-                                      int(row["incarnation"]), st, _remote_age(age, hs[2]),
-                                      decode_endpoints(bytes(row["endpoints"])))))
+            key = stored_key(bytes(row["key"]), "remote row", int(i))
+            if key is None:
+                continue
+            eps = stored_endpoints(bytes(row["endpoints"]), "remote row", int(i))
+            out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
+                                      _remote_age(age, hs[2]), eps)))
         return out
 
     def peers(self) -> list[PeerStatus]:
@@ -685,10 +902,10 @@ class Board:
 
     def peer(self, address: str) -> PeerStatus | None:
         """The remote host at ``address`` ("host" or "host:port" of its pinger)."""
-        host, port = parse_hostport(address)
+        want = parse_address(address)
         for p in self.peers():
-            h, pp = parse_hostport(p.address)
-            if h == host and (pp == port or ":" not in address.replace("[", "").split("]")[-1]):
+            h, pp = parse_address(p.address)  # valid: peers() skips what is not
+            if h == want.host and (want.port is None or pp in (want.port, None)):
                 return p
         return None
 
@@ -738,7 +955,7 @@ class Board:
         row = self._remotes[i].copy()
         if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
             return None
-        eps = decode_endpoints(bytes(row["endpoints"]))
+        eps = stored_endpoints(bytes(row["endpoints"]), "remote row", i)
         if endpoint not in eps:
             return None
         j = judge_row(int(row["status"]), gen, ok, now)
@@ -748,7 +965,10 @@ class Board:
         pr = self._peer_row(p, now, ok)
         if pr is None or pr[1] != int(row["peer_gen"]):
             return None
-        return SlotStatus(bytes(row["key"]).decode(), int(row["pid"]), int(row["incarnation"]),
+        key = stored_key(bytes(row["key"]), "remote row", i)
+        if key is None:
+            return None
+        return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
                           combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps), p
 
 
@@ -758,32 +978,3 @@ def _remote_age(row_age: int, host_age_s: float | None) -> float:
     confirms every row of that host without rewriting them)."""
     age_s = row_age * UNIT_S
     return age_s if host_age_s is None else min(age_s, host_age_s)
-
-
-def check_key(key: object) -> bytes:
-    """``key`` encoded, or ``InvalidKey``: 1..63 UTF-8 bytes (the wire's
-    ``MAX_KEY_BYTES``, what a slot holds), no NUL and no control characters."""
-    if not isinstance(key, str) or not key:
-        raise InvalidKey(f"a key must be a non-empty str, got {key!r}")
-    try:
-        kb = key.encode()
-    except UnicodeEncodeError:
-        raise InvalidKey(f"key {key!r} is not valid Unicode text: use UTF-8 text") from None
-    if len(kb) > MAX_KEY_BYTES or len(kb) >= KEY_BYTES:
-        raise InvalidKey(f"key {key!r} is {len(kb)} bytes; the wire limit is "
-                         f"{MAX_KEY_BYTES}: choose a shorter key")
-    if any(c < " " or c == "\x7f" for c in key):
-        raise InvalidKey(f"key {key!r} contains NUL or control characters: use printable text")
-    return kb
-
-
-def _check_key(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:
-    kb = check_key(key)
-    eps = (endpoints,) if isinstance(endpoints, str) else tuple(endpoints)
-    if len(eps) > MAX_ENDPOINTS:
-        raise InvalidKey(f"at most {MAX_ENDPOINTS} endpoints per slot, got {len(eps)}")
-    eps = tuple(check_endpoint(e) for e in eps)
-    eb = encode_endpoints(eps)
-    if len(eb) >= ENDPOINTS_BYTES:
-        raise InvalidKey(f"endpoints take {len(eb)} bytes; at most {ENDPOINTS_BYTES - 1}")
-    return kb, eb, eps

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .board import Board
-from .config import BOARD_ENV, DEFAULT_BOARD, board_name
+from .config import BOARD_ENV, DEFAULT_BOARD, PingerConfig, board_name, check_host, positive_seconds
 from .errors import InvalidConfig, ShmhbError
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
 
@@ -220,6 +221,13 @@ def cmd_units(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forget(args: argparse.Namespace) -> int:
+    with Board.attach(args.board) as board:
+        s = board.forget(args.key)
+    print(f"forgot {s.key!r}: it was {s.status.value} (pid {s.pid}, incarnation {s.incarnation})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(quick=args.quick, base_addr=args.base_addr)
@@ -301,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the units read their settings (default /etc/default/shmhb)")
     sp.set_defaults(func=cmd_units)
 
+    sp = sub.add_parser("forget", help="clear a dead or left slot, so probes recover after a crash")
+    board_arg(sp)
+    sp.add_argument("key", metavar="KEY", help="the key of the slot (see `shmhb status`)")
+    sp.set_defaults(func=cmd_forget)
+
     sp = sub.add_parser("demo", help="a self-contained tour: kill, hang and restart workers")
     sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")
     sp.add_argument("--base-addr", default=None, metavar="ADDR",
@@ -310,19 +323,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag through the same doors as the library's own arguments, before any
+    command touches a board: ``InvalidConfig``/``InvalidName`` say which and why."""
+    if getattr(args, "board", None) is not None:
+        board_name(args.board)
+    for name in getattr(args, "names", None) or ():
+        board_name(name)
+    for flag in ("interval_s", "tick_s"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            positive_seconds("--" + flag.replace("_", "-"), v)
+    hz = getattr(args, "refresh_hz", None)
+    if hz is not None and not (math.isfinite(hz) and hz > 0):
+        raise InvalidConfig(f"--refresh-hz must be a positive number, got {hz}")
+    port = getattr(args, "port", None)
+    if port is not None and not 0 <= port <= 65535:
+        raise InvalidConfig(f"--port must be in 0..65535 (0: any free port), got {port}")
+    addr = getattr(args, "addr", None)
+    if addr is not None:
+        check_host(addr, what="--addr")
+    if args.command == "pinger":
+        PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
+                     secret_file=args.secret_file, curve_keys=args.curve_keys)
+
+
+#: Exit statuses of every command (README, "Exit statuses").
+EXIT_OK, EXIT_UNHEALTHY, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # a malformed command line: usage, exit 2
     level = logging.WARNING - 10 * min(args.verbose, 2)
     if args.command == "pinger":
         level = min(level, logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        check_args(args)
         return int(args.func(args) or 0)
-    except ShmhbError as e:
+    except ShmhbError as e:  # a refused input or board state: one line, no traceback
         print(f"shmhb: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ from .address import (
     is_canonical, is_endpoint, parse_address,
 )
 from .errors import InvalidConfig, InvalidName
-from .layout import PATH_BYTES
+from .layout import PATH_BYTES, TS_UNIT_NS
 from .pingplan import DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS
 
 __all__ = [
     "BOARD_ENV", "DEFAULT_BOARD", "DEFAULT_PORT", "MAX_ADDRESS_TEXT", "Address", "AgentConfig",
     "Capacity", "PingerConfig", "Policy", "board_name", "check_endpoint", "check_host",
     "format_address", "format_hostport", "has_port", "is_canonical", "is_endpoint",
-    "parse_address", "parse_hostport",
+    "parse_address", "parse_hostport", "positive_seconds",
 ]
 
 DEFAULT_BOARD = "shmhb"
@@ -38,9 +38,30 @@ def board_name(name: str | None = None) -> str:
     return chosen
 
 
-def _positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+#: The board's time unit (its timestamps are monotonic ns >> TS_SHIFT): ~1.05 ms.
+UNIT_S = TS_UNIT_NS / 1e9
+#: The longest policy time: 2**31 units (~26 days) stays far inside every word's field.
+MAX_POLICY_S = (1 << 31) * UNIT_S
+
+
+def positive_seconds(name: str, value: object) -> float:
+    """``value`` as a positive, finite number of seconds, or ``InvalidConfig``."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
         raise InvalidConfig(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+_positive = positive_seconds
+
+
+def _policy_time(name: str, value: object) -> None:
+    v = positive_seconds(name, value)
+    if not UNIT_S <= v <= MAX_POLICY_S:
+        raise InvalidConfig(
+            f"{name} = {v!r} s is outside what the board can time: give {UNIT_S * 1000:.2f} ms "
+            f"(its time unit) to {MAX_POLICY_S / 86400:.0f} days; a shorter time rounds to "
+            "0 and every slot would read DEAD")
 
 
 @dataclass(frozen=True)
@@ -62,15 +83,20 @@ class Policy:
     agent_stale_s: float = 1.0
     peer_suspect_after_s: float = 1.0
     peer_dead_after_s: float = 5.0
+    #: a slot DEAD (or LEFT) this long is cleared by the agent, as ``shmhb forget``
+    #: does, so a probe and its alert recover after a crash; None: never (the default)
+    forget_after_s: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("suspect_after_s", "dead_after_s", "agent_stale_s",
                   "peer_suspect_after_s", "peer_dead_after_s"):
-            _positive(f, getattr(self, f))
+            _policy_time(f, getattr(self, f))
         if self.dead_after_s < self.suspect_after_s:
             raise InvalidConfig("dead_after_s must be >= suspect_after_s")
         if self.peer_dead_after_s < self.peer_suspect_after_s:
             raise InvalidConfig("peer_dead_after_s must be >= peer_suspect_after_s")
+        if self.forget_after_s is not None:
+            _policy_time("forget_after_s", self.forget_after_s)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,10 @@ class StaleBoard(BoardCorrupt):
     """The segment was left by an earlier boot of this host or by a creator that crashed."""
 
 
+class BoardOpenError(ShmhbError, OSError):
+    """The system refused to open the board (too many open files, no memory, ...)."""
+
+
 class BoardSpaceError(ShmhbError, OSError):
     """/dev/shm has no room for a board of the requested size."""
 
@@ -54,6 +58,13 @@ class BoardFull(ShmhbError, RuntimeError):
 
 class KeyInUse(ShmhbError, RuntimeError):
     """The key is registered by a process that is still alive."""
+
+
+class KeyNotFound(ShmhbError, KeyError):
+    """No slot of the board holds that key."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class InvalidKey(ShmhbError, ValueError):

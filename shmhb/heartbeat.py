@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from . import locks, native
+from .config import positive_seconds
 from .errors import HeartbeatClosed, LockTimeout
 from .layout import INC_SHIFT, LOCK_SLOT_BASE, TS_SHIFT, inc_tag, pack_hb
 from .periodic import Periodic
@@ -74,8 +75,7 @@ class Heartbeat:
         """Beat every ``interval_s`` from a daemon thread until ``stop()`` or ``close()``."""
         if self._closed:
             raise HeartbeatClosed(f"heartbeat {self.key!r} is closed; register again")
-        if not interval_s > 0:
-            raise ValueError("interval_s must be positive")
+        positive_seconds("interval_s", interval_s)  # InvalidConfig, before any thread
         self.beat()
         self._ticker.start(self.beat, interval_s)
         return self

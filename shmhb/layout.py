@@ -169,6 +169,11 @@ NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
 # magic .. watch_off    creator                                 before the board is ready
 # boot_id, board_inc    creator
 # policy (*_ns)         creator
+# forget_after_ns       creator (policy; 0: off, which is what a board of an earlier
+#                       version, made before the field existed, reads)
+# timens_offset_ns      creator: its CLOCK_MONOTONIC offset (time namespace), valid when
+#                       features has FEATURE_TIMENS (not set by earlier versions)
+# features              creator: which of the fields above it wrote
 # created_ns, creator_pid
 # state                 creator                                 last, under the init lock
 # inc_counter           registrants, under the registration lock
@@ -189,6 +194,9 @@ NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
 # net_error, net_ck     the address listened on, the last error's text), checksummed with
 #                       the state word: a reader that catches them mid-write sees a bad
 #                       checksum and shows the state word alone, never mixed details
+
+#: features bits: which optional header fields the creator wrote
+FEATURE_TIMENS: Final = 1
 
 STAT_NAMES: Final = (
     "pings_sent",
@@ -225,7 +233,7 @@ HEADER_DTYPE: Final = np.dtype(
             "boot_id", "board_inc", "created_ns", "creator_pid",
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns",
-            "state",
+            "state", "forget_after_ns", "timens_offset_ns", "features",
             "inc_counter", "reg_gen", "agent_term",
             "agent_hb", "agent_id", "agent_gen", "agent_lateness_us",
             "stats",
@@ -240,7 +248,7 @@ HEADER_DTYPE: Final = np.dtype(
             "S16", "<u8", "<u8", "<u8",
             "<u8", "<u8", "<u8",
             "<u8", "<u8",
-            "<u8",
+            "<u8", "<u8", "<i8", "<u8",
             "<u8", "<u8", "<u8",
             "<u8", "<u8", "<u8", "<u8",
             ("<u8", NSTATS),
@@ -255,7 +263,7 @@ HEADER_DTYPE: Final = np.dtype(
             80, 96, 104, 112,
             120, 128, 136,
             144, 152,
-            160,
+            160, 168, 176, 184,  # zero in boards of earlier versions
             # lock-protected and agent words each on their own cache line
             192, 200, 208,
             256, 264, 272, 280,
@@ -327,6 +335,9 @@ WATCH_ROW_DTYPE: Final = np.dtype(
 LOCK_REGISTRY: Final = 0  # registration, watch writes and pinger settings; also init
 LOCK_AGENT: Final = 1  # the host agent role (local watch + pinger)
 LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
+#: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
+#: owners in another pid namespace, whose pids mean nothing here, are judged
+LOCK_WATCH_BASE: Final = 1 << 21
 
 
 class Sizes:

@@ -118,6 +118,7 @@ class LocalWatch:
         for i in list(self._by_lock):
             if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
                 self._convict(i, self._watched[i], now_ns, "released its slot lock")
+        b.forget_expired()  # the policy's forget_after_s; one comparison when it is off
 
     def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
         tag = hb >> INC_SHIFT

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .board import Board
-from .config import parse_hostport
+from .config import parse_hostport, positive_seconds
 from .errors import LockTimeout
 from .periodic import Periodic
 from .status import PeerStatus, SlotStatus, Status
@@ -191,9 +191,9 @@ class LinkReaper:
         self._remote_links = sum(1 for lk in self._links.values() if not lk.local)
         for link in self._links.values():
             if link.local and link.key is not None:
-                c = self.board._by_key.get(link.key)
-                if c is not None:
-                    idx.add((c[0] - self.board._hb0) // 8)
+                i = self.board.cached_index(link.key)
+                if i is not None:
+                    idx.add(i)
         self._local_words = np.array(sorted(idx), np.intp)
 
     def _local(self, endpoint: str) -> SlotStatus | None:
@@ -338,7 +338,7 @@ class LinkReaper:
 
     def start(self, interval_s: float = 0.05) -> LinkReaper:
         """Poll from a daemon thread every ``interval_s`` until ``stop()``."""
-        self._ticker.start(self.poll, interval_s)
+        self._ticker.start(self.poll, positive_seconds("interval_s", interval_s))
         return self
 
     @property

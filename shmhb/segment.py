@@ -12,6 +12,7 @@ import errno
 import logging
 import mmap
 import os
+import stat
 import time
 
 import numpy as np
@@ -19,10 +20,12 @@ import posix_ipc
 
 from . import locks
 from .errors import (
-    BoardCorrupt, BoardExists, BoardNotFound, BoardPermissionError, BoardSpaceError,
+    BoardCorrupt, BoardExists, BoardNotFound, BoardOpenError, BoardPermissionError, BoardSpaceError,
     BoardVersionMismatch, StaleBoard,
 )
-from .layout import HEADER_BYTES, HEADER_DTYPE, LAYOUT_VERSION, LOCK_REGISTRY, MAGIC, STATE_READY, Sizes
+from .layout import (
+    HEADER_BYTES, HEADER_DTYPE, LAYOUT_VERSION, LOCK_REGISTRY, MAGIC, STATE_READY, TS_UNIT_NS, Sizes,
+)
 from .procinfo import boot_id
 
 log = logging.getLogger(__name__)
@@ -31,11 +34,32 @@ INIT_WAIT_S = 1.0
 LOCK_WAIT_S = 5.0
 
 
+SHM_DIR = "/dev/shm"
+
+
 def _path(name: str) -> str:
     return "/" + name
 
 
+def _not_a_board(name: str) -> BoardCorrupt | None:
+    """A clear error if /dev/shm holds something other than a plain file under ``name``
+    (a symlink, a directory: shm_open refuses them with ELOOP or EISDIR)."""
+    try:
+        st = os.lstat(os.path.join(SHM_DIR, name))
+    except OSError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else
+            "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+    return BoardCorrupt(f"{SHM_DIR}/{name} is {kind}, not a board: remove it, or use "
+                        "another board name (--board / $SHMHB_BOARD)")
+
+
 def _open_error(name: str, e: Exception) -> Exception:
+    bad = _not_a_board(name)
+    if bad is not None:
+        return bad
     if isinstance(e, posix_ipc.ExistentialError):
         return BoardNotFound(
             f"no board {name!r} on this host: start a worker or `shmhb pinger` to create it"
@@ -44,7 +68,29 @@ def _open_error(name: str, e: Exception) -> Exception:
         return BoardPermissionError(
             f"no permission to open board {name!r}: run as its owner, or create it with a wider mode"
         )
-    return e
+    if isinstance(e, OSError) and e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENOTDIR):
+        return BoardOpenError(e.errno, f"cannot open board {name!r}: {e.strerror or e} "
+                                       "(too many open files? raise LimitNOFILE / ulimit -n)")
+    if isinstance(e, OSError):
+        return BoardCorrupt(f"cannot open board {name!r}: {e.strerror or e}; remove "
+                            f"{SHM_DIR}/{name} or use another board name")
+    return BoardCorrupt(f"cannot open board {name!r} ({e}): remove {SHM_DIR}/{name} "
+                        "or use another board name")
+
+
+def _shm_open(name: str, **kw: int) -> int:
+    """shm_open through posix_ipc; its errors as shmhb errors (never a raw OSError or
+    posix_ipc's ValueError for a directory)."""
+    try:
+        return int(posix_ipc.SharedMemory(_path(name), **kw).fd)
+    except posix_ipc.ExistentialError:
+        if kw.get("flags") == posix_ipc.O_CREX:
+            bad = _not_a_board(name)
+            raise bad or BoardExists(
+                f"board {name!r} exists already; attach to it or unlink it first") from None
+        raise _open_error(name, posix_ipc.ExistentialError()) from None
+    except (posix_ipc.PermissionsError, OSError, ValueError) as e:
+        raise _open_error(name, e) from None
 
 
 class Segment:
@@ -63,15 +109,14 @@ class Segment:
         """Create the segment, allocate its memory up front, and return it with the
         registry lock held exclusively on ``fd``: the caller writes the header, marks it
         READY, then calls ``finish_create``."""
-        try:
-            shm = posix_ipc.SharedMemory(_path(name), flags=posix_ipc.O_CREX, mode=mode, size=0)
-        except posix_ipc.ExistentialError:
-            raise BoardExists(f"board {name!r} exists already; attach to it or unlink it first") from None
-        except posix_ipc.PermissionsError as e:
-            raise _open_error(name, e) from None
-        fd = shm.fd
+        fd = _shm_open(name, flags=posix_ipc.O_CREX, mode=mode, size=0)
         try:
             locks.lock(fd, LOCK_REGISTRY, timeout_s=LOCK_WAIT_S, what=f"board {name!r} registry")
+            if os.fstat(fd).st_nlink == 0:
+                # Between our O_CREAT and the lock, a process recovering what looked like
+                # a stale board (remove_stale) removed the name: ours is unreachable.
+                os.close(fd)
+                raise BoardExists(f"board {name!r} was removed while being created; retry")
             os.fchmod(fd, mode)  # shm_open's mode is masked by the umask
             try:
                 # Unlike ftruncate, fallocate fails now with ENOSPC instead of SIGBUS later.
@@ -85,8 +130,10 @@ class Segment:
                     ) from None
                 raise
             mm = mmap.mmap(fd, sizes.total_bytes)
+        except BoardExists:
+            raise
         except BaseException:
-            _unlink_quietly(name)
+            _unlink_if_same(name, fd)
             os.close(fd)
             raise
         return cls(name, fd, mm)
@@ -94,16 +141,16 @@ class Segment:
     def finish_create(self) -> None:
         locks.unlock(self.fd, LOCK_REGISTRY)
 
+    def unlink_if_named(self) -> None:
+        """Remove the board's name if it still names this segment (a failed create)."""
+        _unlink_if_same(self.name, self.fd)
+
     # -- attaching ------------------------------------------------------------------------
 
     @classmethod
     def attach(cls, name: str) -> Segment:
-        try:
-            # Never pass size here: it would truncate a live segment (SIGBUS for its users).
-            shm = posix_ipc.SharedMemory(_path(name))
-        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError) as e:
-            raise _open_error(name, e) from None
-        fd = shm.fd
+        # Never pass size here: it would truncate a live segment (SIGBUS for its users).
+        fd = _shm_open(name)
         try:
             deadline = time.monotonic() + INIT_WAIT_S
             while True:
@@ -172,8 +219,11 @@ class Segment:
             )
         pol = [int(head[f]) for f in ("suspect_after_ns", "dead_after_ns", "agent_stale_ns",
                                      "peer_suspect_after_ns", "peer_dead_after_ns")]
-        if min(pol) <= 0 or pol[1] < pol[0] or pol[4] < pol[3]:
-            raise BoardCorrupt(f"board {self.name!r} holds an invalid policy")
+        if min(pol) < TS_UNIT_NS or pol[1] < pol[0] or pol[4] < pol[3]:
+            # under the time unit a threshold reads 0 units: every slot would be DEAD
+            raise BoardCorrupt(f"board {self.name!r} holds an invalid policy (a time under "
+                               "its ~1 ms unit, or dead before suspect): remove it with "
+                               "`shmhb gc` and create it again")
         if bytes(head["boot_id"]).ljust(16, b"\0") != boot_id():
             raise StaleBoard(
                 f"board {self.name!r} was created in an earlier boot of this host: "
@@ -183,11 +233,22 @@ class Segment:
     # -- descriptors and teardown ---------------------------------------------------------
 
     def new_fd(self) -> int:
-        """A new open file description of this segment, for a lock of its own."""
+        """A new open file description of this very segment, for a lock of its own.
+
+        Opened through /proc/self/fd, not by name: the name may meanwhile point to
+        another segment (a board removed and created anew), and a lock taken there
+        would exclude nobody here.  The inode is checked either way."""
+        want = os.fstat(self.fd)
         try:
-            return posix_ipc.SharedMemory(_path(self.name)).fd
-        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError) as e:
-            raise _open_error(self.name, e) from None
+            fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            fd = _shm_open(self.name)  # no /proc: by name, and checked below
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
+            os.close(fd)
+            raise BoardNotFound(f"board {self.name!r} was removed and created anew while "
+                                "this process had it open: open it again")
+        return fd
 
     def close(self) -> None:
         try:
@@ -198,6 +259,77 @@ class Segment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def remove_stale(name: str) -> bool:
+    """Remove the board ``name`` if, checked again under its registry lock held
+    exclusively, it is still the same unfinished or earlier-boot segment; True if this
+    call removed it.
+
+    Many processes may find one stale board at once.  Unlinking by name is not atomic
+    with the check, so the check and the unlink happen while holding the stale
+    segment's own registry lock, and only if the name still points to that segment:
+    a process that recovers second finds the name gone, or naming the board the first
+    one created, and removes nothing (a plain unlink there split the host between two
+    boards).  A creator takes that lock before writing anything and checks afterwards
+    that its segment is still linked, so it never finishes a board nobody can find."""
+    try:
+        fd = _shm_open(name)
+    except BoardNotFound:
+        return False
+    try:
+        locks.lock(fd, LOCK_REGISTRY, timeout_s=LOCK_WAIT_S, what=f"board {name!r} registry")
+        mine = os.fstat(fd)
+        if mine.st_nlink == 0 or not _is_stale(fd, mine.st_size):
+            return False
+        try:
+            now = _shm_open(name)
+        except BoardNotFound:
+            return False
+        try:
+            same = (os.fstat(now).st_ino, os.fstat(now).st_dev) == (mine.st_ino, mine.st_dev)
+        finally:
+            os.close(now)
+        if same:
+            _unlink_quietly(name)  # the name is ours while we hold the lock (see above)
+        return same
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def _is_stale(fd: int, size: int) -> bool:
+    """Unfinished (no READY mark: its creator died, since we hold the lock it creates
+    under) or made in an earlier boot.  Anything else (a board that is merely corrupt,
+    or some other file) is left for `shmhb gc` or a person."""
+    if size < HEADER_BYTES:
+        return size == 0
+    mm = mmap.mmap(fd, HEADER_BYTES, prot=mmap.PROT_READ)
+    try:
+        head = np.ndarray((), HEADER_DTYPE, buffer=mm)
+        magic, state = int(head["magic"]), int(head["state"])
+        boot = bytes(head["boot_id"]).ljust(16, b"\0")
+        del head
+    finally:
+        mm.close()
+    if magic not in (0, MAGIC):
+        return False
+    return state != STATE_READY or boot != boot_id()
+
+
+def _unlink_if_same(name: str, fd: int) -> None:
+    """Remove ``name`` only if it still names the segment open on ``fd``."""
+    try:
+        now = _shm_open(name)
+    except BoardNotFound:
+        return
+    except BoardCorrupt:
+        return
+    try:
+        a, b = os.fstat(now), os.fstat(fd)
+        if (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev):
+            _unlink_quietly(name)
+    finally:
+        os.close(now)
 
 
 def unlink(name: str) -> None:

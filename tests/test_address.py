@@ -87,7 +87,7 @@ def test_register_stores_the_canonical_endpoint(board: shmhb.Board) -> None:
     with board.register("k", endpoints=("[0::1]:30003",), agent=False):
         assert board.slot("k").endpoints == ("[::1]:30003",)  # type: ignore[union-attr]
     board.watch("[0::1]:30003")
-    assert board.watched_hosts() == {"::1": 1}
+    assert board.watched_hosts() == {"[::1]": 1}
 
 
 @pytest.mark.parametrize("peer", ["host_a, host_b", "a b", "*", "hé", "[a:b]:1", "-x:1",

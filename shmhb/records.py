@@ -1,0 +1,116 @@
+"""What goes into a board's rows and comes back out: the doors for keys and endpoints
+at registration, and the check of what a reader finds (an earlier, laxer version may
+have stored what today's doors refuse: skipped, with a rate-limited warning).
+
+Pure logic; the memoised checks make a hot read pay one hash of the raw bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+
+from .config import check_endpoint, is_canonical, is_endpoint
+from .errors import InvalidKey
+from .layout import ENDPOINTS_BYTES, KEY_BYTES, MAX_ENDPOINTS, encode_endpoints
+from .protocol import MAX_KEY_BYTES
+from .ratelog import RateLimitedLog
+
+log = logging.getLogger(__name__)
+#: rows that today's doors refuse (written by an older version, or damaged): skipped
+skipped = RateLimitedLog(log)
+
+
+def check_key(key: object) -> bytes:
+    """``key`` encoded, or ``InvalidKey``: 1..63 UTF-8 bytes (the wire's
+    ``MAX_KEY_BYTES``, what a slot holds), no NUL and no control characters."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"a key must be a non-empty str, got {key!r}")
+    try:
+        kb = key.encode()
+    except UnicodeEncodeError:
+        raise InvalidKey(f"key {key!r} is not valid Unicode text: use UTF-8 text") from None
+    if len(kb) > MAX_KEY_BYTES or len(kb) >= KEY_BYTES:
+        raise InvalidKey(f"key {key!r} is {len(kb)} bytes; the wire limit is "
+                         f"{MAX_KEY_BYTES}: choose a shorter key")
+    if any(c < " " or c == "\x7f" for c in key):
+        raise InvalidKey(f"key {key!r} contains NUL or control characters: use printable text")
+    return kb
+
+
+def stored_text(raw: bytes) -> str | None:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _valid_key(raw: bytes) -> str | None:
+    text = stored_text(raw)
+    try:
+        check_key(text)
+    except InvalidKey:
+        return None
+    return text
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _valid_endpoints(raw: bytes) -> tuple[tuple[str, ...], bool]:
+    """(the endpoints today's door accepts, whether some were refused); memoised, so a
+    hot read pays one hash of the raw bytes."""
+    text = stored_text(raw)
+    eps = tuple(text.split(",")) if text else ()
+    good = tuple(e for e in eps if is_endpoint(e))
+    return good, text is None or len(good) != len(eps)
+
+
+def stored_key(raw: bytes, table: str, row: int) -> str | None:
+    """A key read back from row ``row`` of ``table``, or None (logged) if today's door
+    refuses it."""
+    key = _valid_key(raw)
+    if key is None:
+        skipped.warn("key", "skipping %s %d: its key %r is not valid (written by an older "
+                     "shmhb?)", table, row, raw)
+    return key
+
+
+def stored_endpoints(raw: bytes, table: str, row: int) -> tuple[str, ...]:
+    """Endpoints read back from the board, without those today's door refuses (logged):
+    the worker itself still counts, only the bad endpoint is not served."""
+    good, refused = _valid_endpoints(raw)
+    if refused:
+        skipped.warn("endpoint", "%s %d: skipping endpoint(s) in %r: not valid (written by "
+                     "an older shmhb?); re-register the worker with host:port endpoints of "
+                     "at most 63 bytes", table, row, raw)
+    return good
+
+
+def check_registration(key: str, endpoints: Iterable[str]) -> tuple[bytes, bytes, tuple[str, ...]]:
+    kb = check_key(key)
+    eps = (endpoints,) if isinstance(endpoints, str) else tuple(endpoints)
+    if len(eps) > MAX_ENDPOINTS:
+        raise InvalidKey(f"at most {MAX_ENDPOINTS} endpoints per slot, got {len(eps)}")
+    eps = tuple(check_endpoint(e) for e in eps)
+    eb = encode_endpoints(eps)
+    if len(eb) >= ENDPOINTS_BYTES:
+        raise InvalidKey(f"endpoints take {len(eb)} bytes; at most {ENDPOINTS_BYTES - 1}")
+    return kb, eb, eps
+
+
+def stored_address(raw: bytes, table: str, row: int) -> str | None:
+    """A watch or peer address read back from the board, or None (logged) if today's
+    door refuses it."""
+    text = _valid_address(raw)
+    if text is None:
+        skipped.warn("address", "skipping %s %d: address %r is not valid (written by an "
+                     "older shmhb?); unwatch it, or remove the board when idle (`shmhb gc`)",
+                     table, row, raw)
+    return text
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _valid_address(raw: bytes) -> str | None:
+    text = stored_text(raw)
+    return text if text is not None and is_canonical(text) else None
