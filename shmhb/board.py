@@ -816,17 +816,31 @@ class Board:
     def watched_hosts(self) -> dict[str, int]:
         """Hosts that live local processes (or the pinger's --peer list) watch, with the
         number of watching processes.  Read lock-free; rows caught mid-write are skipped."""
-        w = self._watches.copy()
         out: dict[str, int] = {}
+        for i, raw in self._watch_rows():
+            host = stored_address(raw, "watch row", i)
+            if host is not None:
+                out[host] = out.get(host, 0) + 1
+        return out
+
+    def refused_watches(self) -> list[str]:
+        """The stored watch addresses that today's address door refuses (an older version
+        let them in), as printable text: ``watched_hosts()`` leaves them out; the agent
+        reports them so that the operator learns a host is not being followed."""
+        return [raw.rstrip(b"\0").decode("utf-8", "backslashreplace")
+                for i, raw in self._watch_rows()
+                if stored_address(raw, "watch row", i) is None]
+
+    def _watch_rows(self) -> list[tuple[int, bytes]]:
+        """(index, raw address) of every watch row whose checksum holds; lock-free, rows
+        caught mid-write are skipped."""
+        w = self._watches.copy()
+        rows = []
         for i in np.flatnonzero(w["checksum"] != 0):
             row = w[int(i)]
-            if int(row["checksum"]) != watch_checksum(row):
-                continue
-            host = stored_address(bytes(row["address"]), "watch row", int(i))
-            if host is None:
-                continue
-            out[host] = out.get(host, 0) + 1
-        return out
+            if int(row["checksum"]) == watch_checksum(row):
+                rows.append((int(i), bytes(row["address"])))
+        return rows
 
     # -- remote hosts (written by this host's pinger) --------------------------------------
 

@@ -59,9 +59,13 @@ class Following:
         bad: dict[str, tuple[NetReason, str]] = {}
         try:
             watched = self.b.watched_hosts()
+            refused = self.b.refused_watches()
         except (UnicodeError, ValueError) as e:  # a row that does not even decode
             bad["(watch table)"] = (NetReason.ADDRESS, f"unreadable watch row: {e}")
             return set(self.targets), bad
+        for text in refused:
+            bad[text] = (NetReason.ADDRESS, f"stored watch address {text!r} is not valid "
+                         "(written by an older shmhb?); unwatch it")
         specs = sorted(watched, key=lambda sp: ":" not in sp.split("]")[-1])
         for spec in specs:  # explicit host:port (from --peer) first: they win
             try:
