@@ -135,7 +135,8 @@ class MooncakeAdapter(InnerAdapter):
     def check(self) -> None:
         need = ["hostname", "rpc_port", "engine_id", "tp_rank", "pp_rank", "dp_rank"]
         if not self.w.is_kv_producer:
-            need += ["receive_kv_from_single_worker", "_encoder", "_handle_failed_recv",
+            need += ["receive_kv_from_single_worker", "handle_new_engine_id", "_encoder",
+                     "_handle_failed_recv", "_pending_bootstrap_queries",
                      "receiver_loop", "_remote_agents", "_tp_size"]
         if not self.w.is_kv_consumer:
             need += ["_xfer_meta_decoder", "send_kv_to_decode", "_build_transfer_params",
@@ -212,8 +213,41 @@ class MooncakeAdapter(InnerAdapter):
                 return
             hooks.load_ended(ep, list(pull_metas))
 
+        handle_new_engine = w.handle_new_engine_id
+
+        async def handle_new_engine_id(remote_engine_id: str, pull_metas: dict[str, Any]) -> None:
+            # The first load from an engine (or the first since it was evicted) asks its
+            # bootstrap server first: a load too, tracked under the bootstrap endpoint,
+            # so a producer that hangs here is fenced like one that hangs later.
+            pm = next(iter(pull_metas.values()), None)
+            try:
+                ep = zmq_hostport(pm.remote_bootstrap_addr) if pm is not None else ""
+            except ValueError:
+                ep = ""
+            reqs = {r: frozenset(b for g in m.local_block_ids for b in g)
+                    for r, m in pull_metas.items()}
+            if ep and not hooks.load_started(ep, remote_engine_id, reqs, asyncio.current_task()):
+                w._handle_failed_recv(pull_metas, list(pull_metas),
+                                      f"shmhb: engine {remote_engine_id} at {ep} is gone")
+                return
+            try:
+                await handle_new_engine(remote_engine_id, pull_metas)
+            except asyncio.CancelledError:
+                given_up = hooks.load_ended(ep, list(pull_metas))
+                w._handle_failed_recv(pull_metas, given_up,
+                                      f"shmhb: engine {remote_engine_id} at {ep} dropped")
+                # The bootstrap query was cut (every load waiting on it is fenced with
+                # it: they share the endpoint): wake its waiters, let the next ask anew.
+                ev = w._pending_bootstrap_queries.pop(pm.remote_bootstrap_addr, None)
+                if ev is not None:
+                    ev.set()
+                return
+            if ep:
+                hooks.load_ended(ep, list(pull_metas))
+
         w._encoder = Encoder()
         w.receive_kv_from_single_worker = receive_kv_from_single_worker
+        w.handle_new_engine_id = handle_new_engine_id
 
     def _install_producer(self, hooks: Hooks) -> None:
         import msgspec

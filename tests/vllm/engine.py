@@ -147,6 +147,21 @@ class Engine:
         self.next_block = 0
         self.waiting: set[str] = set()  # decode: loads not finished yet
         self.step_n = 0
+        if a.role == "prefill":
+            self._watch_asks()
+
+    def _watch_asks(self) -> None:
+        """Tell the test when a consumer's request has reached this producer (read off
+        its side channel and dispatched), so a stop can be placed after it."""
+        inner = getattr(self.worker, "inner", self.worker)
+        w = inner.connector_worker
+        send = w.send_kv_to_decode
+
+        async def send_kv_to_decode(identity: bytes, sock: Any, meta: Any) -> None:
+            emit(ev="asked", transfer_ids=sorted(x for x, _ in meta.req_blocks.values()))
+            await send(identity, sock, meta)
+
+        w.send_kv_to_decode = send_kv_to_decode
 
     # -- requests -------------------------------------------------------------------------
 
@@ -207,6 +222,32 @@ class Engine:
         self.waiting.add(rid)
         emit(ev="loading", rid=rid, tokens=n, is_async=is_async, cost_ns=cost_ns)
 
+    def cost(self, engine_id: str, bootstrap: str, n: int) -> dict[str, float]:
+        """Median ns per call of the scheduler's and the worker's per-request/per-step
+        calls, and (wrapped) of the wrapper's own share of each."""
+        import statistics
+        r = self._request("cost-probe", {"do_remote_prefill": True, "transfer_id": "x",
+                                         "remote_engine_id": engine_id,
+                                         "remote_bootstrap_addr": bootstrap})
+
+        def med(fn: Any) -> float:
+            fn()
+            ts = []
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                fn()
+                ts.append(time.perf_counter_ns() - t0)
+            return float(statistics.median(ts))
+        out = {"get_num_new_matched_tokens": med(lambda: self.sched.get_num_new_matched_tokens(r, 0)),
+               "get_finished": med(lambda: self.worker.get_finished(set()))}
+        guard = getattr(self.worker, "guard", None)
+        if guard is not None:
+            params = r.kv_transfer_params
+            out["wrapper_veto_read"] = med(lambda: self.sched.veto_reason(params))
+            out["wrapper_poll"] = med(guard.poll)
+        self.requests.pop("cost-probe", None)
+        return out
+
     def digest(self, ids: list[int]) -> str:
         return hashlib.sha256(self.cache[ids].numpy().tobytes()).hexdigest()[:16]
 
@@ -244,11 +285,15 @@ class Engine:
             self.load(cmd["rid"], cmd["transfer_id"], cmd["engine_id"], cmd["bootstrap"])
         elif op == "digest":
             emit(ev="digest", rid=cmd["rid"], digest=self.digest(self.blocks[cmd["rid"]]))
+        elif op == "digest_all":
+            emit(ev="digest_all", digest=self.digest(list(range(NUM_BLOCKS))))
         elif op == "inner":
             emit(ev="inner", **inner_state(self.worker))
         elif op == "stats":
             s = self.worker.get_kv_connector_stats()
             emit(ev="stats", data=None if s is None else s.to_dict())
+        elif op == "cost":
+            emit(ev="cost", **self.cost(cmd["engine_id"], cmd["bootstrap"], cmd.get("n", 2000)))
         elif op == "quit":
             self.worker.shutdown()
             emit(ev="bye")
@@ -298,6 +343,9 @@ def main() -> None:
     os.environ["VLLM_HOST_IP"] = a.ip
     os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with
     os.environ["SHMHB_BOARD"] = a.board
+    import logging
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     Engine(a).run()
 
 

@@ -42,6 +42,7 @@ class EngineProc:
         e["VLLM_TARGET_DEVICE"] = "cpu"
         e["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
         e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        e["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"  # stdout carries the events
         e["PYTHONUNBUFFERED"] = "1"
         if env:
             e.update(env)
@@ -101,6 +102,14 @@ class EngineProc:
             if ev["ev"] in names and (rid is None or ev.get("rid") == rid):
                 return ev
             self.seen.append(ev)
+
+    def expect_asked(self, transfer_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Until this producer has read a consumer's request for ``transfer_id``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ev = self.expect("asked", timeout_s=max(0.01, deadline - time.monotonic()))
+            if transfer_id in ev["transfer_ids"]:
+                return ev
 
     def request(self, op: str, reply: str, timeout_s: float = 30.0, **kw: Any) -> dict[str, Any]:
         self.send(op, **kw)
@@ -193,3 +202,28 @@ def transfer(prefill: EngineProc, decode: EngineProc, *, seed: int = 1,
     decode.expect("loading", "vetoed", rid=rid)
     d = decode.expect("loaded", "load_failed", rid=rid, timeout_s=timeout_s)
     return p, d
+
+
+def expected_digest(seed: int) -> str:
+    """The digest of what a prefill seeded with ``seed`` writes into its blocks (the
+    bytes a correct transfer moves), computed here, independently of either engine."""
+    import hashlib
+
+    import torch
+
+    from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_KV_HEADS, PROMPT_BLOCKS
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
+    blocks = torch.stack([torch.rand(shape, generator=g) + 1.0 for _ in range(PROMPT_BLOCKS)])
+    return hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16]
+
+
+def zeros_digest() -> str:
+    """The digest of a request's blocks that nothing was written into."""
+    import hashlib
+
+    import numpy as np
+
+    from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_KV_HEADS, PROMPT_BLOCKS
+    z = np.zeros((PROMPT_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE), np.float32)
+    return hashlib.sha256(z.tobytes()).hexdigest()[:16]
