@@ -153,7 +153,8 @@ class MooncakeAdapter(InnerAdapter):
     def endpoints(self) -> dict[str, str]:
         w = self.w
         out = {"engine": format_hostport(w.hostname, int(w.rpc_port))}
-        if not w.is_kv_consumer and getattr(w, "side_channel_port", 0):
+        side_port = int(getattr(w, "side_channel_port", 0) or 0)
+        if not w.is_kv_consumer and side_port:
             out["side"] = format_hostport(w.hostname, int(w.side_channel_port))
         if getattr(w, "bootstrap_server", None) is not None:
             from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import (
@@ -238,7 +239,8 @@ class MooncakeAdapter(InnerAdapter):
                                       f"shmhb: engine {remote_engine_id} at {ep} dropped")
                 # The bootstrap query was cut (every load waiting on it is fenced with
                 # it: they share the endpoint): wake its waiters, let the next ask anew.
-                ev = w._pending_bootstrap_queries.pop(pm.remote_bootstrap_addr, None)
+                ev = w._pending_bootstrap_queries.pop(pm.remote_bootstrap_addr, None) \
+                    if pm is not None else None
                 if ev is not None:
                     ev.set()
                 return
