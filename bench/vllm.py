@@ -84,12 +84,16 @@ def run_variant(wrapped: bool, abort_s: int, tmp: str) -> dict[str, Any]:
         t = time.monotonic()
         d.send("load", rid=rid, transfer_id=xid, engine_id=p2.engine_id, bootstrap=p2.bootstrap)
         res["restart"] = _outcome(d, rid, t, limit)
-        # SIGSTOP with a load in flight
-        _wait_known(stack, p2)
-        rid = _in_flight(p2, d)
-        t = p2.stop()
+        # SIGSTOP with a load in flight, on a fresh engine (new id: stock cannot reach
+        # the restarted one above)
+        p2.kill()
+        p3 = stack.start("prefill")
+        _wait_known(stack, p3)
+        transfer(p3, d, seed=2, timeout_s=limit)
+        rid = _in_flight(p3, d)
+        t = p3.stop()
         res["hang"] = _outcome(d, rid, t, limit)
-        p2.cont()
+        p3.cont()
         res["inner_engines"] = d.request("inner", "inner")["remote_agents"]
     finally:
         stack.close()
@@ -108,6 +112,7 @@ def main() -> None:
             name = "ShmhbConnector(MooncakeConnector)" if wrapped else "stock MooncakeConnector"
             print(f"running {name} ...", flush=True)
             rows[wrapped] = run_variant(wrapped, a.abort_timeout_s, tmp)
+            print(rows[wrapped], flush=True)
     s, w = rows[False], rows[True]
     lines = [
         "# vLLM: stock MooncakeConnector vs ShmhbConnector around it",

@@ -85,7 +85,7 @@ class WorkerGuard:
         if self.fence_server is not None:
             self.fence_server.close()
         if self._zctx is not None:
-            self._zctx.term()
+            self._zctx.destroy(linger=0)  # a go-ahead still asked for is given up
 
     # -- the step -----------------------------------------------------------------------------
 
