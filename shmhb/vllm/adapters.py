@@ -1,0 +1,385 @@
+"""Adapters: what ``ShmhbConnector`` needs from the connector it wraps, one small class
+per inner connector.  This is the only module that touches an inner connector's
+internals; everything it reaches is named in the adapter's docstring, so a vLLM upgrade
+that renames them breaks here, loudly, at startup (``check()``), not silently at the
+first failure.
+
+An adapter answers five things:
+
+* ``rank()`` and ``endpoints()``: what the rank registers on its board (the side channel
+  peers send requests to, the transfer engine's address, the bootstrap server if this
+  rank runs it);
+* ``install(hooks)``: put the wrapper in the path of a load (consumer) and of a write
+  (producer): the consumer tells ``hooks`` when a load starts and ends and adds its
+  incarnation and go-ahead address to the request; the producer asks ``hooks.allowed``
+  before every write;
+* ``fence(tokens)``: cut what carries the given loads' requests, and return once that is
+  done (a future), so a failure is reported only after the fence holds;
+* ``evict_engine(engine_id)`` / ``evict_consumer(endpoint)``: forget what the inner
+  connector caches about a peer that is gone, so the next request asks afresh.
+
+The NIXL and vllm-ascend adapters would be the same shape (see docs/VLLM.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ..config import format_hostport, parse_hostport
+
+log = logging.getLogger(__name__)
+
+
+class Hooks(Protocol):
+    """What the wrapper offers an adapter (implemented by ``guard.WorkerGuard``)."""
+
+    def load_started(self, endpoint: str, engine_id: str, reqs: dict[str, frozenset[int]],
+                     token: object) -> bool: ...
+
+    def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]: ...
+
+    def request_extra(self) -> dict[str, Any] | None: ...
+
+    def consumer_seen(self, endpoint: str, extra: Any) -> None: ...
+
+    async def allowed(self, consumer: str, extra: Any, producer: str,
+                      req_ids: list[str]) -> list[str]: ...
+
+    def write_denied(self, consumer: str, n: int) -> None: ...
+
+
+class InnerAdapter(ABC):
+    """The contract; see the module docstring."""
+
+    #: the ``kv_connector`` names this adapter serves
+    names: tuple[str, ...] = ()
+
+    def __init__(self, connector: Any) -> None:
+        self.connector = connector
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise ``TypeError`` if the inner connector lacks what this adapter uses."""
+
+    @abstractmethod
+    def rank(self) -> tuple[int, int, int]:
+        """(dp rank, tp rank, pp rank) of this worker."""
+
+    @abstractmethod
+    def endpoints(self) -> dict[str, str]:
+        """Endpoints peers reach this rank at: "side", "engine", "bootstrap" ("host:port")."""
+
+    @abstractmethod
+    def install(self, hooks: Hooks) -> None: ...
+
+    @abstractmethod
+    def fence(self, tokens: list[object]) -> concurrent.futures.Future[None]: ...
+
+    @abstractmethod
+    def evict_engine(self, engine_id: str) -> None: ...
+
+    @abstractmethod
+    def evict_consumer(self, endpoint: str) -> None: ...
+
+    def cached_engines(self) -> set[str]:
+        """Remote engines the inner connector holds state for (for tests and metrics)."""
+        return set()
+
+
+def zmq_hostport(addr: str) -> str:
+    """"tcp://host:port" -> "host:port" (as the board spells endpoints)."""
+    rest = addr.split("://", 1)[-1]
+    host, port = parse_hostport(rest)
+    return format_hostport(host, port)
+
+
+class MooncakeAdapter(InnerAdapter):
+    """vLLM 0.32 ``MooncakeConnector`` (the producer pushes into the consumer).
+
+    Uses, on ``connector.connector_worker``: ``hostname``, ``rpc_port``,
+    ``side_channel_port``, ``dp_rank``/``tp_rank``/``pp_rank``, ``engine_id``,
+    ``is_kv_producer``/``is_kv_consumer``, ``vllm_config``; consumer:
+    ``receive_kv_from_single_worker`` (wrapped), ``_encoder`` (wrapped: the request
+    carries ``{"shmhb": {"inc", "fence"}}``, an extra field stock producers ignore),
+    ``_handle_failed_recv`` (to report a fenced load the stock way), ``receiver_loop``,
+    ``_remote_agents``/``_tp_size`` (evicted); producer: ``_xfer_meta_decoder`` and
+    ``send_kv_to_decode`` and ``_build_transfer_params`` (wrapped),
+    ``reqs_need_send``/``finished_sending_reqs``/``_prepared_transfer_regions``
+    (evicted, freed), ``sender_loop``.
+
+    The fence: a load's request is one DEALER socket inside
+    ``receive_kv_from_single_worker``, opened with linger 0.  Cancelling that task
+    closes it, which is what stock does at its timeout: the request is withdrawn and the
+    connection goes.  That alone does not bind a producer that already read the request
+    (it may be stopped holding it), so the producer side asks the consumer's go-ahead
+    just before it writes (``hooks.allowed``), and the consumer grants only loads it has
+    not given up (``loads.LoadTable``).  A producer that is not wrapped is bound only by
+    the socket close.
+    """
+
+    names = ("MooncakeConnector",)
+
+    def __init__(self, connector: Any) -> None:
+        super().__init__(connector)
+        self.w = connector.connector_worker
+        self._pending_extra: dict[int, Any] = {}  # id(decoded request) -> its shmhb field
+        self._active: dict[int, tuple[str, Any]] = {}  # id(request) -> (consumer, extra)
+        self._region_owner: dict[Any, str] = {}  # prepared-regions key -> consumer
+        self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
+
+    def check(self) -> None:
+        need = ["hostname", "rpc_port", "engine_id", "tp_rank", "pp_rank", "dp_rank"]
+        if not self.w.is_kv_producer:
+            need += ["receive_kv_from_single_worker", "handle_new_engine_id", "_encoder",
+                     "_handle_failed_recv", "_pending_bootstrap_queries",
+                     "receiver_loop", "_remote_agents", "_tp_size"]
+        if not self.w.is_kv_consumer:
+            need += ["_xfer_meta_decoder", "send_kv_to_decode", "_build_transfer_params",
+                     "reqs_need_send", "finished_sending_reqs", "_prepared_transfer_regions",
+                     "sender_loop"]
+        missing = [n for n in need if not hasattr(self.w, n)]
+        if missing:
+            raise TypeError(f"this MooncakeConnector lacks {missing}: the shmhb adapter was "
+                            "written for vLLM 0.32; pin it or update shmhb.vllm.adapters")
+
+    def rank(self) -> tuple[int, int, int]:
+        return int(self.w.dp_rank), int(self.w.tp_rank), int(self.w.pp_rank)
+
+    def endpoints(self) -> dict[str, str]:
+        w = self.w
+        out = {"engine": format_hostport(w.hostname, int(w.rpc_port))}
+        side_port = int(getattr(w, "side_channel_port", 0) or 0)
+        if not w.is_kv_consumer and side_port:
+            out["side"] = format_hostport(w.hostname, int(w.side_channel_port))
+        if getattr(w, "bootstrap_server", None) is not None:
+            from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import (
+                mooncake_connector as mc,
+            )
+            host, port = mc.get_mooncake_bootstrap_addr(w.vllm_config)
+            out["bootstrap"] = format_hostport(host, int(port))
+        return out
+
+    # -- in the path of loads and writes ----------------------------------------------------
+
+    def install(self, hooks: Hooks) -> None:
+        w = self.w
+        if not w.is_kv_producer:
+            self._install_consumer(hooks)
+        if not w.is_kv_consumer:
+            self._install_producer(hooks)
+
+    def _install_consumer(self, hooks: Hooks) -> None:
+        import msgspec
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import (
+            mooncake_connector as mc,
+        )
+        w = self.w
+        receive = w.receive_kv_from_single_worker
+        encoder = w._encoder
+
+        class Encoder:
+            """The stock encoder, plus the shmhb field on transfer requests."""
+
+            def encode(self, obj: Any) -> bytes:
+                if isinstance(obj, mc.MooncakeXferMetadata):
+                    extra = hooks.request_extra()
+                    if extra is not None:
+                        d = msgspec.structs.asdict(obj)
+                        d["shmhb"] = extra
+                        return encoder.encode(d)  # type: ignore[no-any-return]
+                return encoder.encode(obj)  # type: ignore[no-any-return]
+
+        async def receive_kv_from_single_worker(worker_addr: str, pull_metas: dict[str, Any]) -> None:
+            ep = zmq_hostport(worker_addr)
+            engine = next(iter(pull_metas.values())).remote_engine_id if pull_metas else ""
+            reqs = {r: frozenset(b for g in pm.local_block_ids for b in g)
+                    for r, pm in pull_metas.items()}
+            if not hooks.load_started(ep, engine, reqs, asyncio.current_task()):
+                w._handle_failed_recv(pull_metas, list(pull_metas),
+                                      f"shmhb: producer {ep} of engine {engine} is gone")
+                return
+            try:
+                await receive(worker_addr, pull_metas)
+            except asyncio.CancelledError:
+                # Fenced: the request socket is closed (linger 0) as the task unwound.
+                # Only now report the loads given up, the stock way.
+                given_up = hooks.load_ended(ep, list(pull_metas))
+                w._handle_failed_recv(pull_metas, given_up,
+                                      f"shmhb: producer {ep} of engine {engine} dropped")
+                return
+            hooks.load_ended(ep, list(pull_metas))
+
+        handle_new_engine = w.handle_new_engine_id
+
+        async def handle_new_engine_id(remote_engine_id: str, pull_metas: dict[str, Any]) -> None:
+            # The first load from an engine (or the first since it was evicted) asks its
+            # bootstrap server first: a load too, tracked under the bootstrap endpoint,
+            # so a producer that hangs here is fenced like one that hangs later.
+            pm = next(iter(pull_metas.values()), None)
+            try:
+                ep = zmq_hostport(pm.remote_bootstrap_addr) if pm is not None else ""
+            except ValueError:
+                ep = ""
+            reqs = {r: frozenset(b for g in m.local_block_ids for b in g)
+                    for r, m in pull_metas.items()}
+            if ep and not hooks.load_started(ep, remote_engine_id, reqs, asyncio.current_task()):
+                w._handle_failed_recv(pull_metas, list(pull_metas),
+                                      f"shmhb: engine {remote_engine_id} at {ep} is gone")
+                return
+            try:
+                await handle_new_engine(remote_engine_id, pull_metas)
+            except asyncio.CancelledError:
+                given_up = hooks.load_ended(ep, list(pull_metas))
+                w._handle_failed_recv(pull_metas, given_up,
+                                      f"shmhb: engine {remote_engine_id} at {ep} dropped")
+                # The bootstrap query was cut (every load waiting on it is fenced with
+                # it: they share the endpoint): wake its waiters, let the next ask anew.
+                ev = w._pending_bootstrap_queries.pop(pm.remote_bootstrap_addr, None) \
+                    if pm is not None else None
+                if ev is not None:
+                    ev.set()
+                return
+            if ep:
+                hooks.load_ended(ep, list(pull_metas))
+
+        w._encoder = Encoder()
+        w.receive_kv_from_single_worker = receive_kv_from_single_worker
+        w.handle_new_engine_id = handle_new_engine_id
+
+    def _install_producer(self, hooks: Hooks) -> None:
+        import msgspec
+        w = self.w
+        decoder = w._xfer_meta_decoder
+        send = w.send_kv_to_decode
+        build = w._build_transfer_params
+        pending, active = self._pending_extra, self._active
+
+        class _Extra(msgspec.Struct):
+            shmhb: Any = None
+
+        extra_decoder = msgspec.msgpack.Decoder(_Extra)
+
+        class Decoder:
+            """The stock decoder; keeps the request's shmhb field aside."""
+
+            def decode(self, data: bytes) -> Any:
+                meta = decoder.decode(data)
+                try:
+                    pending[id(meta)] = extra_decoder.decode(data).shmhb
+                except msgspec.ValidationError:
+                    pending[id(meta)] = None
+                return meta
+
+        async def send_kv_to_decode(identity: bytes, sock: Any, meta: Any) -> None:
+            # _sender_worker decodes and calls us with no await in between: the field
+            # kept aside is this request's.
+            extra = pending.pop(id(meta), None)
+            consumer = format_hostport(meta.remote_hostname, int(meta.remote_port))
+            hooks.consumer_seen(consumer, extra)
+            self._consumer_xfers.setdefault(consumer, set()).update(
+                x for x, _ in meta.req_blocks.values())
+            active[id(meta)] = (consumer, extra)
+            try:
+                await send(identity, sock, meta)
+            finally:
+                active.pop(id(meta), None)
+
+        async def _build_transfer_params(ready_reqs: list[Any], meta: Any, local_regions: Any,
+                                         remote_regions: Any) -> Any:
+            consumer, extra = active.get(id(meta), (
+                format_hostport(meta.remote_hostname, int(meta.remote_port)), None))
+            for k in w._prepared_transfer_regions:
+                self._region_owner.setdefault(k, consumer)
+            producer = format_hostport(w.hostname, int(w.side_channel_port))
+            ok = set(await hooks.allowed(consumer, extra, producer, [d for d, _ in ready_reqs]))
+            granted = [(d, s) for d, s in ready_reqs if d in ok]
+            denied = [(d, s) for d, s in ready_reqs if d not in ok]
+            if granted:
+                src, dst, lengths, err, msg = await build(granted, meta, local_regions, remote_regions)
+            else:
+                src, dst, lengths, err, msg = [], [], [], [], None
+            if denied:
+                hooks.write_denied(consumer, len(denied))
+                for _, s in denied:  # the consumer gave them up: free the blocks now
+                    self._free_send(s)
+                err = list(err) + [d for d, _ in denied]
+                msg = msg or "shmhb: the consumer no longer wants these blocks"
+            return src, dst, lengths, err, msg
+
+        w._xfer_meta_decoder = Decoder()
+        w.send_kv_to_decode = send_kv_to_decode
+        w._build_transfer_params = _build_transfer_params
+
+    def _free_send(self, send_meta: Any) -> None:
+        """On the sender loop: release a send's blocks on this producer now."""
+        w = self.w
+        if w.reqs_need_send.pop(send_meta.transfer_id, None) is not None and send_meta.p_req_id:
+            w.finished_sending_reqs.add(send_meta.p_req_id)
+
+    # -- fences and evictions ------------------------------------------------------------------
+
+    def fence(self, tokens: list[object]) -> concurrent.futures.Future[None]:
+        async def cancel() -> None:
+            tasks = [t for t in tokens if isinstance(t, asyncio.Task) and not t.done()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+        return asyncio.run_coroutine_threadsafe(cancel(), self.w.receiver_loop)
+
+    def evict_engine(self, engine_id: str) -> None:
+        w = self.w
+        if w.is_kv_producer or engine_id == w.engine_id:
+            return
+
+        def evict() -> None:
+            w._remote_agents.pop(engine_id, None)
+            w._tp_size.pop(engine_id, None)
+        w.receiver_loop.call_soon_threadsafe(evict)
+
+    def evict_consumer(self, endpoint: str) -> None:
+        w = self.w
+        if w.is_kv_consumer:
+            return
+
+        def evict() -> None:
+            for k in [k for k, c in self._region_owner.items() if c == endpoint]:
+                w._prepared_transfer_regions.pop(k, None)
+                del self._region_owner[k]
+            for xid in self._consumer_xfers.pop(endpoint, ()):
+                s = w.reqs_need_send.get(xid)
+                if s is None:
+                    continue
+                if not s.p_req_id:  # a placeholder its consumer created: never expires
+                    w.reqs_need_send.pop(xid, None)
+                elif s.ready.is_set() and s.sending == 0:
+                    self._free_send(s)
+        w.sender_loop.call_soon_threadsafe(evict)
+
+    def cached_engines(self) -> set[str]:
+        w = self.w
+        out = set(getattr(w, "_remote_agents", {}))
+        out |= {e for e in getattr(w, "_tp_size", {}) if e != w.engine_id}
+        return out
+
+
+ADAPTERS: list[type[InnerAdapter]] = [MooncakeAdapter]
+
+
+def adapter_for(name: str, connector: Any) -> InnerAdapter:
+    for cls in ADAPTERS:
+        if name in cls.names:
+            a = cls(connector)
+            a.check()
+            return a
+    raise TypeError(f"shmhb has no adapter for inner connector {name!r} (it has: "
+                    f"{sorted(n for c in ADAPTERS for n in c.names)}); write one "
+                    "(docs/VLLM.md, 'Writing an adapter')")
+
+
+AllowedFn = Callable[[str, Any, str, list[str]], Awaitable[list[str]]]

@@ -1,0 +1,288 @@
+"""``ShmhbConnector``: any KV connector, plus the host's liveness board.
+
+    --kv-transfer-config '{"kv_connector": "ShmhbConnector", "kv_connector_module_path": "shmhb.vllm",
+        "kv_role": "kv_both", "kv_connector_extra_config": {
+            "inner": {"kv_connector": "MooncakeConnector", "kv_connector_extra_config": {...}},
+            "board": "shmhb"}}'
+
+Every method of both roles goes to ``self.inner``, the wrapped connector, built from
+``kv_connector_extra_config["inner"]`` exactly as vLLM would build it alone.  What is
+added:
+
+* scheduler role: ``get_num_new_matched_tokens`` returns 0 for a request whose producer
+  engine the board reports dead, left, or gone (``on_dead_peer="recompute"``): the
+  prompt is computed locally instead of waiting for a load that cannot come.  One board
+  read per call; UNKNOWN (no observer on this host) never vetoes;
+* worker role (``guard.WorkerGuard``): the rank registers on its board when its KV
+  caches are registered and leaves at shutdown; loads in flight from a producer that is
+  dropped are fenced and failed within the step; the inner connector forgets the peer;
+  a producer writes only with its consumer's go-ahead.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1, KVConnectorRole, SupportsHMA,
+)
+
+from .. import Board, Status
+from ..config import format_hostport, parse_hostport
+from ..errors import InvalidConfig, ShmhbError
+from .adapters import adapter_for
+from .guard import WorkerGuard
+from .settings import ConnectorSettings, engine_prefix
+from .stats import Counts, ShmhbKVConnectorStats
+
+log = logging.getLogger(__name__)
+
+
+def _inner_config(vllm_config: Any, settings: ConnectorSettings) -> Any:
+    ktc = vllm_config.kv_transfer_config
+    cfg = copy.copy(vllm_config)
+    fields = {"kv_role": ktc.kv_role, "engine_id": ktc.engine_id}
+    fields.update(settings.inner)
+    cfg.kv_transfer_config = KVTransferConfig(**fields)
+    return cfg
+
+
+def _inner_class(vllm_config: Any) -> Any:
+    s = ConnectorSettings.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
+    cfg = _inner_config(vllm_config, s)
+    return KVConnectorFactory.get_connector_class(cfg.kv_transfer_config), cfg
+
+
+class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self.settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
+        inner_cfg = _inner_config(vllm_config, self.settings)
+        cls = KVConnectorFactory.get_connector_class(inner_cfg.kv_transfer_config)
+        self.inner: KVConnectorBase_V1 = cls(inner_cfg, role, kv_cache_config)
+        self.engine_id: str = ktc.engine_id
+        self.counts = Counts()
+        self.guard: WorkerGuard | None = None
+        self._board: Board | None = None
+        self._vetoed: dict[str, str] = {}  # request id -> reason (scheduler role)
+        self._parsed: dict[str, str | None] = {}  # bootstrap address -> board endpoint
+        # board endpoint -> (board changes(), the slot read then): reused while nothing
+        # changed and this host's agent is observing
+        self._seen: dict[str, tuple[int, Any]] = {}
+        if role == KVConnectorRole.WORKER:
+            adapter = adapter_for(self.settings.inner["kv_connector"], self.inner)
+            self.guard = WorkerGuard(self.settings, adapter, self.engine_id, self.counts)
+        else:
+            self._board = Board.open(self.settings.board)
+        log.info("ShmhbConnector (%s) around %s, board %s", role.name,
+                 type(self.inner).__name__, self.settings.board or "$SHMHB_BOARD")
+
+    # -- classmethods: answered by the inner connector's class ----------------------------------
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        inner_cls, cfg = _inner_class(vllm_config)
+        return inner_cls.get_required_kvcache_layout(cfg)  # type: ignore[no-any-return]
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        inner = ConnectorSettings.from_extra_config(extra_config).inner
+        inner_cls = KVConnectorFactory.get_connector_class(KVTransferConfig(**inner))
+        return bool(inner_cls.requires_piecewise_for_cudagraph(inner.get("kv_connector_extra_config", {})))
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ShmhbKVConnectorStats:
+        return ShmhbKVConnectorStats(data=data) if data else ShmhbKVConnectorStats()
+
+    # -- scheduler role ------------------------------------------------------------------------
+
+    def _endpoint(self, bootstrap: Any) -> str | None:
+        """The board endpoint of a producer's bootstrap address ("http://host:port"),
+        watched on first sight; None if the address is not one."""
+        ep = self._parsed.get(bootstrap, "")
+        if ep != "":
+            return ep
+        out: str | None = None
+        if isinstance(bootstrap, str) and len(self._parsed) < 4096:
+            try:
+                host, port = parse_hostport(bootstrap.split("://", 1)[-1].split("/", 1)[0])
+                out = format_hostport(host, port)
+                assert self._board is not None
+                self._board.watch(out)
+            except (InvalidConfig, ShmhbError) as e:
+                log.warning("shmhb: cannot follow bootstrap address %r: %s", bootstrap, e)
+                out = None
+            self._parsed[bootstrap] = out
+        return out
+
+    def veto_reason(self, params: dict[str, Any]) -> str | None:
+        """Why a load from the producer these params name would be futile, or None.
+        One board read: the slot that serves the engine's bootstrap address."""
+        ep = self._endpoint(params.get("remote_bootstrap_addr"))
+        b = self._board
+        if ep is None or b is None:
+            return None
+        # A remote row's status is what the agent wrote (and every write moves
+        # changes()), bounded by the agent's own freshness: while neither moved, the
+        # last read still holds.  Two words and the clock instead of a row's checksum.
+        changes = b.changes()
+        memo = self._seen.get(ep)
+        if memo is not None and memo[0] == changes and b.agent_fresh():
+            s = memo[1]
+        else:
+            s = b.remote(ep)
+            if len(self._seen) < 4096:
+                self._seen[ep] = (changes, s)
+        if s is None or s.status is Status.UNKNOWN:
+            return None
+        if s.status is Status.DEAD or s.status is Status.LEFT:
+            return s.status.value
+        if s.status is Status.SUSPECT:
+            return "suspect" if self.settings.act_on_suspect else None
+        engine = params.get("remote_engine_id")
+        if isinstance(engine, str) and not s.key.startswith(engine_prefix(engine)):
+            return "gone"  # another engine serves that address now: this one is gone
+        return None
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill") and self.settings.on_dead_peer == "recompute":
+            reason = self.veto_reason(params)
+            if reason is not None:
+                if self._vetoed.get(request.request_id) != reason:
+                    self._vetoed[request.request_id] = reason
+                    self.counts.add(f"vetoes.{reason}")
+                    log.info("shmhb: request %s computed locally: producer engine %s is %s",
+                             request.request_id, params.get("remote_engine_id"), reason)
+                return 0, False
+            self._vetoed.pop(request.request_id, None)
+        return self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if num_external_tokens == 0 and self._vetoed.pop(request.request_id, None) is not None:
+            params = request.kv_transfer_params
+            if params is not None:
+                params["do_remote_prefill"] = False  # nothing to load, nobody to notify
+            return
+        self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        return self.inner.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._vetoed.pop(request.request_id, None)
+        return self.inner.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        self._vetoed.pop(request.request_id, None)
+        fn = getattr(self.inner, "request_finished_all_groups", None)
+        if fn is None:
+            return self.inner.request_finished(request, block_ids[0] if block_ids else [])
+        return fn(request, block_ids)  # type: ignore[no-any-return]
+
+    # -- worker role ---------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        self.inner.register_kv_caches(kv_caches)
+        if self.guard is not None:
+            self.guard.register()
+
+    def register_cross_layers_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+        """The cross-layer variant of recent vLLM versions (absent in 0.32)."""
+        getattr(self.inner, "register_cross_layers_kv_cache")(*args, **kwargs)
+        if self.guard is not None:
+            self.guard.register()
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self.inner.bind_connector_metadata(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self.inner.clear_connector_metadata()
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self.guard is not None:
+            self.guard.poll()
+        self.inner.start_load_kv(forward_context, **kwargs)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.guard is not None:
+            self.guard.poll()
+        return self.inner.get_finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        if self.guard is not None:
+            self.guard.poll()
+        return self.inner.get_transfer_results(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.inner.get_block_ids_with_load_errors()
+
+    def shutdown(self) -> None:
+        if self.guard is not None:
+            self.guard.shutdown()
+        self.inner.shutdown()
+
+    def get_kv_connector_stats(self) -> ShmhbKVConnectorStats | None:
+        inner = self.inner.get_kv_connector_stats()
+        mine = self.counts.take()
+        if inner is None and not mine:
+            return None
+        return ShmhbKVConnectorStats(data={"shmhb": mine, "inner": inner})
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self.inner.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        self.inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+
+    def wait_for_save(self) -> None:
+        self.inner.wait_for_save()
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return bool(self.inner.supports_divergent_local_hybrid_hits)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return bool(self.inner.requires_kv_delivery)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything this class does not define (hooks of newer vLLM versions) goes to the
+        # inner connector.
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+#: the base class's plain methods not named above: each goes to the inner connector
+_DELEGATED = (
+    "get_mem_pool_context", "set_host_xfer_buffer_ops", "finish_forward", "reset_capture_state",
+    "handle_preemptions", "get_kv_connector_kv_cache_events", "get_handshake_metadata",
+    "build_connector_worker_meta", "bind_kv_cache_manager", "bind_gpu_block_pool",
+    "get_loaded_kv_cache_group_ids", "get_external_cache_hit_sources", "on_new_request",
+    "update_connector_output", "register_finished_partial_tail", "take_events",
+    "has_pending_block_frees", "has_pending_push_work", "get_finished_count",
+    "set_xfer_handshake_metadata", "set_xfer_handshake_metadata_pp_aware", "reset_cache",
+)
+
+
+def _delegate(name: str) -> Any:
+    def method(self: ShmhbConnector, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.inner, name)(*args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"Delegated to the inner connector's ``{name}``."
+    return method
+
+
+for _name in _DELEGATED:
+    if hasattr(KVConnectorBase_V1, _name):
+        setattr(ShmhbConnector, _name, _delegate(_name))

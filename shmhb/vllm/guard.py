@@ -1,0 +1,209 @@
+"""The worker half of ``ShmhbConnector``: the rank's registration, the links it tracks,
+the loads it fails fast and the writes it allows.
+
+Threads: the worker thread (register, poll, shutdown: the LinkReaper's ``on_drop`` runs
+there), the inner connector's receiver loop (``load_started``/``load_ended``), its sender
+loop (``consumer_seen``/``allowed``), and the fence server's thread (grants).  Shared
+state is the ``LoadTable`` (its own lock) and two dicts written under ``_lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import zmq.asyncio
+
+from .. import Board, DropReason, Link, LinkReaper, Status
+from ..errors import ShmhbError
+from .adapters import InnerAdapter
+from .fence import FenceServer, ask_grant, parse_extra
+from .loads import Load, LoadState, LoadTable
+from .settings import ConnectorSettings, rank_key
+from .stats import Counts
+
+log = logging.getLogger(__name__)
+
+#: how long a poll waits for a fence to hold before it reports (the fence is a task
+#: cancellation on the inner's loop: milliseconds)
+FENCE_WAIT_S = 1.0
+_GONE = (Status.DEAD, Status.LEFT)
+
+
+class WorkerGuard:
+    def __init__(self, settings: ConnectorSettings, adapter: InnerAdapter, engine_id: str,
+                 counts: Counts) -> None:
+        self.settings = settings
+        self.adapter = adapter
+        self.engine_id = engine_id
+        self.counts = counts
+        self.loads = LoadTable()
+        self._lock = threading.Lock()
+        self._gone_consumers: dict[str, int] = {}  # endpoint -> incarnation dropped (0: any)
+        self._tracked: set[str] = set()
+        self.board: Board | None = None
+        self.hb: Any = None
+        self.fence_server: FenceServer | None = None
+        self.reaper: LinkReaper | None = None
+        self._zctx: zmq.asyncio.Context | None = None
+        self.key = ""
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def register(self) -> None:
+        """After the inner connector registered its KV caches: the rank joins its board."""
+        if self.hb is not None:
+            return  # re-initialisation: one registration per rank
+        a = self.adapter
+        self.board = Board.open(self.settings.board)
+        eps = a.endpoints()
+        dp, tp, pp = a.rank()
+        self.key = rank_key(self.engine_id, dp, tp, pp)
+        w_consumes = not getattr(a.connector.connector_worker, "is_kv_producer", False)
+        if w_consumes:
+            # Serves grants only for the incarnation set below: none before that.
+            host = eps["engine"].rsplit(":", 1)[0].strip("[]")
+            self.fence_server = FenceServer(host, 0, self.loads.grant)
+            eps["fence"] = self.fence_server.endpoint
+        hb = self.board.register(self.key, endpoints=tuple(eps.values()))
+        if self.fence_server is not None:
+            self.fence_server.incarnation = hb.incarnation  # one int store: atomic
+        self.hb = hb.start(self.settings.beat_interval_s)
+        self.reaper = LinkReaper(self.board, self._on_drop, drop_suspect=self.settings.act_on_suspect)
+        self.adapter.install(self)
+        log.info("shmhb: %s registered on board %s (incarnation %d, endpoints %s)",
+                 self.key, self.board.name, self.hb.incarnation, self.hb.endpoints)
+
+    def shutdown(self) -> None:
+        if self.reaper is not None:
+            for link in self.reaper.links():
+                self.reaper.untrack(link.endpoint)
+        if self.hb is not None:
+            self.hb.close()  # peers read LEFT at once
+        if self.fence_server is not None:
+            self.fence_server.close()
+        if self._zctx is not None:
+            self._zctx.destroy(linger=0)  # a go-ahead still asked for is given up
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Once per step, before the inner connector reports what finished: drops (and
+        the fences they need) happen here, so their failures are in this step's report."""
+        if self.reaper is not None:
+            self.reaper.poll()
+
+    def _on_drop(self, link: Link, reason: DropReason) -> None:
+        kind, what = link.payload
+        self.counts.add(f"drops.{reason.value}")
+        if kind == "producer":
+            given_up = self.loads.abandon(endpoint=link.endpoint)
+            self._fence(given_up)
+            self.adapter.evict_engine(what)
+            log.info("shmhb: producer %s of engine %s dropped (%s): %d load(s) failed, "
+                     "engine evicted", link.endpoint, what, reason, len(given_up))
+        else:
+            with self._lock:
+                self._gone_consumers[link.endpoint] = link.incarnation
+                self._tracked.discard(link.endpoint)
+            self.adapter.evict_consumer(link.endpoint)
+            log.info("shmhb: consumer %s dropped (%s): its sends are freed", link.endpoint, reason)
+        with self._lock:
+            self._tracked.discard(link.endpoint)
+
+    def _fence(self, given_up: list[Load]) -> None:
+        if not given_up:
+            return
+        self.counts.add("failed_loads", len(given_up))
+        tokens = []
+        for tok in {id(ld.token): ld.token for ld in given_up}.values():
+            # a request that carries a load still granted stays: its write may be under way
+            if all(ld.state is LoadState.ABANDONED for ld in self.loads.by_token(tok)):
+                tokens.append(tok)
+        self.counts.add("fenced_requests", len(tokens))
+        fut = self.adapter.fence(tokens)
+        try:
+            fut.result(FENCE_WAIT_S)
+        except TimeoutError:
+            log.warning("shmhb: fencing %d request(s) took over %.1f s; their failures are "
+                        "reported when it holds", len(tokens), FENCE_WAIT_S)
+
+    # -- hooks: consumer ------------------------------------------------------------------------
+
+    def _peer_gone(self, endpoint: str) -> Status | None:
+        b = self.board
+        if b is None:
+            return None
+        s = b.remote(endpoint)
+        if s is None:
+            return None
+        if s.status in _GONE or (self.settings.act_on_suspect and s.status is Status.SUSPECT):
+            return s.status
+        return None
+
+    def load_started(self, endpoint: str, engine_id: str, reqs: dict[str, frozenset[int]],
+                     token: object) -> bool:
+        gone = self._peer_gone(endpoint)
+        if gone is not None:
+            self.counts.add(f"vetoes.{gone.value}")
+            self.counts.add("failed_loads", len(reqs))
+            self.adapter.evict_engine(engine_id)
+            return False
+        now = time.monotonic_ns()
+        self.loads.start(Load(r, endpoint, engine_id, b, token, started_ns=now)
+                         for r, b in reqs.items())
+        self._track(endpoint, ("producer", engine_id), None)
+        return True
+
+    def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]:
+        return [ld.req_id for ld in self.loads.end(req_ids, endpoint)
+                if ld.state is LoadState.ABANDONED]
+
+    def request_extra(self) -> dict[str, Any] | None:
+        if self.hb is None or self.fence_server is None:
+            return None
+        return {"inc": self.hb.incarnation, "fence": self.fence_server.endpoint}
+
+    # -- hooks: producer --------------------------------------------------------------------------
+
+    def consumer_seen(self, endpoint: str, extra: Any) -> None:
+        x = parse_extra(extra)
+        self._track(endpoint, ("consumer", endpoint), x[0] if x else None)
+
+    async def allowed(self, consumer: str, extra: Any, producer: str, req_ids: list[str]) -> list[str]:
+        x = parse_extra(extra)
+        with self._lock:
+            gone_inc = self._gone_consumers.get(consumer)
+        if gone_inc is not None and (x is None or gone_inc in (0, x[0])):
+            return []  # that consumer incarnation was dropped
+        b = self.board
+        s = b.remote(consumer) if b is not None else None
+        if s is not None and s.status is not Status.UNKNOWN:
+            if s.status in _GONE or (x is not None and s.incarnation > x[0]):
+                return []  # dead, left, or restarted since it asked
+        if x is None:
+            return req_ids  # a consumer without shmhb: the board is all we can ask
+        if self._zctx is None:
+            self._zctx = zmq.asyncio.Context()
+        return await ask_grant(self._zctx, x[1], x[0], producer, req_ids,
+                               self.settings.grant_timeout_s)
+
+    def write_denied(self, consumer: str, n: int) -> None:
+        self.counts.add("denied_writes", n)
+        self.counts.add("freed_sends", n)
+
+    # -- links ------------------------------------------------------------------------------------
+
+    def _track(self, endpoint: str, payload: tuple[str, str], incarnation: int | None) -> None:
+        with self._lock:
+            if endpoint in self._tracked or self.reaper is None:
+                return
+            self._tracked.add(endpoint)
+        try:
+            self.reaper.track(endpoint, payload=payload, incarnation=incarnation)
+        except ShmhbError as e:  # e.g. the registry lock held by a stopped process
+            with self._lock:
+                self._tracked.discard(endpoint)
+            log.warning("shmhb: could not track %s (%s); retried at its next request", endpoint, e)

@@ -1,0 +1,80 @@
+"""The connector's settings (``kv_connector_extra_config``), validated at the door, and
+the board key a worker rank registers under."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidConfig
+from ..layout import KEY_BYTES
+
+#: what a consumer does with a request whose producer engine the board reports gone
+ON_DEAD_PEER = ("recompute", "fail")
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """``inner``: the wrapped connector's own ``kv_transfer_config`` (its
+    ``kv_connector``, ``kv_connector_extra_config``, ...).  ``board``: the host's board
+    (None: ``$SHMHB_BOARD`` or "shmhb").  ``on_dead_peer``: "recompute" (the scheduler
+    computes the prompt locally) or "fail" (the load is started and failed at once, so
+    vLLM's ``kv_load_failure_policy`` decides).  ``act_on_suspect``: treat SUSPECT as a
+    drop (off by default: a flap must not fail requests).  ``grant_timeout_s``: how
+    long a producer waits for its consumer's go-ahead before it gives the write up."""
+
+    inner: dict[str, Any]
+    board: str | None = None
+    on_dead_peer: str = "recompute"
+    act_on_suspect: bool = False
+    grant_timeout_s: float = 2.0
+    beat_interval_s: float = 0.1
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> ConnectorSettings:
+        extra = dict(extra or {})
+        inner = extra.get("inner")
+        if not isinstance(inner, dict) or not isinstance(inner.get("kv_connector"), str):
+            raise InvalidConfig(
+                'ShmhbConnector needs kv_connector_extra_config["inner"] = '
+                '{"kv_connector": "MooncakeConnector", "kv_connector_extra_config": {...}}')
+        if inner["kv_connector"] == "ShmhbConnector":
+            raise InvalidConfig("ShmhbConnector cannot wrap itself")
+        board = extra.get("board")
+        if board is not None and not isinstance(board, str):
+            raise InvalidConfig(f"board must be a board name, got {board!r}")
+        on_dead = extra.get("on_dead_peer", "recompute")
+        if on_dead not in ON_DEAD_PEER:
+            raise InvalidConfig(f"on_dead_peer must be one of {ON_DEAD_PEER}, got {on_dead!r}")
+        suspect = extra.get("act_on_suspect", False)
+        if not isinstance(suspect, bool):
+            raise InvalidConfig(f"act_on_suspect must be true or false, got {suspect!r}")
+        grant = _seconds(extra, "grant_timeout_s", 2.0, 0.01, 60.0)
+        beat = _seconds(extra, "beat_interval_s", 0.1, 0.005, 5.0)
+        return cls(inner, board, on_dead, suspect, grant, beat, extra)
+
+
+def _seconds(extra: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    v = extra.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise InvalidConfig(f"{name} must be a number of seconds in [{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def rank_key(engine_id: str, dp_rank: int, tp_rank: int, pp_rank: int) -> str:
+    """The board key of one worker rank: names its engine and ranks.  An engine id too
+    long for a key (at most 63 bytes) is shortened to a digest, the same for every
+    reader."""
+    tail = f"/dp{dp_rank}/tp{tp_rank}/pp{pp_rank}"
+    key = f"vllm/{engine_id}{tail}"
+    if len(key.encode()) < KEY_BYTES:
+        return key
+    digest = hashlib.sha256(engine_id.encode()).hexdigest()[:24]
+    return f"vllm/~{digest}{tail}"
+
+
+def engine_prefix(engine_id: str) -> str:
+    """What every rank key of ``engine_id`` starts with."""
+    return rank_key(engine_id, 0, 0, 0).rsplit("/dp", 1)[0] + "/"

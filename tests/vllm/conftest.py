@@ -1,0 +1,54 @@
+"""The vLLM stage: real vLLM, real Mooncake transfer engine (TCP), CPU only.
+
+Skipped when vLLM or Mooncake is absent.  To run them, make their venv (about 4 minutes
+and 6 GB; the second stage of .ci/run does exactly this):
+
+    python3 -m venv .venv-vllm && . .venv-vllm/bin/activate
+    pip install vllm==0.32.0 mooncake-transfer-engine-non-cuda && pip uninstall -y torchvision torchaudio torchcodec
+    apt-get install -y libibverbs1 librdmacm1 libnuma1
+    pip install -e '.[test,vllm]' && python -m pytest -q tests/vllm
+"""
+
+from __future__ import annotations
+
+import os
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+HOW = "vLLM not installed: run tests/vllm in their own venv (see tests/vllm/conftest.py, or .ci/run)"
+
+
+def require_vllm() -> None:
+    """At the top of each test module here: skip it with a clear reason when vLLM or
+    Mooncake is absent; in CI's vLLM stage (``SHMHB_REQUIRE_VLLM=1``) absent is a failure."""
+    if os.environ.get("SHMHB_REQUIRE_VLLM"):
+        import mooncake.engine  # noqa: F401
+        import vllm  # noqa: F401
+        return
+    pytest.importorskip("vllm", reason=HOW)
+    pytest.importorskip("mooncake.engine", reason=HOW)
+
+
+from tests.conftest import Procs
+from tests.hosts import Cluster
+
+from .stack import Stack
+
+
+def make_stack(tmp_path_factory: Any, *, wrapped: bool, env: dict[str, str] | None = None
+               ) -> Iterator[Stack]:
+    tmp = str(tmp_path_factory.mktemp("vllm-wrapped" if wrapped else "vllm-stock"))
+    procs = Procs()
+    cluster = Cluster(tmp, procs)
+    s = Stack(cluster, tmp, wrapped=wrapped, env=env)
+    try:
+        yield s
+    finally:
+        try:
+            s.close()
+        finally:
+            procs.cleanup()
+            cluster.close()

@@ -1,0 +1,353 @@
+"""One vLLM engine rank, driven by hand: the real connector, no model.
+
+    python -m tests.vllm.engine --role prefill|decode --ip 127.0.0.2 --board NAME
+                                [--wrapped] [--engine-id ID] [--bootstrap-port N]
+
+What vLLM's engine core and model runner would do around a KV connector, reduced to
+what the connector sees: a real ``VllmConfig`` (a tiny llama-style ``config.json``, no
+weights, no tokenizer), a real gloo process group of size 1 (TP/PP lookups), real KV
+cache tensors on CPU registered with the connector, real ``Request`` and
+``KVCacheBlocks`` objects, and both roles of the connector (scheduler and worker) built
+by ``KVConnectorFactory.create_connector`` in this one process.  A step loop stands in
+for the model runner: ``build_connector_meta`` -> ``bind_connector_metadata`` ->
+``start_load_kv`` -> ``get_finished`` / ``get_block_ids_with_load_errors`` ->
+``update_connector_output``, every few milliseconds.
+
+Commands arrive as JSON lines on stdin, events leave as JSON lines on stdout, each
+stamped with CLOCK_MONOTONIC (one clock for every process of the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import select
+import sys
+import time
+from typing import Any
+
+BLOCK_SIZE = 32  # the CPU attention backend's multiple
+NUM_BLOCKS = 24
+NUM_KV_HEADS = 2
+HEAD_SIZE = 32
+PROMPT_BLOCKS = 3  # 96 tokens: 3 blocks of 2 x 32 x 2 x 32 = 12,288 elements
+LAYER = "model.layers.0.self_attn.attn"
+_CONFIG_CTX: Any = None
+
+
+def emit(**ev: Any) -> None:
+    ev["t"] = time.monotonic()
+    sys.stdout.write(json.dumps(ev) + "\n")
+    sys.stdout.flush()
+
+
+def tiny_model_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": NUM_KV_HEADS * HEAD_SIZE, "intermediate_size": 128,
+        "num_attention_heads": NUM_KV_HEADS, "num_key_value_heads": NUM_KV_HEADS,
+        "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1,
+        "eos_token_id": 2, "tie_word_embeddings": False,
+    }
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def cpu_stand_ins() -> None:
+    """What CPU torch lacks and the connector asks for."""
+    import torch
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:
+        try:
+            acc.current_device_index()
+        except Exception:  # CPU torch: no accelerator, the connector only logs the index
+            acc.current_device_index = lambda: 0
+
+
+def loopback_bootstrap_server() -> None:
+    """Mooncake's bootstrap server binds 0.0.0.0; bind this host's loopback address."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
+    base = mc.MooncakeBootstrapServer
+
+    class LoopbackBootstrapServer(base):  # type: ignore[misc, valid-type]
+        def __init__(self, host: str, port: int) -> None:
+            super().__init__(os.environ["VLLM_HOST_IP"], port)
+
+    mc.MooncakeBootstrapServer = LoopbackBootstrapServer
+
+
+def build(a: argparse.Namespace) -> Any:
+    import torch
+    from vllm.config import (
+        CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
+        SchedulerConfig, VllmConfig,
+    )
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized, init_distributed_environment,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
+    )
+
+    cpu_stand_ins()
+    loopback_bootstrap_server()
+    inner = {"kv_connector": "MooncakeConnector",
+             "kv_connector_extra_config": {"mooncake_protocol": "tcp", "num_workers": 2}}
+    role = "kv_producer" if a.role == "prefill" else "kv_consumer"
+    if a.wrapped:
+        extra: dict[str, Any] = {"inner": inner, "board": a.board,
+                                 "on_dead_peer": a.on_dead_peer}
+        ktc = KVTransferConfig(kv_connector="ShmhbConnector", kv_connector_module_path="shmhb.vllm",
+                               kv_role=role, engine_id=a.engine_id, kv_connector_extra_config=extra)
+    else:
+        ktc = KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role,
+                               engine_id=a.engine_id,
+                               kv_connector_extra_config=inner["kv_connector_extra_config"])
+    model = ModelConfig(model=tiny_model_dir(a.model_dir), skip_tokenizer_init=True,
+                        dtype="float32", max_model_len=1024)
+    cfg = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK_SIZE),
+                     parallel_config=ParallelConfig(), device_config=DeviceConfig("cpu"),
+                     scheduler_config=SchedulerConfig(max_model_len=1024, is_encoder_decoder=False,
+                                                      disable_hybrid_kv_cache_manager=True),
+                     kv_transfer_config=ktc)
+    from vllm.config import set_current_vllm_config
+    global _CONFIG_CTX
+    _CONFIG_CTX = set_current_vllm_config(cfg)  # kept: the context lives as long as we do
+    _CONFIG_CTX.__enter__()
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://{a.ip}:{a.dist_port}")
+    ensure_model_parallel_initialized(1, 1)
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+                             head_size=HEAD_SIZE, dtype=torch.float32)
+    cache = torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, dtype=torch.float32)
+    kvc = KVCacheConfig(num_blocks=NUM_BLOCKS,
+                        kv_cache_tensors=[KVCacheTensor(size=cache.nbytes, layers=[LAYER],
+                                                        layer_stride=cache.nbytes,
+                                                        block_stride=cache[0].nbytes)],
+                        kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)])
+    sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc)
+    worker.register_kv_caches({LAYER: cache})
+    return cfg, sched, worker, cache
+
+
+class Engine:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.cfg, self.sched, self.worker, self.cache = build(a)
+        self.requests: dict[str, Any] = {}
+        self.blocks: dict[str, list[int]] = {}
+        self.next_block = 0
+        self.waiting: set[str] = set()  # decode: loads not finished yet
+        self.step_n = 0
+        if a.role == "prefill":
+            self._watch_asks()
+
+    def _watch_asks(self) -> None:
+        """Tell the test when a consumer's request has reached this producer (read off
+        its side channel and dispatched), so a stop can be placed after it."""
+        inner = getattr(self.worker, "inner", self.worker)
+        w = inner.connector_worker
+        send = w.send_kv_to_decode
+
+        async def send_kv_to_decode(identity: bytes, sock: Any, meta: Any) -> None:
+            emit(ev="asked", transfer_ids=sorted(x for x, _ in meta.req_blocks.values()))
+            await send(identity, sock, meta)
+
+        w.send_kv_to_decode = send_kv_to_decode
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _alloc(self, rid: str) -> list[int]:
+        ids = [(self.next_block + i) % NUM_BLOCKS for i in range(PROMPT_BLOCKS)]
+        self.next_block = (self.next_block + PROMPT_BLOCKS) % NUM_BLOCKS
+        self.blocks[rid] = ids
+        return ids
+
+    def _request(self, rid: str, params: dict[str, Any]) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+        sp = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params})
+        r = Request(rid, list(range(3, 3 + PROMPT_BLOCKS * BLOCK_SIZE)), sp, None)
+        self.requests[rid] = r
+        return r
+
+    def _kv_blocks(self, ids: list[int]) -> Any:
+        from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+        from vllm.v1.core.kv_cache_utils import KVCacheBlock
+        return KVCacheBlocks(([KVCacheBlock(i) for i in ids],))
+
+    def prefill(self, rid: str, transfer_id: str, seed: int) -> None:
+        """Producer: the request arrives, is allocated, is computed (a pattern is written
+        into its blocks), and waits to be marked finished by ``finish``."""
+        import torch
+        r = self._request(rid, {"do_remote_decode": True, "transfer_id": transfer_id})
+        ids = self._alloc(rid)
+        self.sched.get_num_new_matched_tokens(r, 0)
+        self.sched.update_state_after_alloc(r, self._kv_blocks(ids), 0)
+        g = torch.Generator().manual_seed(seed)
+        for b in ids:
+            self.cache[b] = torch.rand(self.cache[b].shape, generator=g) + 1.0
+        emit(ev="prefilled", rid=rid, digest=self.digest(ids))
+
+    def finish(self, rid: str) -> None:
+        from vllm.v1.request import RequestStatus
+        r = self.requests[rid]
+        r.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        delay, _ = self.sched.request_finished(r, self.blocks[rid])
+        emit(ev="finished", rid=rid, delay_free=delay)
+
+    def load(self, rid: str, transfer_id: str, engine_id: str, bootstrap: str) -> None:
+        """Consumer: ask the connector how much to load, allocate, start the load."""
+        r = self._request(rid, {"do_remote_prefill": True, "transfer_id": transfer_id,
+                                "remote_engine_id": engine_id,
+                                "remote_bootstrap_addr": bootstrap})
+        t0 = time.perf_counter_ns()
+        n, is_async = self.sched.get_num_new_matched_tokens(r, 0)
+        cost_ns = time.perf_counter_ns() - t0
+        ids = self._alloc(rid)
+        self.cache[ids] = 0.0
+        if n == 0:
+            emit(ev="vetoed", rid=rid, cost_ns=cost_ns)
+            self.sched.update_state_after_alloc(r, self._kv_blocks([]), 0)
+            return
+        self.sched.update_state_after_alloc(r, self._kv_blocks(ids), n)
+        self.waiting.add(rid)
+        emit(ev="loading", rid=rid, tokens=n, is_async=is_async, cost_ns=cost_ns)
+
+    def cost(self, engine_id: str, bootstrap: str, n: int) -> dict[str, float]:
+        """Median ns per call of the scheduler's and the worker's per-request/per-step
+        calls, and (wrapped) of the wrapper's own share of each."""
+        import statistics
+        r = self._request("cost-probe", {"do_remote_prefill": True, "transfer_id": "x",
+                                         "remote_engine_id": engine_id,
+                                         "remote_bootstrap_addr": bootstrap})
+
+        def med(fn: Any) -> float:
+            fn()
+            ts = []
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                fn()
+                ts.append(time.perf_counter_ns() - t0)
+            return float(statistics.median(ts))
+        out = {"get_num_new_matched_tokens": med(lambda: self.sched.get_num_new_matched_tokens(r, 0)),
+               "get_finished": med(lambda: self.worker.get_finished(set()))}
+        guard = getattr(self.worker, "guard", None)
+        if guard is not None:
+            params = r.kv_transfer_params
+            out["wrapper_veto_read"] = med(lambda: self.sched.veto_reason(params))
+            out["wrapper_poll"] = med(guard.poll)
+        self.requests.pop("cost-probe", None)
+        return out
+
+    def digest(self, ids: list[int]) -> str:
+        return hashlib.sha256(self.cache[ids].numpy().tobytes()).hexdigest()[:16]
+
+    # -- the step loop --------------------------------------------------------------------
+
+    def step(self) -> None:
+        from vllm.v1.core.sched.output import SchedulerOutput
+        from vllm.v1.outputs import KVConnectorOutput
+        self.step_n += 1
+        so = SchedulerOutput.make_empty()
+        meta = self.sched.build_connector_meta(so)
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)
+        sending, recving = self.worker.get_finished(set())
+        bad = self.worker.get_block_ids_with_load_errors()
+        self.worker.clear_connector_metadata()
+        self.sched.update_connector_output(KVConnectorOutput(
+            finished_sending=sending, finished_recving=recving, invalid_block_ids=bad))
+        for rid in sorted(recving or ()):
+            ids = self.blocks.get(rid, [])
+            failed = bool(bad & set(ids))
+            self.waiting.discard(rid)
+            emit(ev="load_failed" if failed else "loaded", rid=rid,
+                 digest=self.digest(ids) if ids else "")
+        for rid in sorted(sending or ()):
+            emit(ev="sent", rid=rid)
+
+    def handle(self, cmd: dict[str, Any]) -> bool:
+        op = cmd["op"]
+        if op == "prefill":
+            self.prefill(cmd["rid"], cmd["transfer_id"], cmd.get("seed", 0))
+        elif op == "finish":
+            self.finish(cmd["rid"])
+        elif op == "load":
+            self.load(cmd["rid"], cmd["transfer_id"], cmd["engine_id"], cmd["bootstrap"])
+        elif op == "digest":
+            emit(ev="digest", rid=cmd["rid"], digest=self.digest(self.blocks[cmd["rid"]]))
+        elif op == "digest_all":
+            emit(ev="digest_all", digest=self.digest(list(range(NUM_BLOCKS))))
+        elif op == "inner":
+            emit(ev="inner", **inner_state(self.worker))
+        elif op == "stats":
+            s = self.worker.get_kv_connector_stats()
+            emit(ev="stats", data=None if s is None else s.to_dict())
+        elif op == "cost":
+            emit(ev="cost", **self.cost(cmd["engine_id"], cmd["bootstrap"], cmd.get("n", 2000)))
+        elif op == "quit":
+            self.worker.shutdown()
+            emit(ev="bye")
+            return False
+        else:
+            emit(ev="error", msg=f"unknown op {op!r}")
+        return True
+
+    def run(self) -> None:
+        emit(ev="ready", pid=os.getpid(), engine_id=self.a.engine_id)
+        buf = b""
+        fd = sys.stdin.fileno()
+        while True:
+            r, _, _ = select.select([fd], [], [], 0.005)
+            if r:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip() and not self.handle(json.loads(line)):
+                        return
+            self.step()
+
+
+def inner_state(worker: Any) -> dict[str, Any]:
+    """What the inner Mooncake worker caches about peers (for the leak assertions)."""
+    inner = getattr(worker, "inner", worker)
+    w = inner.connector_worker
+    return {"remote_agents": sorted(w._remote_agents), "tp_size": sorted(w._tp_size),
+            "reqs_need_send": sorted(w.reqs_need_send),
+            "prepared_regions": len(w._prepared_transfer_regions)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", choices=("prefill", "decode"), required=True)
+    ap.add_argument("--ip", required=True)
+    ap.add_argument("--board", required=True)
+    ap.add_argument("--engine-id", required=True)
+    ap.add_argument("--dist-port", type=int, required=True)
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--wrapped", action="store_true")
+    ap.add_argument("--on-dead-peer", default="recompute")
+    a = ap.parse_args()
+    os.environ["VLLM_HOST_IP"] = a.ip
+    os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with
+    os.environ["SHMHB_BOARD"] = a.board
+    import logging
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    Engine(a).run()
+
+
+if __name__ == "__main__":
+    main()

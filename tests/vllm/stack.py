@@ -1,0 +1,229 @@
+"""A prefill host and a decode host on loopback, each with its own board and pinger, each
+running one engine process (``tests/vllm/engine.py``) with the real connector.
+
+Used by the tests in this folder and by ``python -m bench.vllm``.  Nothing here sleeps
+for a fixed time: every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from tests.conftest import ROOT
+from tests.hosts import Cluster, free_port
+
+import shmhb
+
+PREFILL_IP, DECODE_IP = "127.0.0.2", "127.0.0.3"
+#: short policy so hangs are judged within seconds; kills are seen through pidfds
+POLICY = shmhb.Policy(suspect_after_s=0.5, dead_after_s=2.0,
+                      peer_suspect_after_s=0.5, peer_dead_after_s=2.0)
+
+
+class EngineProc:
+    """One engine process: commands in on stdin, JSON events out on stdout."""
+
+    def __init__(self, role: str, ip: str, board: str, engine_id: str, *, wrapped: bool,
+                 bootstrap_port: int, log_dir: str, env: dict[str, str] | None = None,
+                 on_dead_peer: str = "recompute") -> None:
+        self.role, self.ip, self.engine_id, self.wrapped = role, ip, engine_id, wrapped
+        self.bootstrap = f"http://{ip}:{bootstrap_port}"
+        e = dict(os.environ)
+        e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+        e["VLLM_TARGET_DEVICE"] = "cpu"
+        e["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
+        e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        e["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"  # stdout carries the events
+        e["PYTHONUNBUFFERED"] = "1"
+        if env:
+            e.update(env)
+        dist_port = free_port([ip])
+        self.log_path = os.path.join(log_dir, f"{role}-{engine_id}-{uuid.uuid4().hex[:6]}.log")
+        log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "tests.vllm.engine", "--role", role, "--ip", ip,
+               "--board", board, "--engine-id", engine_id, "--dist-port", str(dist_port),
+               "--model-dir", os.path.join(log_dir, "model"), "--on-dead-peer", on_dead_peer]
+        if wrapped:
+            cmd.append("--wrapped")
+        try:
+            self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=log, env=e)
+        finally:
+            log.close()
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready = self.expect("ready", timeout_s=240)
+        self.pid = self.p.pid
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            self.events.put(ev)
+
+    def send(self, op: str, **kw: Any) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
+        self.p.stdin.flush()
+
+    def expect(self, *names: str, rid: str | None = None, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The next event named one of ``names`` (for ``rid``, if given); earlier events
+        stay in ``seen``."""
+        for ev in self.seen:
+            if ev["ev"] in names and (rid is None or ev.get("rid") == rid):
+                self.seen.remove(ev)
+                return ev
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.role} {self.engine_id}: no {names} for {rid} "
+                                     f"within {timeout_s} s\n{self.log_tail()}")
+            try:
+                ev = self.events.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if self.p.poll() is not None:
+                    raise AssertionError(f"{self.role} exited with {self.p.returncode}\n"
+                                         + self.log_tail()) from None
+                continue
+            if ev["ev"] in names and (rid is None or ev.get("rid") == rid):
+                return ev
+            self.seen.append(ev)
+
+    def expect_asked(self, transfer_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Until this producer has read a consumer's request for ``transfer_id``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ev = self.expect("asked", timeout_s=max(0.01, deadline - time.monotonic()))
+            if transfer_id in ev["transfer_ids"]:
+                return ev
+
+    def request(self, op: str, reply: str, timeout_s: float = 30.0, **kw: Any) -> dict[str, Any]:
+        self.send(op, **kw)
+        return self.expect(reply, timeout_s=timeout_s)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"".join(f.readlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> float:
+        t = time.monotonic()
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait(30)
+        return t
+
+    def stop(self) -> float:
+        t = time.monotonic()
+        os.kill(self.p.pid, signal.SIGSTOP)
+        return t
+
+    def cont(self) -> None:
+        os.kill(self.p.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                os.kill(self.p.pid, signal.SIGCONT)
+                self.send("quit")
+                self.p.wait(10)
+            except (OSError, subprocess.TimeoutExpired, BrokenPipeError):
+                pass
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
+        for s in (self.p.stdin, self.p.stdout):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+class Stack:
+    """The two hosts, their pingers, and the engines started on them."""
+
+    def __init__(self, cluster: Cluster, log_dir: str, *, wrapped: bool,
+                 env: dict[str, str] | None = None) -> None:
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.wrapped = wrapped
+        self.env = env or {}
+        self.prefill_host = cluster.host(policy=POLICY, ip=PREFILL_IP, interval_s=0.1)
+        self.decode_host = cluster.host(policy=POLICY, ip=DECODE_IP, interval_s=0.1)
+        self.bootstrap_port = free_port([PREFILL_IP])
+        self.engines: list[EngineProc] = []
+        self._n = 0
+
+    def start(self, role: str, engine_id: str | None = None, **kw: Any) -> EngineProc:
+        self._n += 1
+        host = self.prefill_host if role == "prefill" else self.decode_host
+        eid = engine_id or f"{role}-{uuid.uuid4().hex[:8]}"
+        e = EngineProc(role, host.ip, host.name, eid, wrapped=self.wrapped,
+                       bootstrap_port=self.bootstrap_port, log_dir=self.log_dir,
+                       env=self.env, **kw)
+        self.engines.append(e)
+        return e
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
+
+
+def new_ids(tag: str = "r") -> tuple[str, str]:
+    u = uuid.uuid4().hex[:10]
+    return f"{tag}-{u}", f"xfer-{u}"
+
+
+def transfer(prefill: EngineProc, decode: EngineProc, *, seed: int = 1,
+             timeout_s: float = 60.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One good P/D transfer: prefill computes, decode loads; returns both digests."""
+    rid, xid = new_ids()
+    p = prefill.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed)
+    prefill.send("finish", rid=rid)
+    prefill.expect("finished", rid=rid)
+    decode.send("load", rid=rid, transfer_id=xid, engine_id=prefill.engine_id,
+                bootstrap=prefill.bootstrap)
+    decode.expect("loading", "vetoed", rid=rid)
+    d = decode.expect("loaded", "load_failed", rid=rid, timeout_s=timeout_s)
+    return p, d
+
+
+def expected_digest(seed: int) -> str:
+    """The digest of what a prefill seeded with ``seed`` writes into its blocks (the
+    bytes a correct transfer moves), computed here, independently of either engine."""
+    import hashlib
+
+    import torch
+
+    from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_KV_HEADS, PROMPT_BLOCKS
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
+    blocks = torch.stack([torch.rand(shape, generator=g) + 1.0 for _ in range(PROMPT_BLOCKS)])
+    return hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16]
+
+
+def zeros_digest() -> str:
+    """The digest of a request's blocks that nothing was written into."""
+    import hashlib
+
+    import numpy as np
+
+    from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_KV_HEADS, PROMPT_BLOCKS
+    z = np.zeros((PROMPT_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE), np.float32)
+    return hashlib.sha256(z.tobytes()).hexdigest()[:16]
