@@ -150,10 +150,12 @@ ExecStart={s.exec} pinger $SHMHB_PINGER_ARGS
 # embedded meanwhile, and the board keeps every verdict. Always come back.
 Restart=always
 RestartSec=1
+# The agent exits 1 when its loop was stuck and it gave the role up: restarted above.
 # SIGTERM: the agent writes a clean "left" and releases the role at once.
 KillSignal=SIGTERM
 TimeoutStopSec=10
-# One pidfd per local worker, one socket per followed host, /proc reads.
+# One pidfd per local worker, one socket per followed host, /proc reads; a connection
+# flood past the limit only degrades the network half (half-open handshakes end after 2 s).
 LimitNOFILE={PINGER_NOFILE}
 {_HARDENING}
 [Install]

@@ -248,20 +248,26 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
 
 
 def test_demo_quick_leaves_nothing_behind() -> None:
-    before = set(os.listdir("/dev/shm"))
-    out = subprocess.run([sys.executable, "-m", "shmhb", "demo", "--quick"], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    p = subprocess.Popen([sys.executable, "-m", "shmhb", "demo", "--quick"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    out = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
     assert out.returncode == 0, out.stderr
     for needle in ("host A sees a-rank-0: dead", "host B sees a-rank-0: dead",
                    "host A sees b-rank-0: dead", "host B sees b-rank-1: suspect",
                    "host A sees b-rank-1: dead", "host A sees b-rank-1: alive",
                    "host B sees a-rank-2: left", "are stale now", "cleaned up"):
         assert needle in out.stdout, needle
-    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("shmhb-demo")}
+    # its own boards only (named by its pid): another run may have demos of its own going
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmhb-demo-{p.pid}-")]
 
 
 def test_demo_interrupted_leaves_nothing_behind() -> None:
-    before = set(os.listdir("/dev/shm"))
     p = subprocess.Popen([sys.executable, "-m", "shmhb", "demo", "--quick"], stdout=subprocess.PIPE,
                          text=True, env={**os.environ, "PYTHONPATH": ROOT})
     try:
@@ -276,7 +282,7 @@ def test_demo_interrupted_leaves_nothing_behind() -> None:
         if p.poll() is None:
             p.kill()
         p.stdout.close()
-    leftovers = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("shmhb-demo")}
+    leftovers = [n for n in os.listdir("/dev/shm") if n.startswith(f"shmhb-demo-{p.pid}-")]
     assert not leftovers
     # and no worker process of that demo is left running
     wait_until(lambda: not pids_with_cmdline(f"shmhb-demo-{p.pid}"), timeout_s=10,
