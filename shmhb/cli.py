@@ -19,6 +19,7 @@ from . import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, PingerConfig, board_name, check_host, positive_seconds
 from .errors import InvalidConfig, ShmhbError
+from .stopsignal import stop_on_signals
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _stop_on_sigterm(stop: threading.Event) -> None:
     """SIGTERM ends a long-running command cleanly (the terminal restored, sockets
-    closed), as Ctrl-C does."""
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.set())
+    closed), as Ctrl-C does.  Never ``stop.set()`` in a handler: see stopsignal."""
+    stop_on_signals(stop, (signal.SIGTERM,))
 
 
 def cmd_pinger(args: argparse.Namespace) -> int:
@@ -186,13 +187,11 @@ def cmd_pinger(args: argparse.Namespace) -> int:
                   config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s))
     stop = threading.Event()
 
-    def _stop(signum: int, _frame: object) -> None:
+    def _stop(signum: int) -> None:  # called from stopsignal's thread, not a handler
         log.info("signal %d: stopping", signum)
-        stop.set()
         agent.stop(timeout_s=0)
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(stop, (signal.SIGTERM, signal.SIGINT), _stop)
     agent.start()
     log.info("pinger for board %s started (pid %d); waiting for the agent role",
              board_name(args.board), __import__("os").getpid())

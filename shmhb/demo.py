@@ -27,6 +27,7 @@ from .board import Board
 from .config import Policy
 from .loopback import loopback_addrs
 from .status import SlotStatus, Status
+from .stopsignal import stop_on_signals
 
 _PR_SET_PDEATHSIG = 1
 RANKS = 3
@@ -51,7 +52,7 @@ def worker_main(argv: list[str]) -> int:
     board = Board.attach(a.board)
     hb = board.register(a.key, endpoints=(a.endpoint,), agent=False).start(0.05)
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stop_on_signals(done, (signal.SIGTERM,))  # not done.set() in a handler: see stopsignal
     print("ready", flush=True)
     while not done.wait(0.5):
         pass
