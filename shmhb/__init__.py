@@ -7,7 +7,7 @@ alive, suspect, dead, left, or unknown, and which incarnation it is.
 
 from __future__ import annotations
 
-from .board import Board
+from .board import Board, set_register_hook
 from .clock import FakeClock, MonotonicClock
 from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
 from .errors import (
@@ -20,8 +20,8 @@ from .heartbeat import Heartbeat
 from .native import native
 from .reaper import DropReason, Link, LinkReaper
 from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
+from .version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AgentConfig", "AgentStatus", "Board", "BoardCorrupt", "BoardExists", "BoardFull",
@@ -32,6 +32,20 @@ __all__ = [
     "ProtocolError", "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull",
     "__version__", "get_include", "native",
 ]
+
+
+def _join_embedded_agent(board: Board, hb: Heartbeat) -> None:
+    """The register hook: ``board.register(key)`` (``agent=True``) joins this process's
+    embedded agent for the board; the heartbeat's close leaves it.  The composition
+    lives here, at the top, so that the board (storage) never imports the agent (which
+    is built on the board); the agent module, and zmq with it, is imported on the first
+    registration that wants it, not by ``import shmhb``."""
+    from .agent import embedded_register
+
+    embedded_register(board, hb)
+
+
+set_register_hook(_join_embedded_agent)
 
 
 def get_include() -> str:

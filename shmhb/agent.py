@@ -25,6 +25,7 @@ import zmq
 from . import locks
 from .agentwriter import AgentWriter
 from .board import Board
+from .heartbeat import Heartbeat
 from .clock import MONOTONIC, Clock
 from .config import AgentConfig
 from .localwatch import LocalWatch
@@ -36,7 +37,8 @@ from .rows import RowWriter
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Agent", "AgentWriter", "Component", "LocalWatch", "embedded_join", "embedded_leave"]
+__all__ = ["Agent", "AgentWriter", "Component", "LocalWatch", "embedded_join", "embedded_leave",
+           "embedded_register"]
 
 
 class Component(Protocol):
@@ -105,7 +107,7 @@ class Agent:
 
     def run(self) -> None:
         board = Board.attach(self.board_name, clock=self.clock)
-        self._fd = board._new_fd()
+        self._fd = board.new_fd()
         try:
             while not self._stop.is_set():
                 if locks.try_lock(self._fd, LOCK_AGENT):
@@ -177,8 +179,8 @@ class Agent:
         # Taking the registry lock here made a takeover wait for as long as some process
         # stayed stopped while holding it (no agent on the host meanwhile), and then
         # killed the new agent with LockTimeout.
-        term = int(board._head["agent_term"]) + 1
-        board._head["agent_term"] = term
+        term = int(board.header["agent_term"]) + 1
+        board.header["agent_term"] = term
         now = self.clock.monotonic_ns
         w = AgentWriter(board, term)
         # Before our heartbeat makes readers trust the peer rows again: the previous
@@ -281,7 +283,7 @@ class Agent:
                 w.left(now())
             log.info("board %s: agent role released (pid %d)", board.name, os.getpid())
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
         self._thread = None
         self._stop = threading.Event()
         self._fd_lock = threading.Lock()
@@ -306,11 +308,25 @@ def embedded_join(board_name: str, hb: object) -> None:
 
 
 def embedded_leave(board_name: str, hb: object) -> None:
+    _embedded_leave_id(board_name, id(hb))
+
+
+def embedded_register(board: Board, hb: Heartbeat) -> None:
+    """The register hook (``board.set_register_hook``, installed by ``shmhb/__init__``):
+    join the embedded agent of ``board`` for ``hb``, and leave it when ``hb`` closes (the
+    last heartbeat of a board in this process stops its embedded agent)."""
+    name = board.name
+    embedded_join(name, hb)
+    token = id(hb)  # the hook must not keep ``hb`` alive through its own close hooks
+    hb.on_close(lambda: _embedded_leave_id(name, token))
+
+
+def _embedded_leave_id(board_name: str, token: int) -> None:
     with _embedded_lock:
         entry = _embedded.get(board_name)
         if entry is None:
             return
-        entry[1].discard(id(hb))
+        entry[1].discard(token)
         if entry[1]:
             return
         del _embedded[board_name]

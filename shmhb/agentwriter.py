@@ -25,7 +25,7 @@ class AgentWriter:
     def __init__(self, board: Board, term: int) -> None:
         self.board = board
         self.term = term
-        q = board._q
+        q = board.words
         fields = HEADER_DTYPE.fields
         assert fields is not None
         self._q = q
@@ -60,7 +60,7 @@ class AgentWriter:
         word, then the checksum over all of them.  A reader judges by the state word
         alone (one aligned word) and shows details only when the checksum matches, so
         it never needs an order between words: a mismatch just hides the details."""
-        h = self.board._head
+        h = self.board.header
         word = pack_net_state(self.term, int(state), int(auth), listening, int(reason),
                               err, skipped)
         gen_word = pack_net_gen(self.term, cfg_gen)

@@ -49,7 +49,7 @@ class LocalDigest:
         self._key = key
         entries: dict[str, DigestEntry] = {}
         for i in np.flatnonzero(codes):
-            info = b._read_slot(int(i))
+            info = b.read_slot(int(i))
             if info is None:
                 continue
             k, pid, inc, eps = info

@@ -138,7 +138,7 @@ class Following:
                                "processes are dropped later")
             except OSError as e:  # EMFILE reading /proc: later
                 self._rate_log("reclaim-os", "pinger: cannot check watch owners: %s", e)
-        rg = self.b._q[self.b._reg_gen_i]
+        rg = self.b.words[self.b.reg_gen_index]
         if self.skipped and now_ns >= self._next_skip_retry_ns:
             self._next_skip_retry_ns = now_ns + SKIP_RETRY_NS
             self._watch_gen = -1  # try the skipped hosts again (a key may have appeared)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,10 +29,28 @@ log = logging.getLogger(__name__)
 _BUMP_WAIT_S = 0.5
 
 
+class HeartbeatBoard(Protocol):
+    """What a heartbeat needs of its board (``shmhb.board.Board`` has it).  A protocol,
+    not an import: the board module builds heartbeats, so this module must not import it."""
+
+    name: str
+
+    @property
+    def mapping(self) -> Any: ...
+
+    @property
+    def now_ns(self) -> Callable[[], int]: ...
+
+    @property
+    def extension(self) -> ModuleType | None: ...
+
+    def bump_changes(self, timeout_s: float | None = None) -> None: ...
+
+
 class Heartbeat:
     """The slot of one registered worker.  Get one from ``Board.register``."""
 
-    def __init__(self, board, index: int, key: str, incarnation: int,  # type: ignore[no-untyped-def]
+    def __init__(self, board: HeartbeatBoard, index: int, key: str, incarnation: int,
                  endpoints: tuple[str, ...], lock_fd: int, word_index: int) -> None:
         self.key = key
         self.incarnation = incarnation
@@ -39,13 +60,14 @@ class Heartbeat:
         self._lock_fd = lock_fd
         self._word_index = word_index
         # Our own view of the segment's words: storing q[i] is one aligned 8-byte write.
-        self._q = memoryview(board._seg.mm).cast("B").cast("Q")
+        self._q = memoryview(board.mapping).cast("B").cast("Q")
         assert np.frombuffer(self._q, np.uint64, count=1).ctypes.data % 64 == 0
         self._base = inc_tag(incarnation) << INC_SHIFT
-        self._now_ns = board._now_ns
+        self._now_ns = board.now_ns
         self.beat = self._make_beat()  # type: ignore[method-assign]
         self._ticker = Periodic(f"shmhb-beat-{key}")
         self._closed = False
+        self._close_hooks: list[Callable[[], None]] = []
         locks.on_fork(self)
 
     def beat(self) -> None:
@@ -56,12 +78,13 @@ class Heartbeat:
         or, on the pure-Python path, a closure doing the same with every name bound once.)"""
         self._q[self._word_index] = self._base | (self._now_ns() >> TS_SHIFT)
 
-    def _make_beat(self):  # type: ignore[no-untyped-def]
-        ext = self._board._ext
+    def _make_beat(self) -> Callable[[], None]:
+        ext = self._board.extension
         if ext is not None:
             # the same word, one C call: clock read and one release store (shmhb.native)
-            return ext.Beater(self._board._seg.mm, self._word_index, self._base,
-                              native.clock_arg(self._now_ns)).beat
+            fast: Callable[[], None] = ext.Beater(self._board.mapping, self._word_index,
+                                                  self._base, native.clock_arg(self._now_ns)).beat
+            return fast
         q, i, base, now = self._q, self._word_index, self._base, self._now_ns
         assert TS_SHIFT == 20
 
@@ -93,7 +116,7 @@ class Heartbeat:
         self._q[self._word_index] = pack_hb(self.incarnation, self._now_ns() >> TS_SHIFT, left=True)
         self.beat = self._closed_beat  # type: ignore[method-assign]
         try:
-            self._board._bump_reg_gen(timeout_s=_BUMP_WAIT_S)
+            self._board.bump_changes(timeout_s=_BUMP_WAIT_S)
         except LockTimeout:
             # The leave is done: the word above reads LEFT.  Only the change counter
             # could not be moved, because some process is stopped (or hung) while holding
@@ -105,8 +128,9 @@ class Heartbeat:
             locks.unlock(self._lock_fd, LOCK_SLOT_BASE + self.index)
             os.close(self._lock_fd)
             self._lock_fd = -1
-            from .agent import embedded_leave
-            embedded_leave(self._board.name, self)
+            hooks, self._close_hooks = self._close_hooks, []
+            for hook in hooks:  # e.g. leaving the embedded agent (shmhb/__init__)
+                hook()
         log.info("board %s: %r left (incarnation %d)", self._board.name, self.key, self.incarnation)
 
     def _closed_beat(self) -> None:
@@ -115,9 +139,20 @@ class Heartbeat:
             "register the child under its own key"
         )
 
-    def _after_fork_in_child(self) -> None:
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` once when this heartbeat closes (after its slot lock is
+        dropped): how the layer above the board ties the embedded agent's lifetime to
+        the process's heartbeats without the board knowing of agents.  On a heartbeat
+        already closed, ``hook()`` runs now."""
+        if self._closed:
+            hook()
+            return
+        self._close_hooks.append(hook)
+
+    def after_fork_in_child(self) -> None:
         """In a forked child: never beat for the parent, never hold its slot lock."""
         self._closed = True
+        self._close_hooks = []  # the parent's: its agent is not this process's
         self._ticker.after_fork_in_child()
         self._q = memoryview(bytearray(8)).cast("Q")
         self._word_index = 0

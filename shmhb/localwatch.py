@@ -49,7 +49,7 @@ class LocalWatch:
         self.w = writer
         self._watched: dict[int, _Watched] = {}
         self._by_fd: dict[int, int] = {}
-        self._lockfd = board._new_fd()
+        self._lockfd = board.new_fd()
         self._ns = own_pid_namespace()
         self._pidfd_ok = hasattr(os, "pidfd_open")
         self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
@@ -81,13 +81,13 @@ class LocalWatch:
     def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
         wt.done = True
         self._by_lock.discard(i)
-        hb = self.board._q[self.board._hb0 + i * 8]
+        hb = self.board.words[self.board.hb_index(i)]
         if hb >> INC_SHIFT != wt.tag or hb & LEFT_BIT:
             return  # it left gracefully, or the slot was registered again meanwhile
-        self.board._q[self.board._hb0 + i * 8 + 1] = pack_verdict(wt.tag, now_ns >> TS_SHIFT)
+        self.board.words[self.board.hb_index(i) + 1] = pack_verdict(wt.tag, now_ns >> TS_SHIFT)
         self.w.changed()
         self.w.count("deaths_seen")
-        info = self.board._read_slot(i)
+        info = self.board.read_slot(i)
         log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
                  info[0] if info else f"slot {i}", wt.pid, why)
 
@@ -96,13 +96,13 @@ class LocalWatch:
         locks of workers that have no pidfd.  Only slots whose (incarnation, left) bits
         changed since the last tick are examined one by one."""
         b = self.board
-        hbs = b._hb.copy()
+        hbs = b.hb_words.copy()
         marks = hbs >> _SHIFT39
         todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
         self._marks = marks
         self._retry = set()
         if todo:
-            verdicts = b._verdict.copy()
+            verdicts = b.verdict_words.copy()
             for i in sorted(todo):
                 if hbs[i]:
                     try:
@@ -136,12 +136,12 @@ class LocalWatch:
         if hb & LEFT_BIT or verdict >> INC_SHIFT == tag:
             self._watched[i] = _Watched(tag, 0, None, True)
             return
-        info = self.board._read_slot(i)
+        info = self.board.read_slot(i)
         if info is None:
             self._retry.add(i)  # caught mid-registration: look again next tick
             return
         pid = info[1]
-        rec = self.board._records[i]
+        rec = self.board.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
         if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:

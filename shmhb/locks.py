@@ -74,7 +74,7 @@ def lock(fd: int, byte: int, *, timeout_s: float, what: str, exclusive: bool = T
 
 
 class ForkAware(Protocol):
-    def _after_fork_in_child(self) -> None: ...
+    def after_fork_in_child(self) -> None: ...
 
 
 _fork_aware: weakref.WeakSet[ForkAware] = weakref.WeakSet()
@@ -82,7 +82,7 @@ _fork_lock = threading.Lock()
 
 
 def on_fork(obj: ForkAware) -> None:
-    """Call ``obj._after_fork_in_child()`` in every child forked while ``obj`` lives."""
+    """Call ``obj.after_fork_in_child()`` in every child forked while ``obj`` lives."""
     with _fork_lock:
         _fork_aware.add(obj)
 
@@ -92,7 +92,7 @@ def _after_fork_in_child() -> None:
     _fork_lock = threading.Lock()  # the parent may have held it in another thread
     for obj in list(_fork_aware):
         try:
-            obj._after_fork_in_child()
+            obj.after_fork_in_child()
         except OSError:
             log.exception("cleaning up %r after fork", obj)
     _fork_aware.clear()

@@ -22,10 +22,10 @@ from typing import NamedTuple, Protocol
 import zmq
 
 from .board import Board
+from .boardcore import header_index
 from .clock import Clock
 from .config import PingerConfig
 from .errors import InvalidConfig
-from .layout import HEADER_DTYPE
 from .netconfig import load_config
 from .netstate import Backoff, NetAuth, NetDown, NetReason, NetState
 from .pinger import NetworkHalf
@@ -33,7 +33,7 @@ from .rows import RowWriter
 
 log = logging.getLogger(__name__)
 
-_CFG_GEN_I = HEADER_DTYPE.fields["cfg_gen"][1] // 8  # type: ignore[index]
+_CFG_GEN_I = header_index("cfg_gen")
 _LOG_EVERY_NS = 10 * 10**9
 _GOOD_RUN_NS = 30 * 10**9  # running this long resets the backoff
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
@@ -114,7 +114,7 @@ class NetSupervisor:
 
     def _settings(self, now_ns: int) -> None:
         self._settled = True
-        word = int(self.b._q[_CFG_GEN_I])
+        word = int(self.b.words[_CFG_GEN_I])
         if word == self._seen_cfg_word:
             return  # one word: unchanged settings cost nothing per tick
         if word == 0:  # never configured: no network half

@@ -278,7 +278,7 @@ class NetworkHalf(Following):
         elif a.gen != t.digest_gen:
             t.digest_gen = 0  # we do not hold what it thinks we hold: ask for all of it
         # else: the same digest, confirmed as of now.  The rows stay as they are: readers
-        # take a remote worker's age from its host's last ack (board._remote_age).
+        # take a remote worker's age from its host's last ack (remotereads._remote_age).
         old = self.suspicion.on_ack(t.state, now_ns, now_ns - sent)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
@@ -303,7 +303,7 @@ class NetworkHalf(Following):
             # The status code this row held before: read it before put_remote rewrites
             # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
             # to itself and never bump the change counter that readers rely on.
-            before = (int(self.b._remotes[held[0]]["status"]) >> 40) & 0xF if held else None
+            before = (int(self.b.remote_table[held[0]]["status"]) >> 40) & 0xF if held else None
             got = self.rows.put_remote(t.row, t.gen, held, e, now_ns)
             if got is None:
                 continue

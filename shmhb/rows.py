@@ -31,7 +31,7 @@ _REMOTE_WORDS = REMOTE_ROW_DTYPE.itemsize // 8
 class RowWriter:
     def __init__(self, board: Board) -> None:
         self.b = board
-        self._q = board._q
+        self._q = board.words
         sz = board.sizes
         self._peer0 = sz.peer_off // 8
         self._remote0 = sz.remote_off // 8
@@ -41,8 +41,8 @@ class RowWriter:
     def adopt_peers(self) -> dict[str, tuple[int, int]]:
         """Valid peer rows left by an earlier holder: address -> (row, gen)."""
         out = {}
-        for i in np.flatnonzero(self.b._peers["checksum"] != 0):
-            row = self.b._peers[int(i)]
+        for i in np.flatnonzero(self.b.peer_table["checksum"] != 0):
+            row = self.b.peer_table[int(i)]
             if int(row["checksum"]) == peer_checksum(row):
                 out[bytes(row["address"]).decode()] = (int(i), int(row["gen"]))
             else:
@@ -51,7 +51,7 @@ class RowWriter:
 
     def adopt_remotes(self, peer_row: int, peer_gen: int) -> dict[str, tuple[int, int, int]]:
         """Valid remote rows of a peer: key -> (row, gen, incarnation)."""
-        r = self.b._remotes
+        r = self.b.remote_table
         out = {}
         for i in np.flatnonzero((r["checksum"] != 0) & (r["peer"] == peer_row)):
             row = r[int(i)]
@@ -67,7 +67,7 @@ class RowWriter:
         from the moment it took the role until its first tick rewrote the row -- or
         forever, if it runs without the network half.  Returns the rows reset."""
         n = 0
-        for i in np.flatnonzero(self.b._peers["checksum"] != 0):
+        for i in np.flatnonzero(self.b.peer_table["checksum"] != 0):
             wi = self._peer0 + int(i) * _PEER_WORDS
             word = self._q[wi]
             if word:
@@ -77,13 +77,13 @@ class RowWriter:
         return n
 
     def new_peer(self, address: str) -> tuple[int, int] | None:
-        free = np.flatnonzero(self.b._peers["checksum"] == 0)
+        free = np.flatnonzero(self.b.peer_table["checksum"] == 0)
         if not len(free):
             log.warning("board %s: peer table full (%d rows); not following %s",
                         self.b.name, self.b.sizes.npeers, address)
             return None
         i = int(free[0])
-        row = self.b._peers[i]
+        row = self.b.peer_table[i]
         gen = (int(row["gen"]) + 1) & GEN_MASK or 1
         row["gen"] = gen
         row["address"] = address.encode()
@@ -95,7 +95,7 @@ class RowWriter:
         return i, gen
 
     def peer_identity(self, i: int, identity: Identity) -> None:
-        row = self.b._peers[i]
+        row = self.b.peer_table[i]
         if int(row["board_inc"]) == identity.board_inc and bytes(row["boot_id"]) == identity.boot_id.rstrip(b"\0"):
             return
         row["checksum"] = 0
@@ -110,7 +110,7 @@ class RowWriter:
         self._q[self._peer0 + i * _PEER_WORDS + 1] = pack_rtt(gen, max(1, rtt_ns // 1000))
 
     def free_peer(self, i: int) -> None:
-        self.b._peers[i]["checksum"] = 0
+        self.b.peer_table[i]["checksum"] = 0
         self._q[self._peer0 + i * _PEER_WORDS] = 0
 
     # -- remote slots -----------------------------------------------------------------------
@@ -120,7 +120,7 @@ class RowWriter:
         """Write entry ``e`` for a peer; ``held`` is the row it had.  Returns the new
         (row, gen, incarnation), or None if the remote table is full."""
         ts = now_ns >> TS_SHIFT
-        r = self.b._remotes
+        r = self.b.remote_table
         eps = _fit_endpoints(e.endpoints)
         if held is not None:
             i, gen, inc = held
@@ -153,7 +153,7 @@ class RowWriter:
         self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, code, now_ns >> TS_SHIFT)
 
     def free_remote(self, i: int) -> None:
-        self.b._remotes[i]["checksum"] = 0
+        self.b.remote_table[i]["checksum"] = 0
         self._q[self._remote0 + i * _REMOTE_WORDS] = 0
 
 

@@ -54,7 +54,7 @@ def _exit_code(pid: int, timeout_s: float = 20) -> int:
 
 def _held_elsewhere(board: shmhb.Board) -> bool:
     """Whether a description other than a fresh one of ours holds the registry lock."""
-    fd = board._new_fd()
+    fd = board.new_fd()
     try:
         return locks.is_held(fd, LOCK_REGISTRY)
     finally:
@@ -190,7 +190,7 @@ def test_stale_board_opened_by_eight_processes_at_once_stays_one_board(
         idx = sorted(int(ln[2]) for ln in lines)
         assert len(set(idx)) == 8
         assert sorted(s.key for s in b.slots()) == [f"k{k}" for k in range(8)]
-        fd = b._new_fd()
+        fd = b.new_fd()
         try:  # every slot lock lies on the board's own inode
             assert all(locks.is_held(fd, LOCK_SLOT_BASE + i) for i in idx)
         finally:
@@ -213,13 +213,13 @@ def test_a_board_created_anew_is_not_locked_through_its_old_handle(board_name: s
         old.unlink()
         with shmhb.Board.create(board_name) as new:
             # the old handle's new descriptors stay on the old segment, not the new name
-            fd = old._new_fd()
+            fd = old.new_fd()
             try:
                 assert os.fstat(fd).st_ino != os.stat(f"/dev/shm/{board_name}").st_ino
             finally:
                 os.close(fd)
             with old.register("k", agent=False) as hb:  # its slot lock: on the old inode
-                nfd = new._new_fd()
+                nfd = new.new_fd()
                 try:
                     assert not locks.is_held(nfd, LOCK_SLOT_BASE + hb.index)
                 finally:

@@ -287,7 +287,7 @@ def read_view(board: Board, host_of_ip: dict[str, int]) -> View:
     vs = board._verdict.copy()
     nowu = board._now_ns() >> TS_SHIFT
     for i in np.flatnonzero(hbs):
-        info = board._read_slot(int(i))
+        info = board.read_slot(int(i))
         if info is None:
             continue
         key, _pid, inc, _eps = info

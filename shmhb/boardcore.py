@@ -1,0 +1,340 @@
+"""The board's mapping, its views and the registry lock: what every part of ``Board`` shares.
+
+``Board`` (``shmhb.board``) is composed of four layers, one concern per module, all
+working on the one mapping this class views:
+
+- ``BoardCore`` (here): the segment's views (header, slot words and records, peer,
+  remote and watch tables), the word indices of the header, the registry lock, the
+  change counter, and the small public surface that this package's writers use (the
+  agent's header writer, the local watch, the row writer, the settings store) instead
+  of reaching into private members;
+- ``LocalReads`` (``shmhb.localreads``): the hot local reads and their memo;
+- ``WatchTable`` (``shmhb.watchtable``): the watch rows;
+- ``RemoteReads`` (``shmhb.remotereads``): the peer and remote rows the pinger writes.
+
+They are mixins of one class, not separate objects, on purpose: ``slot()`` and
+``status()`` are bound per instance to the C extension's objects, and a delegating
+object would add a call (or an instance attribute per forwarded method) to the hot path.
+Instance attributes are all set here, in one order, and stay at most 30: beyond that
+CPython 3.11 stops sharing the instance dict's keys and every attribute load of the hot
+path gets slower.  The layers add methods and properties only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from . import locks, segment
+from .clock import MONOTONIC, Clock
+from .config import Capacity, Policy
+from .errors import BoardCorrupt, InvalidConfig, LockTimeout
+from .judge import Thresholds, agent_fresh, judge_agent
+from .layout import (
+    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE,
+    REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, TS_SHIFT, TS_UNIT_NS,
+    WATCH_ROW_DTYPE, Sizes,
+)
+from .native import WordMemo
+from .status import AgentStatus, NetworkStatus, Status
+
+UNIT_S = TS_UNIT_NS / 1e9
+REGISTRY_TIMEOUT_S = 5.0
+RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
+
+#: the validated record of a slot: (key, pid, incarnation, endpoints)
+SlotInfo = tuple[str, int, int, tuple[str, ...]]
+
+_fork_guard = threading.Lock()
+
+
+def _reset_fork_guard() -> None:
+    global _fork_guard
+    _fork_guard = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_fork_guard)
+
+
+def _word_index(byte_offset: int) -> int:
+    assert byte_offset % 8 == 0, "board words must be 8-byte aligned"
+    return byte_offset // 8
+
+
+def header_index(field: str) -> int:
+    """The index, in the segment's array of 64-bit words, of the header word ``field``
+    (a field of ``layout.HEADER_DTYPE`` that is one aligned word)."""
+    fields = HEADER_DTYPE.fields
+    assert fields is not None
+    return _word_index(fields[field][1])
+
+
+class BoardCore:
+    """The views of one mapped board; see the module docstring.  Not used alone."""
+
+    def __init__(self, seg: segment.Segment, clock: Clock = MONOTONIC) -> None:
+        self._seg = seg
+        self.name = seg.name
+        self._clock = clock
+        self._now_ns = clock.monotonic_ns
+        mm = seg.mm
+        base = np.frombuffer(mm, dtype=np.uint8, count=1)
+        # Alignment is what makes single-word loads and stores atomic: assert it.
+        assert base.ctypes.data % 64 == 0, "board mapping is not cache-line aligned"
+        self._head = np.ndarray((), HEADER_DTYPE, buffer=mm)
+        h = self._head
+        self.sizes = Sizes(int(h["nslots"]), int(h["npeers"]), int(h["nremote"]), int(h["nwatch"]))
+        sz = self.sizes
+        self._words = np.ndarray(sz.nslots, SLOT_WORDS_DTYPE, buffer=mm, offset=sz.slot_off)
+        self._records = np.ndarray(sz.nslots, SLOT_RECORD_DTYPE, buffer=mm, offset=sz.record_off)
+        self._peers = np.ndarray(sz.npeers, PEER_ROW_DTYPE, buffer=mm, offset=sz.peer_off)
+        self._remotes = np.ndarray(sz.nremote, REMOTE_ROW_DTYPE, buffer=mm, offset=sz.remote_off)
+        self._watches = np.ndarray(sz.nwatch, WATCH_ROW_DTYPE, buffer=mm, offset=sz.watch_off)
+        self._hb = self._words["hb"]  # strided views, one word per 64-byte line
+        self._verdict = self._words["verdict"]
+        # Whole-segment array of words for the hot path: q[i] is one aligned 8-byte load.
+        self._q = memoryview(mm).cast("B").cast("Q")
+        self._hb0 = _word_index(sz.slot_off)
+        off = HEADER_DTYPE.fields
+        assert off is not None
+        self._agent_hb_i = _word_index(off["agent_hb"][1])
+        self._agent_id_i = _word_index(off["agent_id"][1])
+        self._reg_gen_i = _word_index(off["reg_gen"][1])
+        self._agent_gen_i = _word_index(off["agent_gen"][1])
+        forget_ns = int(h["forget_after_ns"])  # 0: off (and in boards of earlier versions)
+        try:
+            self.policy = Policy(
+                suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
+                dead_after_s=int(h["dead_after_ns"]) / 1e9,
+                agent_stale_s=int(h["agent_stale_ns"]) / 1e9,
+                peer_suspect_after_s=int(h["peer_suspect_after_ns"]) / 1e9,
+                peer_dead_after_s=int(h["peer_dead_after_ns"]) / 1e9,
+                forget_after_s=forget_ns / 1e9 if forget_ns else None,
+            )
+        except InvalidConfig as e:
+            raise BoardCorrupt(f"board {self.name!r} holds a policy this shmhb refuses ({e}): "
+                               "remove it (`shmhb gc`) and let its users create it again") from None
+        # (forget_after in units, 0: off; (slot, hb word) pairs not to try again)
+        self._forget: tuple[int, set[tuple[int, int]]] = (forget_ns >> TS_SHIFT, set())
+        self.thresholds = Thresholds(*(int(h[f]) >> TS_SHIFT for f in (
+            "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
+            "peer_suspect_after_ns", "peer_dead_after_ns")))
+        self.board_inc = int(h["board_inc"])
+        # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
+        self._by_key: dict[str, list[Any]] = {}
+        self._rec_cache: dict[int, tuple[int, SlotInfo]] = {}
+        # endpoint -> (remote row, its generation, its peer row, changes() when it was
+        # chosen, memo of the words judged)
+        self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
+        self._closed = False
+        self._thread_lock = threading.Lock()
+        # (pid, the registry lock's descriptor in that process): see _registry_fd.
+        # Instance attributes stay at most 30 here: beyond, CPython 3.11 stops sharing
+        # the instance dict's keys and every attribute load of the hot path gets slower.
+        self._reg = (os.getpid(), seg.fd)
+        self._ext: ModuleType | None = None  # set by LocalReads._bind_hot_paths
+
+    @property
+    def native(self) -> bool:
+        """Whether this handle's hot paths are the C extension's (``shmhb.native``)."""
+        return self._ext is not None
+
+    @property
+    def capacity(self) -> Capacity:
+        sz = self.sizes
+        return Capacity(sz.nslots, sz.npeers, sz.nremote, sz.nwatch)
+
+    @property
+    def boot_id(self) -> bytes:
+        """The boot this board was created in (16 bytes)."""
+        return bytes(self._head["boot_id"]).ljust(16, b"\0")
+
+    @property
+    def timens_offset_ns(self) -> int | None:
+        """The creator's CLOCK_MONOTONIC offset (time namespace); None in boards of
+        earlier versions, which did not record it."""
+        h = self._head
+        return int(h["timens_offset_ns"]) if int(h["features"]) & FEATURE_TIMENS else None
+
+
+    # -- the surface this package's writers use (one writer per word: see layout.py) -----
+
+    @property
+    def words(self) -> memoryview:
+        """The whole segment as 64-bit words (``q[i]`` is one aligned 8-byte load or
+        store): the raw view for the writers of this package's words."""
+        return self._q
+
+    @property
+    def header(self) -> np.ndarray:
+        """The header as a 0-d structured array (``layout.HEADER_DTYPE``), writable: for
+        the holder of the agent role and the settings store, under their rules."""
+        return self._head
+
+    @property
+    def record_table(self) -> np.ndarray:
+        """The slot records (``layout.SLOT_RECORD_DTYPE``), one per slot."""
+        return self._records
+
+    @property
+    def peer_table(self) -> np.ndarray:
+        """The peer rows (``layout.PEER_ROW_DTYPE``): the pinger writes them."""
+        return self._peers
+
+    @property
+    def remote_table(self) -> np.ndarray:
+        """The remote rows (``layout.REMOTE_ROW_DTYPE``): the pinger writes them."""
+        return self._remotes
+
+    @property
+    def watch_table(self) -> np.ndarray:
+        """The watch rows (``layout.WATCH_ROW_DTYPE``), written under the registry lock."""
+        return self._watches
+
+    @property
+    def hb_words(self) -> np.ndarray:
+        """Every slot's heartbeat word (a strided view, one word per 64-byte line)."""
+        return self._hb
+
+    @property
+    def verdict_words(self) -> np.ndarray:
+        """Every slot's verdict word (the agent's), strided like ``hb_words``."""
+        return self._verdict
+
+    def hb_index(self, i: int) -> int:
+        """The index in ``words`` of slot ``i``'s heartbeat word; its verdict word is the
+        next one."""
+        return self._hb0 + i * 8
+
+    @property
+    def reg_gen_index(self) -> int:
+        """The index in ``words`` of the registry's change counter."""
+        return self._reg_gen_i
+
+    @property
+    def now_ns(self) -> Callable[[], int]:
+        """This handle's clock (CLOCK_MONOTONIC nanoseconds, or the test's fake)."""
+        return self._now_ns
+
+    @property
+    def mapping(self) -> Any:
+        """The segment's mapping (an ``mmap``), for objects that view it themselves."""
+        return self._seg.mm
+
+    @property
+    def extension(self) -> ModuleType | None:
+        """The C extension whose hot paths this handle uses, or None (``shmhb.native``)."""
+        return self._ext
+
+    def new_fd(self) -> int:
+        """A new open file description of this board's segment (for an OFD lock of the
+        caller's own); the caller closes it."""
+        return self._seg.new_fd()
+
+    def bump_changes(self, timeout_s: float | None = None) -> None:
+        """Move the registry's change counter (under the registry lock) so that readers
+        memoising on ``changes()`` look again."""
+        with self.registry(timeout_s):
+            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+
+    def changes(self) -> int:
+        """A counter that moves whenever a registration, a leave, a watch or any verdict
+        the agent writes changes: equal values mean nothing changed but time."""
+        q = self._q
+        return q[self._reg_gen_i] + q[self._agent_gen_i]
+
+    def _word_memo(self, i: int, j: int, k: int) -> Any:
+        """A memo of an answer judged from words ``i``, ``j``, ``k`` (see native.WordMemo)."""
+        return WordMemo(self._q, i, j, k)
+
+    def __repr__(self) -> str:
+        return f"<shmhb.Board {self.name!r} slots={self.sizes.nslots}>"
+
+    @contextlib.contextmanager
+    def registry(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold the board's registry lock: the kernel-released OFD lock that orders
+        registrations, watches and settings between processes, plus a thread lock,
+        since threads sharing this handle share its open file description and an OFD
+        lock does not exclude them from each other.  ``LockTimeout`` after
+        ``timeout_s`` (default ``REGISTRY_TIMEOUT_S``): a process stopped or hung while
+        holding the lock keeps it (the kernel releases it only when its holder dies)."""
+        wait_s = REGISTRY_TIMEOUT_S if timeout_s is None else timeout_s
+        what = f"board {self.name!r} registry"
+        deadline = time.monotonic() + wait_s
+        fd, tlock = self._registry_fd()
+        if not tlock.acquire(timeout=max(wait_s, 0.0)):
+            raise LockTimeout(f"{what} stayed locked by another thread for {wait_s:g} s")
+        try:
+            locks.lock(fd, LOCK_REGISTRY, what=what,
+                       timeout_s=max(0.0, deadline - time.monotonic()))
+            try:
+                yield
+            finally:
+                locks.unlock(fd, LOCK_REGISTRY)
+        finally:
+            tlock.release()
+
+    def _registry_fd(self) -> tuple[int, threading.Lock]:
+        """This process's descriptor for the registry lock, and its thread lock.
+
+        An OFD lock belongs to an open file description, which a forked child shares
+        with its parent: taken on the inherited one, parent and child would not exclude
+        each other, and a child killed while holding it would leave it held for as long
+        as the parent lives (the description stays open there).  So the first call in
+        a new process opens a description of its own (of the same segment, not by
+        name) and a new thread lock (the parent's may have been held at the fork by a
+        thread that does not exist here)."""
+        pid = os.getpid()
+        if pid != self._reg[0]:
+            with _fork_guard:
+                if pid != self._reg[0]:
+                    self._thread_lock = threading.Lock()
+                    self._reg = (pid, self._seg.new_fd())
+        return self._reg[1], self._thread_lock
+
+
+    # -- the agent, as readers see it -------------------------------------------------------
+
+    def _agent_ok(self, now: int) -> bool:
+        return agent_fresh(self._q[self._agent_hb_i], now, self.thresholds)
+
+    def agent(self) -> AgentStatus:
+        """The holder of the host agent role: its pid and whether it is running."""
+        q = self._q
+        ahb, aid = q[self._agent_hb_i], q[self._agent_id_i]
+        now = self._now_ns() >> TS_SHIFT
+        st, age = judge_agent(ahb, now, self.thresholds)
+        term = ahb >> INC_SHIFT
+        pid = aid & ((1 << 40) - 1) if aid >> INC_SHIFT == term else 0
+        return AgentStatus(pid, st, None if age is None else age * UNIT_S, term)
+
+    def agent_fresh(self) -> bool:
+        """Whether this host's agent is observing now (its heartbeat is fresh): when it
+        is not, every remote status reads UNKNOWN.  One word and the clock."""
+        return self._agent_ok(self._now_ns() >> TS_SHIFT)
+
+    def network(self) -> NetworkStatus:
+        """The agent's network half (the pinger): listening or not, on which address,
+        degraded and why, as the holder of the agent role recorded it."""
+        from .netstate import decode_network
+        a = self.agent()
+        return decode_network(self._head.copy(), a.term, a.status is Status.ALIVE)
+
+    def agent_held(self) -> bool:
+        """Whether a live process holds the agent role (a syscall: not for hot paths)."""
+        return locks.is_held(self._seg.fd, LOCK_AGENT)
+
+    def stats(self) -> dict[str, int]:
+        """The agent's counters (pings, acks, bad frames by reason, deaths seen)."""
+        vals = self._head["stats"].copy()
+        return {n: int(vals[k]) for k, n in enumerate(STAT_NAMES)}
+
+    def lateness_ms(self) -> float:
+        return int(self._head["agent_lateness_us"]) / 1000.0

@@ -1,0 +1,168 @@
+"""The board's hot local reads: ``slot``, ``status``, ``slots``, ``snapshot``,
+``oldest_beat_age``, and the per-key memo behind ``slot``.
+
+A mixin of ``Board`` (see ``shmhb.boardcore`` for why a mixin): it reads the views that
+``BoardCore`` sets up and adds no instance attribute of its own but those
+``_bind_hot_paths`` binds.  Readers take no lock and make no syscall but the clock: they
+load single aligned 64-bit words and judge them with ``shmhb.judge``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from .boardcore import RETRIES, UNIT_S, BoardCore, SlotInfo
+from .judge import judge_local
+from .layout import INC_SHIFT, TS39_MASK, TS_SHIFT, inc_tag, record_checksum
+from .native import clock_arg
+from .records import stored_endpoints, stored_key
+from .status import SlotStatus, Status
+
+
+class LocalReads(BoardCore):
+    """The local slots, read lock-free (a layer of ``Board``)."""
+
+    def _bind_hot_paths(self, ext: ModuleType | None) -> None:
+        """The one switch between the C and the pure-Python hot paths (``shmhb.native``):
+        with the extension, ``slot``, ``status``, ``changes`` and ``oldest_beat_age`` are its
+        acquire loads and ``remote`` memoises through its ``WordMemo``; without it,
+        the methods below run as written.  Both judge the same words alike."""
+        self._ext = ext
+        if ext is None:
+            return
+        clk = clock_arg(self._now_ns)
+        words = ext.Words(self._seg.mm, self._reg_gen_i, self._agent_gen_i, self._hb0,
+                          self.sizes.nslots, clk)
+        reader = ext.SlotReader(self._seg.mm, self._by_key, self._slot_slow,
+                                self.thresholds.suspect, self.thresholds.dead,
+                                (None, *(Status.from_code(c) for c in range(1, 6))),
+                                SlotStatus, UNIT_S, clk)
+        self.slot = reader.slot  # type: ignore[method-assign]
+        self.status = reader.status  # type: ignore[method-assign]
+        self.changes = words.changes  # type: ignore[method-assign]
+        self.oldest_beat_age = words.oldest_age  # type: ignore[method-assign]
+        self._word_memo = words.memo  # type: ignore[method-assign]
+
+    def slot(self, key: str) -> SlotStatus | None:
+        """The worker registered under ``key`` on this host, judged now; None if absent.
+
+        Hot path: two single-word loads and a clock read.  Judging is a pure function
+        of (heartbeat word, verdict word, now in units), so when all three are what the
+        previous call saw, the previous answer is returned as it is.
+        """
+        c = self._by_key.get(key)
+        if c is not None:
+            q = self._q
+            i = c[0]
+            hb = q[i]
+            v = q[i + 1]
+            now = self._now_ns() >> TS_SHIFT
+            m = c[5]  # (hb, verdict, now, answer), replaced whole: threads may share c
+            if hb == m[0] and v == m[1] and now == m[2]:
+                return m[3]  # type: ignore[no-any-return]
+            if hb >> INC_SHIFT == c[1]:
+                st, age = judge_local(hb, v, now, self.thresholds)
+                r = SlotStatus(key, c[2], c[3], st, age * UNIT_S, c[4])
+                c[5] = (hb, v, now, r)
+                return r
+        return self._slot_slow(key)
+
+    def status(self, key: str) -> Status | None:
+        """Just the status of ``key``: the cheapest read."""
+        s = self.slot(key)
+        return None if s is None else s.status
+
+    def _slot_slow(self, key: str) -> SlotStatus | None:
+        kb = key.encode()
+        recs = self._records
+        for i in np.flatnonzero(recs["key"] == kb):
+            got = self.read_slot(int(i))
+            if got is not None and got[0] == key:
+                _, pid, inc, eps = got
+                wi = self._hb0 + int(i) * 8
+                # [word index, tag, pid, incarnation, endpoints, memo (hb, verdict, now, answer)]
+                self._by_key[key] = [wi, inc_tag(inc), pid, inc, eps, (-1, -1, -1, None)]
+                hb = self._q[wi]
+                if hb >> INC_SHIFT == inc_tag(inc):
+                    st, age = judge_local(hb, self._q[wi + 1], self._now_ns() >> TS_SHIFT,
+                                          self.thresholds)
+                    return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+        self._by_key.pop(key, None)
+        return None
+
+    def read_slot(self, i: int) -> SlotInfo | None:
+        """The validated record of slot ``i`` that matches its heartbeat word, or None if
+        the slot is empty or being rewritten."""
+        for _ in range(RETRIES):
+            tag = self._q[self._hb0 + i * 8] >> INC_SHIFT
+            if tag == 0:
+                return None
+            cached = self._rec_cache.get(i)
+            if cached is not None and cached[0] == tag:
+                return cached[1]
+            rec = self._records[i].copy()  # one pass over the bytes, then validate the copy
+            ck = int(rec["checksum"])
+            if ck and ck == record_checksum(rec) and inc_tag(int(rec["incarnation"])) == tag:
+                key = stored_key(bytes(rec["key"]), "slot", i)
+                if key is None:
+                    return None
+                info = (key, int(rec["pid"]), int(rec["incarnation"]),
+                        stored_endpoints(bytes(rec["endpoints"]), "slot", i))
+                self._rec_cache[i] = (tag, info)
+                return info
+        return None
+
+    def slots(self) -> list[SlotStatus]:
+        """Every registered local slot, judged now."""
+        hbs = self._hb.copy()
+        verdicts = self._verdict.copy()
+        now = self._now_ns() >> TS_SHIFT
+        out = []
+        for i0 in np.flatnonzero(hbs):
+            i = int(i0)
+            info = self.read_slot(i)
+            if info is None:
+                continue
+            key, pid, inc, eps = info
+            hb = int(hbs[i])
+            if hb >> INC_SHIFT != inc_tag(inc):
+                hb = self._q[self._hb0 + i * 8]
+            st, age = judge_local(hb, int(verdicts[i]), now, self.thresholds)
+            out.append(SlotStatus(key, pid, inc, st, age * UNIT_S, eps))
+        return out
+
+    def cached_index(self, key: str) -> int | None:
+        """The slot index of ``key`` as this handle's last ``slot(key)`` found it, or None
+        if it has not looked it up (or found nothing)."""
+        c = self._by_key.get(key)
+        return None if c is None else (c[0] - self._hb0) // 8
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.uint64]:
+        """Vectorised view of every slot: (hb words, verdict words, now) for
+        ``judge.judge_local_array``; the cheap way to scan a large board."""
+        return self._hb.copy(), self._verdict.copy(), np.uint64(self._now_ns() >> TS_SHIFT)
+
+    def oldest_beat_age(self, slots: np.ndarray) -> int | None:
+        """Board time units since the oldest last beat among the local slots ``slots``
+        (an intp array of slot indices; negative if every beat came after the clock
+        read), or None for no slots.  One pass, no Python loop: the LinkReaper's check
+        whether a tracked slot may have gone stale."""
+        if not len(slots):
+            return None
+        ts = self._hb[slots] & np.uint64(TS39_MASK)
+        return (self._now_ns() >> TS_SHIFT) - int(ts.min())
+
+    def _slot_at(self, i: int) -> SlotStatus | None:
+        info = self.read_slot(i)
+        if info is None:
+            return None
+        key, pid, inc, eps = info
+        hb = self._q[self._hb0 + i * 8]
+        if hb >> INC_SHIFT != inc_tag(inc):
+            return None
+        st, age = judge_local(hb, self._q[self._hb0 + i * 8 + 1], self._now_ns() >> TS_SHIFT,
+                              self.thresholds)
+        return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
+

@@ -1,0 +1,172 @@
+"""The board's remote reads: the hosts this host's pinger follows and their workers.
+
+A mixin of ``Board`` (see ``shmhb.boardcore`` for why a mixin).  The pinger writes the
+peer and remote rows (``shmhb.rows``); these reads take no lock: each row is copied,
+its checksum checked, and its status word judged with ``shmhb.judge`` together with the
+agent's freshness, so a stalled or absent agent reads UNKNOWN, never a stale ALIVE.
+``remote`` memoises its answer on the words it judged (``native.WordMemo``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .boardcore import RETRIES, UNIT_S, BoardCore
+from .config import parse_address
+from .judge import combine_remote, judge_row
+from .layout import PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS_SHIFT, peer_checksum, remote_checksum
+from .records import stored_address, stored_endpoints, stored_key
+from .status import PeerStatus, SlotStatus, Status
+
+#: a peer row as read: (address, generation, status, rtt in ms, age in s)
+PeerRow = tuple[str, int, Status, float | None, float | None]
+
+
+class RemoteReads(BoardCore):
+    """The peer and remote rows, read lock-free (a layer of ``Board``)."""
+
+    def _peer_row(self, i: int, now: int, agent_ok: bool) -> PeerRow | None:
+        for _ in range(RETRIES):
+            row = self._peers[i].copy()
+            ck = int(row["checksum"])
+            if ck == 0:
+                return None
+            if ck != peer_checksum(row):
+                continue
+            gen = int(row["gen"])
+            j = judge_row(int(row["status"]), gen, agent_ok, now)
+            if j is None:
+                continue
+            st, age = j
+            rtt = int(row["rtt"])
+            rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
+            last = int(row["status"]) & ((1 << 40) - 1)
+            addr = stored_address(bytes(row["address"]), "peer row", i)
+            if addr is None:
+                return None
+            return (addr, gen, st, rtt_ms, age * UNIT_S if last else None)
+        return None
+
+    def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
+                     host_status: dict[int, tuple[int, Status, float | None]] | None = None,
+                     ) -> list[tuple[int, SlotStatus]]:
+        r = self._remotes.copy()
+        out = []
+        live = np.flatnonzero(r["checksum"] != 0)
+        if peer_filter is not None:
+            live = live[r["peer"][live] == peer_filter]
+        for i in live:
+            row = r[int(i)]
+            if int(row["checksum"]) != remote_checksum(row):
+                continue
+            j = judge_row(int(row["status"]), int(row["gen"]), agent_ok, now)
+            if j is None:
+                continue
+            reported, age = j
+            p = int(row["peer"])
+            hs = (host_status or {}).get(p)
+            if hs is None or hs[0] != int(row["peer_gen"]):
+                continue  # the row belongs to a peer row that has since been reused
+            st = combine_remote(reported, hs[1])
+            key = stored_key(bytes(row["key"]), "remote row", int(i))
+            if key is None:
+                continue
+            eps = stored_endpoints(bytes(row["endpoints"]), "remote row", int(i))
+            out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
+                                      _remote_age(age, hs[2]), eps)))
+        return out
+
+    def peers(self) -> list[PeerStatus]:
+        """Every remote host this host's pinger follows, with its workers."""
+        now = self._now_ns() >> TS_SHIFT
+        ok = self._agent_ok(now)
+        heads = {}
+        for i in np.flatnonzero(self._peers["checksum"] != 0):
+            pr = self._peer_row(int(i), now, ok)
+            if pr is not None:
+                heads[int(i)] = pr
+        hosts = {i: (pr[1], pr[2], pr[4]) for i, pr in heads.items()}
+        slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
+        for p, s in self._remote_rows(now, ok, host_status=hosts):
+            slots[p].append(s)
+        return [PeerStatus(pr[0], pr[2], pr[3], pr[4], sorted(slots[i], key=lambda s: s.key))
+                for i, pr in sorted(heads.items(), key=lambda kv: kv[1][0])]
+
+    def peer(self, address: str) -> PeerStatus | None:
+        """The remote host at ``address`` ("host" or "host:port" of its pinger)."""
+        want = parse_address(address)
+        for p in self.peers():
+            h, pp = parse_address(p.address)  # valid: peers() skips what is not
+            if h == want.host and (want.port is None or pp in (want.port, None)):
+                return p
+        return None
+
+    def remote(self, endpoint: str) -> SlotStatus | None:
+        """The remote worker that advertises ``endpoint``, as this host's pinger last
+        heard from its host; None if no followed host reports it."""
+        now = self._now_ns() >> TS_SHIFT
+        c = self._remote_cache.get(endpoint)
+        if c is not None:
+            # The answer depends on the agent's heartbeat, the row's and its host's status
+            # words (each names the record generation it belongs to) and the clock unit:
+            # while all four read what they read last time, so does the answer.
+            got = c[4].get(now)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        ok = self._agent_ok(now)
+        if c is not None:
+            at = self._remote_at(c[0], c[1], endpoint, now, ok)
+            # A dead or left row stays valid until its slot is reused, but another key
+            # may serve the endpoint now: look again, once per board change (so such an
+            # answer, which depends on changes() too, is never memoised).
+            if at is not None and at[1] == c[2]:
+                if at[0].status not in (Status.DEAD, Status.LEFT):
+                    return c[4].put(now, at[0])  # type: ignore[no-any-return]
+                if c[3] == self.changes():
+                    return at[0]
+        changes = self.changes()
+        r = self._remotes
+        live = np.flatnonzero(r["checksum"] != 0)
+        best: tuple[int, int, int, SlotStatus] | None = None
+        for row in live:
+            i = int(row)
+            gen = int(r[i]["gen"])
+            at = self._remote_at(i, gen, endpoint, now, ok)
+            if at is not None and (best is None or at[0].incarnation > best[3].incarnation):
+                best = (i, gen, at[1], at[0])
+        if best is None:
+            return None
+        ri, gen, p, got = best
+        self._remote_cache[endpoint] = (ri, gen, p, changes, self._word_memo(
+            self._agent_hb_i, (self.sizes.remote_off + ri * REMOTE_ROW_DTYPE.itemsize) // 8,
+            (self.sizes.peer_off + p * PEER_ROW_DTYPE.itemsize) // 8))
+        return got
+
+    def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool
+                   ) -> tuple[SlotStatus, int] | None:
+        row = self._remotes[i].copy()
+        if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
+            return None
+        eps = stored_endpoints(bytes(row["endpoints"]), "remote row", i)
+        if endpoint not in eps:
+            return None
+        j = judge_row(int(row["status"]), gen, ok, now)
+        if j is None:
+            return None
+        p = int(row["peer"])
+        pr = self._peer_row(p, now, ok)
+        if pr is None or pr[1] != int(row["peer_gen"]):
+            return None
+        key = stored_key(bytes(row["key"]), "remote row", i)
+        if key is None:
+            return None
+        return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
+                          combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps), p
+
+
+def _remote_age(row_age: int, host_age_s: float | None) -> float:
+    """A remote worker's age: since the last report that covered it -- the ack or push
+    that wrote its row, or any later ack of its host (an ack whose digest did not change
+    confirms every row of that host without rewriting them)."""
+    age_s = row_age * UNIT_S
+    return age_s if host_age_s is None else min(age_s, host_age_s)
