@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from . import __version__
+from .version import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, PingerConfig, board_name, check_host, positive_seconds
 from .errors import InvalidConfig, ShmhbError

@@ -31,7 +31,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorRole, SupportsHMA,
 )
 
-from .. import Board, Status
+from ..board import Board
+from ..status import Status
 from ..config import format_hostport, parse_hostport
 from ..errors import InvalidConfig, ShmhbError
 from .adapters import adapter_for

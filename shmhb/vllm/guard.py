@@ -16,7 +16,9 @@ from typing import Any
 
 import zmq.asyncio
 
-from .. import Board, DropReason, Link, LinkReaper, Status
+from ..board import Board
+from ..reaper import DropReason, Link, LinkReaper
+from ..status import Status
 from ..errors import ShmhbError
 from .adapters import InnerAdapter
 from .fence import FenceServer, ask_grant, parse_extra
