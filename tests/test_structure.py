@@ -1,0 +1,271 @@
+"""The package's structure, checked from its source: imports only go down (no cycle in
+the import graph), no module is over the length limit, and no module touches another
+object's private attributes.
+
+Each check is a function over a package directory, so the tests below first prove that
+it fails on a tiny package built to break it, then run it on ``shmhb``.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import shmhb
+
+PKG_DIR = Path(shmhb.__file__).parent
+MAX_LINES = 450
+
+#: modules over MAX_LINES that are being split; an entry is ignored once its module
+#: fits, and must then be removed (the tests say so)
+LONG_FOR_NOW: dict[str, str] = {
+    "monitor.py": "live view, JSON and probes: being split by concern",
+    "protocol.py": "frames, digests and their checks: being split by concern",
+}
+
+#: ``module._name`` accesses that are allowed, with the reason.  Only for names of
+#: modules the file imports (a private attribute of an object stays forbidden).
+ALLOWED_MODULE_PRIVATE: dict[tuple[str, str], str] = {
+    ("os", "_exit"): "the documented way to end a forked child without the parent's "
+                     "atexit handlers and buffered output",
+}
+
+#: files allowed to touch other objects' private attributes, with the reason
+ALLOWED_FILES: dict[str, str] = {
+    "vllm/adapters.py": "the one module that reaches into vLLM's inner connectors, whose "
+                        "caches have no public API; it names each such attribute and "
+                        "checks them at startup",
+}
+
+#: attributes with a leading underscore that are public API by convention
+PUBLIC_BY_CONVENTION: dict[str, str] = {
+    "_replace": "NamedTuple API (the underscore only avoids clashing with field names)",
+    "_asdict": "NamedTuple API",
+    "_fields": "NamedTuple API",
+    "_make": "NamedTuple API",
+}
+
+
+# -- the checks --------------------------------------------------------------------------
+
+def _modules(pkg_dir: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the package (a package's
+    ``__init__.py`` is named as the package)."""
+    root = pkg_dir.name
+    out = {}
+    for p in sorted(pkg_dir.rglob("*.py")):
+        parts = [root, *p.relative_to(pkg_dir).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def _bound_names(path: Path) -> set[str]:
+    """The names a module binds at its top level (imports, defs, classes, assignments)."""
+    names: set[str] = set()
+    for n in ast.parse(path.read_text()).body:
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def import_graph(pkg_dir: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, from every ``import`` and ``from``
+    statement anywhere in its file (function-level ones included).  ``from . import x``
+    is an edge to submodule ``x`` if ``x`` is one (a .py file, or something the package's
+    ``__init__`` does not bind, such as a compiled extension), else to the package's
+    ``__init__``, which that statement runs and reads ``x`` from."""
+    mods = _modules(pkg_dir)
+    root = pkg_dir.name
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for me, path in mods.items():
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                for a in n.names:
+                    if a.name == root or a.name.startswith(root + "."):
+                        graph[me].add(a.name)
+            elif isinstance(n, ast.ImportFrom):
+                if n.level:
+                    base = package.split(".")
+                    if n.level > 1:
+                        base = base[: len(base) - n.level + 1]
+                    target = ".".join(base + ([n.module] if n.module else []))
+                else:
+                    target = n.module or ""
+                if target != root and not target.startswith(root + "."):
+                    continue
+                for a in n.names:
+                    sub = f"{target}.{a.name}"
+                    if sub in mods:
+                        graph[me].add(sub)
+                    elif target in mods and mods[target].name == "__init__.py" \
+                            and a.name not in _bound_names(mods[target]):
+                        continue  # a submodule that is not a .py file (an extension)
+                    else:
+                        graph[me].add(target)
+        graph[me].discard(me)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a path ``[a, b, ..., a]``, or None if it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return path[path.index(w):] + [w]
+            if w not in state:
+                got = visit(w)
+                if got:
+                    return got
+        path.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state:
+            got = visit(v)
+            if got:
+                return got
+    return None
+
+
+def long_modules(pkg_dir: Path, limit: int = MAX_LINES) -> dict[str, int]:
+    """File (relative to the package) -> its line count, for files over ``limit`` lines."""
+    out = {}
+    for p in sorted(pkg_dir.rglob("*.py")):
+        n = len(p.read_text().splitlines())
+        if n > limit:
+            out[str(p.relative_to(pkg_dir))] = n
+    return out
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """Names under which a file imports a module (``import os``, ``import numpy as np``,
+    ``from . import locks``)."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ImportFrom) and (n.level and not n.module):
+            names.update(a.asname or a.name for a in n.names)
+    return names
+
+
+def private_accesses(pkg_dir: Path) -> list[str]:
+    """``file:line: expr`` for every ``<x>._name`` where ``<x>`` is not ``self``, ``cls``
+    or ``super()``: a private attribute of another object (dunders are not private;
+    modules the file imports may be read by ALLOWED_MODULE_PRIVATE only)."""
+    out = []
+    for p in sorted(pkg_dir.rglob("*.py")):
+        if str(p.relative_to(pkg_dir)) in ALLOWED_FILES:
+            continue
+        tree = ast.parse(p.read_text())
+        modules = _imported_modules(tree)
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Attribute) or not n.attr.startswith("_"):
+                continue
+            if n.attr.startswith("__") and n.attr.endswith("__"):
+                continue  # dunder
+            if n.attr in PUBLIC_BY_CONVENTION:
+                continue
+            v = n.value
+            if isinstance(v, ast.Name) and v.id in ("self", "cls"):
+                continue
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super":
+                continue
+            if isinstance(v, ast.Name) and v.id in modules and (v.id, n.attr) in ALLOWED_MODULE_PRIVATE:
+                continue
+            out.append(f"{p.relative_to(pkg_dir)}:{n.lineno}: {ast.unparse(n)}")
+    return out
+
+
+# -- the checks can fail -----------------------------------------------------------------
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for name, text in files.items():
+        (pkg / name).write_text(textwrap.dedent(text))
+    return pkg
+
+
+def test_cycle_check_finds_function_level_and_package_cycles(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {
+        "__init__.py": "from .top import Top\nHOOK = 1\n",
+        "top.py": "from .low import f\nclass Top: ...\n",
+        "low.py": "import os\ndef f():\n    from .top import Top  # the late import still counts\n",
+        "leaf.py": "from . import HOOK\n",  # an edge to __init__
+        "clean.py": "from . import low\nfrom .low import f\nimport pkg.low\n",
+    })
+    g = import_graph(pkg)
+    assert g["pkg.clean"] == {"pkg.low"}
+    assert g["pkg.leaf"] == {"pkg"}
+    assert find_cycle(g) == ["pkg.top", "pkg.low", "pkg.top"]
+    # through the package: __init__ -> top -> (late) __init__
+    (pkg / "low.py").write_text("def f():\n    from . import HOOK\n")
+    assert find_cycle(import_graph(pkg)) == ["pkg", "pkg.top", "pkg.low", "pkg"]
+    (pkg / "low.py").write_text("def f():\n    from . import _ext  # a compiled submodule\n")
+    assert find_cycle(import_graph(pkg)) is None
+
+
+def test_length_check_counts_lines(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {"__init__.py": "", "big.py": "x = 1\n" * 451,
+                              "ok.py": "x = 1\n" * 450})
+    assert long_modules(pkg) == {"big.py": 451}
+
+
+def test_private_check_flags_other_objects_only(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {"__init__.py": "", "m.py": """
+        import os
+        from collections import namedtuple
+        class A:
+            def f(self, other):
+                self._mine = 1
+                super()._base()
+                type(self).__name__
+                os._exit(0)
+                namedtuple("P", "x")(1)._replace(x=2)
+                return other._theirs + self.b._deep + os._private_helper
+    """})
+    got = private_accesses(pkg)
+    assert sorted(g.split(": ", 1)[1] for g in got) == ["os._private_helper", "other._theirs",
+                                                        "self.b._deep"], got
+
+
+# -- the package ---------------------------------------------------------------------------
+
+def test_no_import_cycle() -> None:
+    cycle = find_cycle(import_graph(PKG_DIR))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_submodule_imports_the_package_itself() -> None:
+    root = PKG_DIR.name
+    bad = sorted(m for m, deps in import_graph(PKG_DIR).items() if m != root and root in deps)
+    assert not bad, f"import the defining module, not the package: {bad}"
+
+
+def test_no_module_over_the_limit() -> None:
+    over = {f: n for f, n in long_modules(PKG_DIR).items() if f not in LONG_FOR_NOW}
+    assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
+    fits = sorted(f for f in LONG_FOR_NOW if f not in long_modules(PKG_DIR))
+    assert not fits, f"these fit now: remove them from LONG_FOR_NOW: {fits}"
+
+
+def test_no_cross_object_private_access() -> None:
+    got = private_accesses(PKG_DIR)
+    assert not got, "private attributes of other objects (add a public method):\n" + \
+        "\n".join(got)
