@@ -30,6 +30,7 @@ from .netconfig import load_config
 from .netstate import Backoff, NetAuth, NetDown, NetReason, NetState
 from .pinger import NetworkHalf
 from .rows import RowWriter
+from .transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class NetSupervisor:
     time."""
 
     def __init__(self, board: Board, writer: NetWords, clock: Clock, *,
-                 retry_min_s: float = 0.25, retry_max_s: float = 10.0) -> None:
+                 retry_min_s: float = 0.25, retry_max_s: float = 10.0,
+                 transport: TransportFactory = Transport) -> None:
         self.b = board
+        self.transport = transport
         self.w = writer
         self.clock = clock
         self.half: NetworkHalf | None = None
@@ -148,7 +151,8 @@ class NetSupervisor:
     def _start(self, now_ns: int) -> None:
         assert self._cfg is not None
         try:
-            self.half = NetworkHalf(self.b, self.w, self.clock, self._cfg_gen, self._cfg)
+            self.half = NetworkHalf(self.b, self.w, self.clock, self._cfg_gen, self._cfg,
+                                    transport=self.transport)
         except BaseException as e:
             if not isinstance(e, Exception):
                 raise

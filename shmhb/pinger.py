@@ -51,7 +51,7 @@ from .pingplan import PingPlan
 from .rows import RowWriter
 from .status import Status
 from .suspicion import PeerState, Suspicion
-from .transport import Transport
+from .transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class NetworkHalf(Following):
     made by then is closed."""
 
     def __init__(self, board: Board, writer: AgentWords, clock: Clock, cfg_gen: int,
-                 cfg: PingerConfig) -> None:
+                 cfg: PingerConfig, *, transport: TransportFactory = Transport) -> None:
         self.b = board
         self.w = writer
         self.clock = clock
@@ -87,7 +87,7 @@ class NetworkHalf(Following):
         self.host, self.port = parse_hostport(cfg.listen)
         self.rows = RowWriter(board)
         self.identity = Identity(board.boot_id, board.board_inc)
-        self.net = Transport(cfg.curve_keys)
+        self.net = transport(cfg.curve_keys)
         try:
             self.router: zmq.Socket[bytes] | None = self.net.listen(self.host, self.port)
         except BaseException:

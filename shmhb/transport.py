@@ -13,11 +13,15 @@ Failures are raised as :class:`NetDown` (the whole half cannot run: the agent re
 and retries) or :class:`HostSkipped` (one followed host cannot be pinged: no key, an
 address libzmq refuses).  :meth:`Transport.close` never blocks and is safe to call
 after any failure, however far the setup got.
+
+The network half takes a ``TransportFactory`` (this class by default), so tests can
+run it on ``shmhb.faketransport`` instead: the same sockets and options, in-process.
 """
 
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 
 import zmq
 
@@ -48,12 +52,18 @@ def _down(what: str, e: zmq.ZMQError) -> NetDown:
 
 
 class Transport:
-    """Sockets of one run of the network half (a new Transport after every restart)."""
+    """Sockets of one run of the network half (a new Transport after every restart).
 
-    def __init__(self, curve_keys: str | None) -> None:
+    ``ctx``: a context to make the sockets in, which ``close`` leaves open (the fake
+    transport shares one between hosts); by default each Transport has its own."""
+
+    def __init__(self, curve_keys: str | None, *,
+                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
         self.curve_keys = curve_keys
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.ctx.setsockopt(zmq.LINGER, 0)
+        self._own_ctx = ctx is None
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if ctx is None else ctx
+        if ctx is None:
+            self.ctx.setsockopt(zmq.LINGER, 0)
         self.router: zmq.Socket[bytes] | None = None
         self.client: zmq.Socket[bytes] | None = None
         self._auth: object | None = None
@@ -91,10 +101,16 @@ class Transport:
             auth.configure_curve(domain="*", location=self.curve_keys)
         addr = format_hostport(host, port)
         try:
-            r.bind(f"tcp://{addr}")
+            r.bind(self._bind_endpoint(host, port))
         except zmq.ZMQError as e:
             raise _down(f"cannot listen on {addr}", e) from None
         return r
+
+    def _bind_endpoint(self, host: str, port: int) -> str:
+        return f"tcp://{format_hostport(host, port)}"
+
+    def _connect_endpoint(self, me: str | None, host: str, port: int) -> str:
+        return f"tcp://{format_hostport(host, port)}"
 
     def connector(self, me: str | None) -> zmq.Socket[bytes]:
         """The socket our pings leave from (made on first use); ``me``: our listen host,
@@ -121,7 +137,7 @@ class Transport:
                 c.curve_serverkey = curve_public_key(self.curve_keys, host)
             except InvalidConfig as e:
                 raise HostSkipped(NetReason.HOST_KEY, str(e)) from None
-        endpoint = f"tcp://{format_hostport(host, port)}"
+        endpoint = self._connect_endpoint(me, host, port)
         try:
             c.setsockopt(zmq.CONNECT_ROUTING_ID, rid)
             c.connect(endpoint)
@@ -152,4 +168,10 @@ class Transport:
         auth = self._auth
         if auth is not None:
             auth.stop()  # type: ignore[attr-defined]
-        self.ctx.destroy(linger=0)
+        if self._own_ctx:
+            self.ctx.destroy(linger=0)
+
+
+#: What the network half builds its sockets with: ``Transport`` itself, or a test's
+#: in-process stand-in (``shmhb.faketransport.FakeNetwork.transport``).
+TransportFactory = Callable[[str | None], Transport]
