@@ -18,42 +18,26 @@ import logging
 import os
 import threading
 import time
-from typing import Protocol
-
-import zmq
 
 from . import locks
+from .agentloop import AgentLoop, Component
 from .agentwriter import AgentWriter
 from .board import Board
-from .heartbeat import Heartbeat
 from .clock import MONOTONIC, Clock
 from .config import AgentConfig
-from .localwatch import LocalWatch
+from .heartbeat import Heartbeat
 from .layout import LOCK_AGENT
+from .localwatch import LocalWatch
 from .netstate import NetAuth, NetReason, NetState
 from .netsup import NetSupervisor
 from .procinfo import thread_switches
 from .rows import RowWriter
+from .transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Agent", "AgentWriter", "Component", "LocalWatch", "embedded_join", "embedded_leave",
-           "embedded_register"]
-
-
-class Component(Protocol):
-    """A part of the agent's loop: sockets or fds to poll, and a periodic tick.
-    ``pollables_gen`` moves whenever ``pollables()`` would return another set."""
-
-    @property
-    def pollables_gen(self) -> int: ...
-
-    def pollables(self) -> list[zmq.Socket | int]: ...
-    def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None: ...
-    def tick(self, now_ns: int, late_ns: int) -> None: ...
-    def flush(self, now_ns: int) -> None:
-        """Act at once on what the last readiness events changed."""
-    def close(self) -> None: ...
+__all__ = ["Agent", "AgentLoop", "AgentWriter", "Component", "LocalWatch", "embedded_join",
+           "embedded_leave", "embedded_register"]
 
 
 class _Deposed(Exception):
@@ -72,14 +56,20 @@ class Agent:
     election poll.  The stuck loop, when it comes back, sees ``deposed`` before it
     writes anything more and leaves without touching the words the new holder owns.
     ``shmhb pinger`` exits non-zero on ``deposed`` (its supervisor restarts it).
+
+    ``clock`` and ``transport`` (what builds the network half's sockets) are for tests:
+    ``elect()`` and the ``AgentLoop`` it returns let a test run the role step by step on
+    a ``FakeClock`` and ``shmhb.faketransport``.
     """
 
     def __init__(self, board_name: str, *, config: AgentConfig | None = None,
-                 network: bool = True, clock: Clock = MONOTONIC) -> None:
+                 network: bool = True, clock: Clock = MONOTONIC,
+                 transport: TransportFactory = Transport) -> None:
         self.board_name = board_name
         self.config = config or AgentConfig()
         self.network = network
         self.clock = clock
+        self.transport = transport
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fd = -1
@@ -107,11 +97,11 @@ class Agent:
 
     def run(self) -> None:
         board = Board.attach(self.board_name, clock=self.clock)
-        self._fd = board.new_fd()
         try:
             while not self._stop.is_set():
-                if locks.try_lock(self._fd, LOCK_AGENT):
-                    self._hold(board)
+                loop = self.elect(board)
+                if loop is not None:
+                    self._hold(board, loop)
                     break
                 self._stop.wait(self.config.election_poll_s)
         except _Deposed:
@@ -125,6 +115,21 @@ class Agent:
             self._release()
             self.holding.clear()
             board.close()
+
+    def elect(self, board: Board) -> AgentLoop | None:
+        """One election step: take the role if it is free, and return the loop that holds
+        it (not started: call its ``step``); None while another process holds it."""
+        with self._fd_lock:
+            if self._fd < 0:
+                self._fd = board.new_fd()
+            fd = self._fd
+        if not locks.try_lock(fd, LOCK_AGENT):
+            return None
+        try:
+            return self._take(board)
+        except BaseException:
+            self._release()
+            raise
 
     def _release(self) -> None:
         with self._fd_lock:
@@ -173,7 +178,9 @@ class Agent:
         if self.deposed.is_set():
             raise _Deposed()
 
-    def _hold(self, board: Board) -> None:
+    def _take(self, board: Board) -> AgentLoop:
+        """Set the role up, now that we hold its lock: a new term, our words, the
+        components, and the loop over them."""
         # The term counter has one writer at a time without the registry lock: only the
         # holder of the role writes it, and the role lock we hold excludes every other.
         # Taking the registry lock here made a takeover wait for as long as some process
@@ -181,107 +188,53 @@ class Agent:
         # killed the new agent with LockTimeout.
         term = int(board.header["agent_term"]) + 1
         board.header["agent_term"] = term
-        now = self.clock.monotonic_ns
         w = AgentWriter(board, term)
         # Before our heartbeat makes readers trust the peer rows again: the previous
         # holder's verdicts on remote hosts are not ours (invariant 5).
         RowWriter(board).forget_peer_verdicts()
         local = LocalWatch(board, w)
-        comps: list[Component] = [local]
         net: NetSupervisor | None = None
         if self.network:
             net = NetSupervisor(board, w, self.clock, retry_min_s=self.config.net_retry_min_s,
-                                retry_max_s=self.config.net_retry_max_s)
-            comps.append(net)
+                                retry_max_s=self.config.net_retry_max_s,
+                                transport=self.transport)
         else:
             w.network(NetState.OFF, NetAuth.NONE, False, NetReason.NONE, 0, 0, 0, "", "")
-        w.alive(now())
+        w.alive(self.clock.monotonic_ns())
         log.info("board %s: this process (pid %d) holds the agent role, term %d",
                  board.name, os.getpid(), term)
         self.holding.set()
         self._progress_ns = time.monotonic_ns()
+        return AgentLoop(w, local, self.clock, int(self.config.tick_s * 1e9), net=net,
+                         check=self._check)
+
+    def resign(self, loop: AgentLoop, *, deposed: bool = False) -> None:
+        """Leave the role: close the loop's components, say so in our heartbeat (unless
+        the watchdog gave the role up: then those words are the next holder's), and
+        release the lock."""
+        try:
+            loop.close()
+            if not deposed:
+                loop.w.left(self.clock.monotonic_ns())
+            log.info("board %s: agent role released (pid %d)", self.board_name, os.getpid())
+        finally:
+            self._release()
+            self.holding.clear()
+
+    def _hold(self, board: Board, loop: AgentLoop) -> None:
         done = threading.Event()
         threading.Thread(target=self._watchdog, args=(done, threading.get_native_id()),
                          daemon=True, name=f"shmhb-watchdog-{board.name}").start()
-        tick_ns = int(self.config.tick_s * 1e9)
-        poller = zmq.Poller()
-        registered: dict[object, Component] = {}
         deposed = False
         try:
-            next_tick = now()
-            worst_late = 0
-            window_end = next_tick + 1_000_000_000
-            seen_gen = -1
             while not self._stop.is_set():
-                self._check()
-                gen = sum(c.pollables_gen for c in comps)
-                if gen != seen_gen:  # the set of fds and sockets changed: sync the poller
-                    seen_gen = gen
-                    want = {p: c for c in comps for p in c.pollables()}
-                    for p in list(registered):
-                        if p not in want:
-                            poller.unregister(p)
-                            del registered[p]
-                    for p, c in want.items():
-                        if p not in registered:
-                            poller.register(p, zmq.POLLIN)
-                            registered[p] = c
-                t = now()
-                # whole milliseconds, rounded up: pyzmq truncates, and a timeout that
-                # falls short of the tick makes the loop spin until it comes
-                timeout_ms = max(0, -(-(next_tick - t) // 1_000_000))
-                try:
-                    events = poller.poll(timeout_ms)
-                except zmq.ZMQError as e:
-                    # Only the network half's sockets can make a poll fail: contain it
-                    # there; the local watch goes on with the next iteration.
-                    if net is None:
-                        raise
-                    net.failed(e)
-                    seen_gen = -1
-                    continue
-                self._check()
-                # Deaths first: a pidfd's notice is handled before any network frame,
-                # and the network half's work per wake-up is bounded by time.
-                local_events = False
-                for what, _ev in events:
-                    if registered.get(what) is local:
-                        local.on_ready(what, now())
-                        local_events = True
-                for what, _ev in events:
-                    owner = registered.get(what)
-                    if owner is not None and owner is not local:
-                        owner.on_ready(what, now())
-                if local_events:
-                    # Deaths seen now are pushed now, all of this poll's in one batch.
-                    t = now()
-                    for c in comps:
-                        c.flush(t)
-                t = now()
-                if t < next_tick:
-                    continue
-                late = t - next_tick
-                worst_late = max(worst_late, late)
-                if late > 4 * tick_ns:
-                    w.count("loop_late")
-                self._check()
-                w.alive(t)
-                for c in comps:
-                    c.tick(t, late)
-                next_tick = next_tick + tick_ns if late < tick_ns else t + tick_ns
-                if t >= window_end:
-                    w.lateness(worst_late // 1000)
-                    worst_late, window_end = 0, t + 1_000_000_000
+                loop.step()
         except _Deposed:
             deposed = True
             raise
         finally:
             done.set()
-            for c in comps:
-                c.close()
-            if not deposed:  # after a watchdog release these words are the next holder's
-                w.left(now())
-            log.info("board %s: agent role released (pid %d)", board.name, os.getpid())
+            self.resign(loop, deposed=deposed)
 
     def after_fork_in_child(self) -> None:
         self._thread = None
