@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+import zmq
 
 import shmhb
 from shmhb import Status
@@ -380,3 +381,52 @@ def test_curve_refused_on_the_fake_transport(world: World, tmp_path: object) -> 
     assert net.state == "degraded" and not net.listening and net.reason == "curve", net
     assert a.board.agent().status is Status.ALIVE
     assert not world.net.sent()
+
+
+class _Recorder:
+    """A component over one pipe whose read end is readable: it records each call."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+        self.r, self.w = os.pipe()
+        os.write(self.w, b"x")
+        self.pollables_gen = 0
+
+    def pollables(self) -> list[zmq.Socket | int]:
+        return [self.r]
+
+    def on_ready(self, what: zmq.Socket | int, now_ns: int) -> None:
+        assert what == self.r
+        self.log.append(f"{self.name}.ready")
+
+    def tick(self, now_ns: int, late_ns: int) -> None:
+        self.log.append(f"{self.name}.tick")
+
+    def flush(self, now_ns: int) -> None:
+        self.log.append(f"{self.name}.flush")
+
+    def failed(self, e: BaseException) -> None:
+        self.log.append(f"{self.name}.failed")
+
+    def close(self) -> None:
+        self.log.append(f"{self.name}.close")
+        os.close(self.r)
+        os.close(self.w)
+
+
+def test_loop_order_deaths_first_then_flush_then_tick(world: World) -> None:
+    """With a local notice and a network frame ready in the same poll: the local watch
+    first, then the network half, then a flush of both, then the tick."""
+    h = world.host("127.0.0.2", network=False)
+    log: list[str] = []
+    net, local = _Recorder("net", log), _Recorder("local", log)  # net's fd made first
+    loop = AgentLoop(h.loop.w, local, world.clock, int(TICK_S * 1e9), net=net)
+    assert loop.step(0)
+    assert log == ["local.ready", "net.ready", "local.flush", "net.flush", "local.tick",
+                   "net.tick"]
+    del log[:]
+    os.read(local.r, 1)
+    assert not loop.step(0)  # only the network's fd is ready: no flush, no tick
+    assert log == ["net.ready"]
+    loop.close()
+    assert log[-2:] == ["local.close", "net.close"]
