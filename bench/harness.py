@@ -139,8 +139,12 @@ def start_pinger(stack: contextlib.ExitStack, board: str, listen: str, interval_
     else:
         err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - read back if the pinger fails
     stack.callback(err.close)
+    # SHMHB_BENCH_PROFILE=DIR runs each pinger's agent thread under cProfile, one file
+    # per board in DIR (bench.profpinger); call counts do not depend on machine load.
+    prof = os.environ.get("SHMHB_BENCH_PROFILE")
+    cmd = ["-m", "bench.profpinger", os.path.join(prof, f"{board}.prof")] if prof else ["-m", "shmhb"]
     p = subprocess.Popen(
-        [sys.executable, "-m", "shmhb", "pinger", "--board", board, "--listen", listen,
+        [sys.executable, *cmd, "pinger", "--board", board, "--listen", listen,
          "--interval-s", str(interval_s), "--tick-s", str(tick_s)],
         env=env or child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     stack.callback(stop_process, p)
