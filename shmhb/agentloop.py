@@ -9,6 +9,7 @@ passes only when the test says so.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -111,7 +112,15 @@ class AgentLoop:
         if timeout_ms is None:
             timeout_ms = self.timeout_ms()
         try:
-            events = self._poller.poll(timeout_ms)
+            if self._registered:
+                events = self._poller.poll(timeout_ms)
+            else:
+                # pyzmq returns at once from a poll of nothing (no worker watched
+                # through a pidfd, no host followed): without this wait the agent's
+                # loop spun a whole core until the next tick
+                # (at most a tick: a clock of another kind may be driving it)
+                time.sleep(min(timeout_ms, -(-self.tick_ns // 1_000_000)) / 1000)
+                events = []
         except zmq.ZMQError as e:
             # Only the network half's sockets can make a poll fail: contain it there;
             # the local watch goes on with the next step.

@@ -734,3 +734,23 @@ def test_partition_through_network_namespaces(cluster: Cluster, netns: NetNs) ->
     wait_peer(b, a, Status.ALIVE, timeout_s=15)
     r1 = wait_remote(a, b.endpoint(1), Status.ALIVE, timeout_s=5)
     assert r1.incarnation == r0.incarnation
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_pinger_with_nothing_to_watch_waits_instead_of_spinning(cluster: Cluster) -> None:
+    """No local worker (no pidfd) and no followed host (no client socket): the agent
+    polls nothing, and pyzmq returns at once from a poll of nothing.  The loop must
+    still wait for its tick (it spun a whole core).  Idle, it costs ~1 % of a core; a
+    spinning loop takes all the CPU it is given, so 25 % has a wide margin both ways."""
+    h = cluster.host()
+    assert h.pinger is not None
+    pid = h.pinger.pid
+    c0, t0 = _cpu_s(pid), time.monotonic()
+    wait_until(lambda: time.monotonic() - t0 >= 2.0, timeout_s=5.0, poll_s=0.1, what="2 s")
+    c1, t1 = _cpu_s(pid), time.monotonic()
+    assert (c1 - c0) / (t1 - t0) < 0.25, f"idle pinger used {100 * (c1 - c0) / (t1 - t0):.0f} % of a core"
