@@ -52,9 +52,15 @@ def speaks_for_another(t: Target, identity: Identity, address: str,
                        targets: Iterable[Target]) -> bool:
     """Whether a frame on ``t``'s connection speaks for another host: a board identity
     another followed host uses, or an address other than ``t``'s."""
-    for o in targets:
-        if o is not t and o.identity == identity:
-            return True
+    # O(1) per ack in the common case: an ack repeating the identity ``t`` already
+    # holds cannot be another host's.  A target's identity is set only from an ack that
+    # passed this check (pinger._on_ack), so no two followed hosts ever hold the same
+    # one: if ``identity == t.identity`` no other target holds it.  Only a new identity
+    # (first ack, a reboot) costs the scan of every followed host.
+    if identity != t.identity:
+        for o in targets:
+            if o is not t and o.identity == identity:
+                return True
     if address == t.address or address in _WILDCARDS:
         return False
     h = host_of(address)
