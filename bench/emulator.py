@@ -35,6 +35,7 @@ import time
 
 import zmq
 
+from shmhb.exchange import wants_full_digest
 from shmhb.protocol import (
     Ack,
     DigestEntry,
@@ -45,7 +46,6 @@ from shmhb.protocol import (
     encode_ack_raw,
     encode_entries,
     encode_ping,
-    wants_full_digest,
 )
 
 

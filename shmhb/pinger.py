@@ -38,9 +38,9 @@ from .config import PingerConfig, parse_hostport
 from .errors import InvalidConfig
 from .netconfig import configure_from_args, load_config, read_secret, store_config  # re-exported
 from .netstate import AgentWords, NetDown, NetReason
+from .exchange import OutstandingPings, ReplayGuard
 from .protocol import (
-    MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, OutstandingPings, Ping, Push,
-    ReplayGuard, decode, encode_ping,
+    MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
 # _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder

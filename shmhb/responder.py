@@ -3,7 +3,7 @@ pushes of local deaths, leaves and restarts to them.
 
 It owns the listening ROUTER's traffic: each ping is decoded, (with a secret) checked
 for replay, and answered on the connection it came in on with the local digest, whole
-or "unchanged" (``protocol.wants_full_digest``).  Watchers are remembered by routing id
+or "unchanged" (``exchange.wants_full_digest``).  Watchers are remembered by routing id
 for pushes (at most ``4 * npeers`` of them, dropped after three peer-dead periods of
 silence).  The work per wake-up is bounded by time (``DRAIN_BUDGET_NS``).
 """
@@ -19,9 +19,10 @@ import zmq
 from .board import Board
 from .clock import Clock
 from .digest import LocalDigest
+from .exchange import ReplayGuard, wants_full_digest
 from .protocol import (
-    MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, ReplayGuard, decode,
-    encode_ack_raw, encode_push, wants_full_digest,
+    MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
+    encode_push,
 )
 from .suspicion import Suspicion
 

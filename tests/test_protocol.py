@@ -10,11 +10,12 @@ import time
 import pytest
 
 from shmhb.errors import InvalidConfig, ProtocolError
+from shmhb.exchange import OutstandingPings, ReplayGuard, wants_full_digest
 from shmhb.protocol import (
     MAX_ACK_ENTRIES, MAX_ADDRESS_BYTES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_FRAME_BYTES,
     MAX_KEY_BYTES, MAX_PUSH_ENTRIES, REASONS, TAG_BYTES, U32_MAX, Ack, DigestEntry, Frame,
-    FrameRejected, Identity, OutstandingPings, Ping, Push, ReplayGuard, decode, encode_ack,
-    encode_ack_raw, encode_entries, encode_ping, encode_push, wants_full_digest,
+    FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_ack_raw, encode_entries,
+    encode_ping, encode_push,
 )
 
 SECRET = b"0123456789abcdef-shared-secret!!"
