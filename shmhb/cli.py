@@ -132,7 +132,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from .gc import list_boards, remove
-    from .monitor import Columns
+    from .screen import Columns
 
     boards = list_boards(args.names or None)
     if not boards:

@@ -1,6 +1,8 @@
 """Layout for the live view: fitting rows and panels into a terminal of any size.
 
-Pure functions of rich ``Text`` lines and sizes; nothing here reads the board.  The rules
+Pure functions of rich ``Text`` lines and sizes, and ``Columns``, the light table that
+the monitor's views and ``shmhb gc``'s listing are laid out in; nothing here reads the
+board.  The rules
 (``shmhb monitor`` on a small terminal):
 
 - nothing is cut silently: a line too wide ends in an ellipsis, rows that do not fit are
@@ -21,6 +23,10 @@ from rich.text import Text
 
 from .status import Status
 
+
+# Separators carry no_wrap: Text.join copies the separator's settings, and a wrapping
+# Text costs a word-split of every line on every frame.
+NEWLINE = Text("\n", no_wrap=True, overflow="ellipsis")
 
 STATUS_STYLE: dict[Status, str] = {
     Status.ALIVE: "bold green",
@@ -175,3 +181,65 @@ class Lines:
         for ln in self.lines:
             yield from ln.render(console)
             yield nl
+
+
+class Columns:
+    """A light table: fixed columns laid out into one ``Text`` per line.
+
+    rich's ``Table`` measures and wraps every cell on every render (tens of ms for a
+    full screen); the monitor redraws several times a second, so its tables are plain
+    padded text with styled spans, a few times cheaper and looking alike.  Given a
+    width, the columns named in ``droppable`` go (in that order) until the table fits,
+    and the title names them: nothing disappears without a word.
+    """
+
+    def __init__(self, title: str | None, columns: Sequence[tuple[str, str]],
+                 droppable: Sequence[str] = ()) -> None:
+        self.title = title
+        self.heads = [h for h, _ in columns]
+        self.right = [j == "right" for _, j in columns]
+        self.droppable = [self.heads.index(h) for h in droppable if h in self.heads]
+        self.rows: list[list[Text]] = []
+
+    def add_row(self, *cells: str | Text) -> None:
+        self.rows.append([c if isinstance(c, Text) else Text(c) for c in cells])
+
+    def lines(self, width: int | None = None, rule: bool = True) -> list[Text]:
+        """Title, header, rule and rows, one ``Text`` per line; within ``width`` cells
+        if given (columns dropped as above; a last column still too wide is cut with
+        an ellipsis by whoever fits the line to the screen)."""
+        widths = [len(h) for h in self.heads]
+        for r in self.rows:
+            for k, c in enumerate(r):
+                widths[k] = max(widths[k], c.cell_len)
+        keep = list(range(len(widths)))
+        if width is not None:
+            keep = columns_that_fit(widths, 3, width, self.droppable)
+        title = self.title
+        hidden = [self.heads[k] for k in range(len(widths)) if k not in keep]
+        if hidden:
+            title = f"{title or ''}  ({', '.join(hidden)} hidden: too narrow)".strip()
+        out = [Text(title, style="bold")] if title else []
+        last = keep[-1]
+        head = []
+        for k in keep:
+            h = self.heads[k]
+            head.append(h.rjust(widths[k]) if self.right[k] else (h if k == last else h.ljust(widths[k])))
+        out.append(Text("   ".join(head), style="bold"))
+        if rule:
+            out.append(Text("\u2500" * (sum(widths[k] for k in keep) + 3 * (len(keep) - 1)), style="dim"))
+        for r in self.rows:
+            line = Text()
+            for k in keep:
+                c = r[k]
+                pad = " " * (widths[k] - c.cell_len)
+                if self.right[k]:
+                    line.append(pad)
+                line.append_text(c)
+                if k != last:
+                    line.append(("" if self.right[k] else pad) + "   ")
+            out.append(line)
+        return out
+
+    def render(self) -> Text:
+        return NEWLINE.join(self.lines())
