@@ -47,8 +47,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from shmhb.loopback import child_env, free_port
+
 from . import stats
-from .harness import child_env, free_port, stop_process
+from .harness import stop_process
 
 SGLANG_INTERVAL_S = 5.0
 SGLANG_MAX_FAILURES = 2

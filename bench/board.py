@@ -46,6 +46,7 @@ import posix_ipc
 import shmhb
 from shmhb.judge import judge_local_array
 from shmhb.layout import TS_SHIFT
+from shmhb.loopback import child_env
 from shmhb.status import Status
 
 from . import stats
@@ -234,12 +235,6 @@ def bench_scan(stack: contextlib.ExitStack, samples: int, slots: int = 1024) -> 
 
 
 # -- 4: SIGKILL to DEAD -------------------------------------------------------------------
-
-def child_env(**extra: str) -> dict[str, str]:
-    """Our environment with this checkout first on the import path, for subprocesses."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return dict(os.environ, PYTHONPATH=path, **extra)
-
 
 class Victims:
     """Victim workers forked on request by ``bench.worker``; each key is reused, so its

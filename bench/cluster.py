@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import shmhb
 from shmhb.pingplan import DEFAULT_BUDGET_PPS, host_interval_ns
-from shmhb.loopback import loopback_addrs
+from shmhb.loopback import child_env, free_port, loopback_addrs
 from shmhb.status import Status
 
 from . import push as push_bench
@@ -62,9 +62,7 @@ from .harness import (
     HostServer,
     attach_when_ready,
     board_name,
-    child_env,
     cpu_delta,
-    free_port,
     kill_and_time,
     sample_cpu,
     start_pinger,

@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import shmhb
+from shmhb.loopback import child_env
 from shmhb.status import Status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,35 +30,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 RUN_TAG = f"{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """Our environment with this checkout first on the import path, for subprocesses."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return dict(os.environ, PYTHONPATH=path, **extra)
-
-
 def board_name(tag: str) -> str:
     return f"shmhb-bench-{RUN_TAG}-{tag}"
-
-
-def free_port(addrs: Sequence[str], span: int = 1, rng: random.Random | None = None) -> int:
-    """A port P such that P..P+span-1 can be bound (TCP) on every address."""
-    rng = rng or random.Random()
-    for _ in range(200):
-        p = rng.randrange(20000, 60000 - span)
-        socks: list[socket.socket] = []
-        try:
-            for a in addrs:
-                for q in range(p, p + span):
-                    s = socket.socket()
-                    socks.append(s)
-                    s.bind((a, q))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range found on the loopback addresses")
 
 
 # -- CPU -----------------------------------------------------------------------------------

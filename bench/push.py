@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import zmq
 
 from shmhb.protocol import PUSH
-from shmhb.loopback import loopback_addrs
+from shmhb.loopback import free_port, loopback_addrs
 
 from . import stats
 from .harness import (
@@ -49,7 +49,6 @@ from .harness import (
     Victim,
     attach_when_ready,
     board_name,
-    free_port,
     kill_and_time,
     start_pinger,
     wait_quiet,

@@ -24,9 +24,7 @@ import argparse
 import contextlib
 import importlib
 import os
-import random
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -36,7 +34,7 @@ from typing import Any
 
 import shmhb
 from shmhb import LinkReaper, Status
-from shmhb.loopback import loopback_addrs
+from shmhb.loopback import child_env, free_port, loopback_addrs
 
 from . import stats
 from .stats import Summary, Variant
@@ -64,25 +62,6 @@ class Row:
                 "" if self.target is None else f"<= {self.target:g} µs", met]
 
 
-def free_port() -> int:
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(20000, 32000)
-        socks: list[socket.socket] = []
-        try:
-            for ip in IPS:
-                s = socket.socket()
-                socks.append(s)
-                s.bind((ip, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no free port on {IPS[0]}/{IPS[1]}")
-
-
 def wait(pred: Any, timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -99,8 +78,8 @@ class Hosts:
 
     def __init__(self, stack: contextlib.ExitStack) -> None:
         tag = f"shmhb-bench-{os.getpid()}-{secrets.token_hex(3)}"
-        port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        port = free_port(IPS)
+        env = child_env()
         self.boards: dict[str, shmhb.Board] = {}
         for host, ip in (("watcher", IPS[0]), ("remote", IPS[1])):
             b = shmhb.Board.create(f"{tag}-{host}", slots=256, policy=LONG)

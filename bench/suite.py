@@ -45,7 +45,7 @@ import shmhb
 from shmhb.config import Capacity, Policy
 from shmhb.layout import Sizes
 from shmhb.pingplan import DEFAULT_BUDGET_PPS
-from shmhb.loopback import loopback_addrs, set_base
+from shmhb.loopback import child_env, free_port, loopback_addrs, set_base
 from shmhb.status import Status
 
 from . import anchors
@@ -57,8 +57,6 @@ from .harness import (
     HostServer,
     attach_when_ready,
     board_name,
-    child_env,
-    free_port,
     start_pinger,
     stop_process,
 )

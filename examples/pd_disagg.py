@@ -29,10 +29,8 @@ import ctypes
 import json
 import os
 import queue
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,7 +46,7 @@ except ImportError:
     sys.exit("shmhb is not importable: `pip install .` first, or run "
              "`PYTHONPATH=. python examples/pd_disagg.py` from the repository root")
 
-from shmhb.loopback import loopback_addrs, set_base  # noqa: E402
+from shmhb.loopback import free_port, loopback_addrs, set_base  # noqa: E402
 
 # host addresses: $SHMHB_LOOPBACK_BASE (default 127.0.0.2) and the next; the rank
 # processes inherit the variable, so every process agrees.
@@ -244,28 +242,7 @@ def prefill_rank(a: argparse.Namespace) -> int:
         board.close()
     return 0
 
-
 # -- the orchestrator ------------------------------------------------------------------------------
-
-def _free_ports(n: int) -> int:
-    """A base port such that base..base+n are free on both loopback hosts right now."""
-    rng = random.Random()
-    for _ in range(100):
-        base = rng.randrange(20000, 32000 - n)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n + 1):
-                for ip in (PREFILL_IP, DECODE_IP):
-                    s = socket.socket()
-                    socks.append(s)
-                    s.bind((ip, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no free ports on {PREFILL_IP}/{DECODE_IP}")
 
 
 class Orchestrator:
@@ -384,7 +361,7 @@ class Orchestrator:
         print(f"shmhb P/D disaggregation example{' (quick)' if self.quick else ''}: "
               f"{self.n_prefill} prefill ranks on {PREFILL_IP}, {self.n_decode} decode ranks "
               f"on {DECODE_IP}")
-        self.port = _free_ports(self.n_decode + 1)
+        self.port = free_port([PREFILL_IP, DECODE_IP], span=self.n_decode + 2)
         for role, ip in (("prefill", PREFILL_IP), ("decode", DECODE_IP)):
             shmhb.Board.create(self.boards[role]).close()
             p = self.spawn(["-m", "shmhb", "pinger", "--board", self.boards[role], "--listen",

@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from collections.abc import Callable
 
 from .board import Board
 from .config import Policy
-from .loopback import loopback_addrs
+from .loopback import free_port, loopback_addrs
 from .status import SlotStatus, Status
 from .stopsignal import stop_on_signals
 
@@ -59,22 +58,6 @@ def worker_main(argv: list[str]) -> int:
     hb.close()
     board.close()
     return 0
-
-
-def _free_port(*hosts: str) -> int:
-    """A TCP port free on every one of ``hosts``."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        try:
-            for h in hosts[1:]:
-                with socket.socket() as s:
-                    s.bind((h, port))
-            return int(port)
-        except OSError:
-            continue
-    raise OSError("no free port found on the demo's loopback addresses")
 
 
 class Host:
@@ -130,7 +113,7 @@ class Demo:
         pol = Policy(suspect_after_s=0.5 if quick else 1.0, dead_after_s=1.5 if quick else 3.0,
                      peer_suspect_after_s=1.0, peer_dead_after_s=3.0)
         ip_a, ip_b = loopback_addrs(2, base_addr)
-        port = _free_port(ip_a, ip_b)
+        port = free_port([ip_a, ip_b])
         self.hosts: list[Host] = []
         self.a = self._host("A", ip_a, port, pol)
         self.b = self._host("B", ip_b, port, pol)

@@ -18,6 +18,7 @@ import posix_ipc
 import pytest
 
 import shmhb
+from shmhb.loopback import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -107,10 +108,7 @@ class Procs:
 
     def spawn(self, args: list[str], *, ready: bool = True, env: dict[str, str] | None = None
               ) -> subprocess.Popen[str]:
-        e = dict(os.environ)
-        e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-        if env:
-            e.update(env)
+        e = child_env(**(env or {}))
         p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=e)
         self.procs.append(p)
         if ready:

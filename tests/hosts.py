@@ -32,11 +32,12 @@ import zmq
 
 import shmhb
 from shmhb import Status
+from shmhb.loopback import child_env, free_port
 from shmhb.protocol import (
     Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_push,
 )
 
-from .conftest import ROOT, Procs, unlink_quietly, wait_until
+from .conftest import Procs, unlink_quietly, wait_until
 
 #: Local slots and remote hosts both judged on short timeouts, so tests stay quick.
 FAST = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5,
@@ -44,7 +45,6 @@ FAST = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5,
 INTERVAL_S = 0.2
 MAX_HOSTS = 8  # 127.0.0.2 .. 127.0.0.9 are checked free when the port is chosen
 
-_PORT_LO, _PORT_HI = 20000, 32000  # below Linux's ephemeral range (32768-60999)
 
 
 def rss_kb(pid: int) -> int:
@@ -66,26 +66,6 @@ def listening(pid: int, ip: str, port: int) -> bool:
                        for parts in (line.split() for line in f))
     except OSError:
         return False
-
-
-def free_port(addresses: list[str], tries: int = 50) -> int:
-    """A port that can be bound on every address right now (random, retried)."""
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(tries):
-        port = rng.randrange(_PORT_LO, _PORT_HI)
-        socks = []
-        try:
-            for a in addresses:
-                s = socket.socket()
-                socks.append(s)
-                s.bind((a, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError(f"no free port found in {tries} tries")
 
 
 class Host:
@@ -232,8 +212,7 @@ class Cluster:
         return f"127.0.0.{1 + MAX_HOSTS}"
 
     def spawn(self, cmd: list[str], label: str, **kw: Any) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        env = child_env()
         log = open(os.path.join(self.tmp, label + ".log"), "wb")
         try:
             p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, **kw)
@@ -244,8 +223,7 @@ class Cluster:
 
     def spawn_text(self, cmd: list[str]) -> subprocess.Popen[str]:
         """A helper process with pipes for stdin and stdout, killed at teardown."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        env = child_env()
         p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.procs.procs.append(p)  # reaped by Procs.cleanup
         return p
@@ -553,6 +531,6 @@ class NetNs:
 __all__ = [
     "FAST", "FORKED_WORKERS", "INTERVAL_S", "Cluster", "FakePeer", "FrameRejected", "GatedWorker",
     "Host",
-    "NetNs", "cluster_fixture", "entry", "fake_peers_fixture", "free_port", "listening", "netns_unavailable",
+    "NetNs", "cluster_fixture", "entry", "fake_peers_fixture", "listening", "netns_unavailable",
     "rss_kb", "write_secret",
 ]

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shmhb.loopback import child_env
+
 from .conftest import ROOT
 
 
@@ -20,7 +22,7 @@ def test_bench_smoke_run_completes_and_writes_every_table(tmp_path: Path) -> Non
     plots = tmp_path / "plots"
     p = subprocess.Popen([sys.executable, "-m", "bench", "--smoke", "--out", str(out), "--plots", str(plots)],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=child_env())
     try:
         stdout, stderr = p.communicate(timeout=240)
     finally:

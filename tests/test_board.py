@@ -15,8 +15,9 @@ import pytest
 
 import shmhb
 from shmhb import layout as L
+from shmhb.loopback import child_env
 
-from .conftest import ROOT, unlink_quietly
+from .conftest import unlink_quietly
 
 
 def test_create_attach_open_and_unlink(board_name: str) -> None:
@@ -155,7 +156,7 @@ def test_no_permission(board_name: str, tmp_path) -> None:  # type: ignore[no-un
             "except shmhb.BoardPermissionError as e:\n"
             "    assert isinstance(e, PermissionError); print('refused', e)\n")
     out = subprocess.run([sys.executable, "-c", code, board_name], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+                         env=child_env(), timeout=60)
     assert out.stdout.startswith("refused"), out.stderr
 
 
@@ -169,7 +170,7 @@ def test_full_shm_fails_up_front_not_with_sigbus(board_name: str) -> None:
     script = (f"mount -t tmpfs -o size=256k tmpfs /dev/shm && "
               f"{sys.executable} -c \"$0\" {board_name}")
     out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, code],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, env=child_env(),
                          timeout=60)
     if "mount" in out.stderr and "nospace" not in out.stdout:
         pytest.skip(f"cannot mount a private tmpfs here: {out.stderr.strip()}")
@@ -258,7 +259,7 @@ def test_dead_watchers_lose_their_watches_but_other_namespaces_are_left_alone(bo
     code = ("import shmhb, sys, os\n"
             "shmhb.Board.attach(sys.argv[1]).watch(sys.argv[2])\n"
             "os._exit(0)\n")  # dies without unwatching
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = child_env()
     subprocess.run([sys.executable, "-c", code, board.name, "10.1.1.1:1"], check=True, env=env,
                    timeout=60)
     assert board.watched_hosts() == {"10.1.1.1": 1}

@@ -22,12 +22,12 @@ from shmhb.layout import (
 )
 
 from shmhb import Status
+from shmhb.loopback import child_env, free_port
 from shmhb.procinfo import own_pid_namespace, start_time
 
-from .conftest import ROOT, Procs, unlink_quietly, wait_until
-from .hosts import free_port
+from .conftest import Procs, unlink_quietly, wait_until
 
-ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ENV = child_env()
 
 
 def _fork(body: object) -> int:

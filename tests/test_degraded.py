@@ -23,6 +23,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
+from shmhb.loopback import child_env
 from shmhb.netconfig import read_secret, store_config
 
 from .conftest import ROOT, wait_until
@@ -47,7 +48,7 @@ def status(h: Host | str) -> tuple[int, dict[str, Any]]:
     name = h if isinstance(h, str) else h.name
     out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--json", "--board", name],
                          capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=child_env())
     return out.returncode, json.loads(out.stdout)
 
 
@@ -143,7 +144,7 @@ def test_an_invalid_listen_is_refused_at_the_door(cluster: Cluster) -> None:
     a = cluster.host(start=False)
     out = subprocess.run([sys.executable, "-m", "shmhb", "pinger", "--board", a.name,
                           "--listen", f"{a.ip}:99999"], capture_output=True, text=True,
-                         timeout=30, env={**os.environ, "PYTHONPATH": ROOT})
+                         timeout=30, env=child_env())
     assert out.returncode == 2 and "port" in out.stderr, out.stderr
 
 
@@ -185,7 +186,7 @@ def test_a_secret_readable_by_others_is_refused_with_the_fix(cluster: Cluster,
         read_secret(sf)
     a = cluster.host(secret_file=sf, start=False)
     out = subprocess.run(a.pinger_cmd(), capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=child_env())
     assert out.returncode == 2 and f"chmod 600 {sf}" in out.stderr, out.stderr
     # the same file made readable by others after it was stored: the holder refuses it
     os.chmod(sf, 0o600)
@@ -300,7 +301,7 @@ def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
 
 def test_status_help_documents_every_exit_code() -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--help"], capture_output=True,
-                         text=True, timeout=30, env={**os.environ, "PYTHONPATH": ROOT})
+                         text=True, timeout=30, env=child_env())
     for code in ("0", "1", "2", "3", "4"):
         assert f"\n  {code}  " in out.stdout, code
     with open(os.path.join(ROOT, "README.md")) as f:

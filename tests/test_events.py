@@ -7,7 +7,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,9 +18,10 @@ import pytest
 import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
 from shmhb.events import Event, EventLog, Kind, diff
+from shmhb.loopback import child_env, free_port
 from shmhb.view import View, read_view
 
-from .conftest import ROOT, Procs, unlink_quietly, wait_until
+from .conftest import Procs, unlink_quietly, wait_until
 
 A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN
 AGENT = AgentStatus(100, A, 0.01, 1)
@@ -280,17 +280,11 @@ def test_agent_events_from_a_real_pinger_killed(board: shmhb.Board, procs: Procs
     assert e.pid == p.pid
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_host_events_from_a_real_remote_pinger(board: shmhb.Board, procs: Procs) -> None:
     """Two boards on loopback, each with its own ``shmhb pinger``: the remote one is
     stopped and resumed, and the local view says its host went silent and came back."""
     remote = f"shmhb-test-{uuid.uuid4().hex[:12]}"
-    pa, pb = _free_port(), _free_port()
+    pa, pb = free_port(["127.0.0.1"]), free_port(["127.0.0.1"])
     try:
         shmhb.Board.create(remote, suspect_after_s=5.0, dead_after_s=10.0).close()
         pinger = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02", "--interval-s", "0.1"]
@@ -327,24 +321,20 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "shmhb", *args]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": ROOT}
-
-
 def test_events_command_prints_the_state_once(board: shmhb.Board, procs: Procs, agent) -> None:  # type: ignore[no-untyped-def]
     procs.worker(board.name, "w0")
     dead = procs.worker(board.name, "w1")
     dead.kill()
     wait_until(lambda: (s := board.slot("w1")) and s.status is D)
     out = subprocess.run(_cli("events", "--board", board.name), capture_output=True, text=True,
-                         timeout=60, env=_env())
+                         timeout=60, env=child_env())
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert any(" registered w0 " in ln for ln in lines), lines
     assert any(" died w1 " in ln for ln in lines), lines
     assert any(" agent_changed agent " in ln for ln in lines), lines
     out = subprocess.run(_cli("events", "--board", board.name, "--json"), capture_output=True,
-                         text=True, timeout=60, env=_env())
+                         text=True, timeout=60, env=child_env())
     docs = [json.loads(ln) for ln in out.stdout.splitlines()]
     assert {(d["kind"], d["subject"]) for d in docs} >= {("registered", "w0"), ("died", "w1")}
     assert all(d["initial"] for d in docs)
@@ -392,5 +382,5 @@ def test_events_follow_json_reports_a_kill(board: shmhb.Board, procs: Procs, age
 @pytest.mark.parametrize("bad", ["0", "-1"])
 def test_events_rejects_a_bad_interval(board: shmhb.Board, bad: str) -> None:
     out = subprocess.run(_cli("events", "--board", board.name, "--follow", "--interval-s", bad),
-                         capture_output=True, text=True, timeout=60, env=_env())
+                         capture_output=True, text=True, timeout=60, env=child_env())
     assert out.returncode == 2 and "interval" in out.stderr

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 
+from shmhb.loopback import child_env
+
 from .conftest import ROOT, pids_with_cmdline, wait_until
 
 EXAMPLE = os.path.join(ROOT, "examples", "pd_disagg.py")
-ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ENV = child_env()
 
 
 def _leftovers(pid: int) -> tuple[set[str], list[int]]:

@@ -20,6 +20,7 @@ from shmhb import Status
 from shmhb.agent import Agent
 from shmhb.exporter import Exporter
 from shmhb.layout import HEADER_DTYPE, STAT_NAMES
+from shmhb.loopback import child_env
 
 from .conftest import ROOT, Procs, unlink_quietly, wait_until
 from .fakes import FakePinger
@@ -202,7 +203,7 @@ def test_exporter_command_serves_and_stops_on_sigterm(board: shmhb.Board, procs:
     procs.worker(board.name, "w")
     p = subprocess.Popen([sys.executable, "-m", "shmhb", "exporter", "--board", board.name,
                           "--port", "0", "--addr", "127.0.0.1"], stdout=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": ROOT})
+                         text=True, env=child_env())
     try:
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -225,5 +226,5 @@ def test_exporter_command_serves_and_stops_on_sigterm(board: shmhb.Board, procs:
 def test_exporter_command_reports_a_busy_port(board: shmhb.Board, exporter: Exporter) -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "exporter", "--board", board.name,
                           "--port", str(exporter.port)], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+                         timeout=60, env=child_env())
     assert out.returncode == 2 and "cannot listen" in out.stderr

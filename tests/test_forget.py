@@ -19,10 +19,11 @@ import shmhb
 from shmhb import Status
 from shmhb.agent import Agent
 from shmhb.layout import HEADER_DTYPE
+from shmhb.loopback import child_env
 
-from .conftest import ROOT, Procs, unlink_quietly, wait_until
+from .conftest import Procs, unlink_quietly, wait_until
 
-ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ENV = child_env()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -16,8 +16,9 @@ import pytest
 import shmhb
 from shmhb import gc
 from shmhb import layout as L
+from shmhb.loopback import child_env
 
-from .conftest import ROOT, Procs, unlink_quietly, wait_until
+from .conftest import Procs, unlink_quietly, wait_until
 
 HOLDER = """
 import mmap, os, sys, time, posix_ipc, shmhb
@@ -57,7 +58,7 @@ def exists(name: str) -> bool:
 def gc_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "shmhb", "gc", *args], input=stdin,
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          env=child_env())
 
 
 def test_an_unused_board_is_listed_and_removed(names: list[str]) -> None:
@@ -173,7 +174,7 @@ def test_gc_and_status_agree_on_a_half_made_board(names: list[str]) -> None:
     shm = posix_ipc.SharedMemory("/" + name, flags=posix_ipc.O_CREX, mode=0o600, size=3 * L.HEADER_BYTES)
     os.close(shm.fd)
     st = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", name],
-                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+                        capture_output=True, text=True, timeout=60, env=child_env())
     assert st.returncode != 0
     assert "never finished" in st.stderr and "shmhb gc" not in st.stderr
     assert f"shmhb pinger --board {name}" in st.stderr and f"rm /dev/shm/{name}" in st.stderr

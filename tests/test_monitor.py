@@ -20,6 +20,7 @@ import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
 from shmhb.agent import Agent
 from shmhb.events import EventLog
+from shmhb.loopback import child_env
 from shmhb.monitor import (
     fmt_age,
     local_table,
@@ -178,7 +179,7 @@ def local_agent(board: shmhb.Board) -> Iterator[Agent]:
 def _status(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", name, *extra],
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          env=child_env())
 
 
 def test_status_command_exit_code_and_remote_hosts(board: shmhb.Board, procs: Procs,
@@ -214,7 +215,7 @@ def test_status_command_on_a_missing_board() -> None:
 def test_monitor_command_wants_a_terminal(board: shmhb.Board) -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "monitor", "--board", board.name],
                          capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=child_env())
     assert out.returncode == 2 and "needs a terminal" in out.stderr and not out.stdout
 
 

@@ -24,6 +24,7 @@ import shmhb
 from shmhb import judge as J
 from shmhb import layout as L
 from shmhb.clock import FakeClock
+from shmhb.loopback import child_env
 from shmhb.protocol import DigestEntry
 from shmhb.rows import RowWriter
 from shmhb.status import Status
@@ -288,7 +289,7 @@ def test_beat_uses_the_real_clock(hot_path: str, board_name: str) -> None:
 
 def test_pure_python_env_forces_the_fallback(board_name: str) -> None:
     code = "import shmhb; print(shmhb.native)"
-    env = dict(os.environ, PYTHONPATH=ROOT, SHMHB_PURE_PYTHON="1")
+    env = child_env(SHMHB_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
     env.pop("SHMHB_PURE_PYTHON")
@@ -341,7 +342,7 @@ def test_c_reader_prints_what_status_json_prints(board: shmhb.Board, procs: Proc
         slots = sorted((s["key"], s["pid"], s["incarnation"], s["status"]) for s in doc["slots"])
         return tuple(slots), doc["pinger"]["status"], doc["pinger"]["term"]
 
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = child_env()
     c = subprocess.run([exe, board.name], capture_output=True, text=True)
     py = subprocess.run([sys.executable, "-m", "shmhb", "status", "--json", "--board", board.name],
                         capture_output=True, text=True, env=env)

@@ -24,11 +24,12 @@ import zmq
 
 import shmhb
 from shmhb import Status
+from shmhb.loopback import child_env
 from shmhb.protocol import (
     MAX_FRAME_BYTES, Ack, Identity, Ping, Push, encode_ack, encode_ping, encode_push,
 )
 
-from .conftest import ROOT, wait_until
+from .conftest import wait_until
 from .hosts import (
     FAST, INTERVAL_S, Cluster, FakePeer, Host, NetNs, cluster_fixture, entry, fake_peers_fixture,
     netns_unavailable, rss_kb, write_secret,
@@ -92,7 +93,7 @@ def test_remote_worker_killed_is_dead_here_within_detection_plus_an_interval(clu
     # and `shmhb status --json` on a shows it under "peers"
     out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--json", "--board", a.name],
                          capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=child_env())
     doc = json.loads(out.stdout)
     (peer,) = doc["peers"]
     assert peer["address"] == b.listen and peer["status"] == "alive"

@@ -12,8 +12,9 @@ import pytest
 
 import shmhb
 from shmhb import Status
+from shmhb.loopback import child_env
 
-from .conftest import ROOT, Procs, pids_with_cmdline, wait_until
+from .conftest import Procs, pids_with_cmdline, wait_until
 
 
 def status_of(board: shmhb.Board, key: str) -> Status | None:
@@ -252,7 +253,7 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
 
 def test_demo_quick_leaves_nothing_behind() -> None:
     p = subprocess.Popen([sys.executable, "-m", "shmhb", "demo", "--quick"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+                         stderr=subprocess.PIPE, text=True, env=child_env())
     try:
         stdout, stderr = p.communicate(timeout=120)
     finally:
@@ -272,7 +273,7 @@ def test_demo_quick_leaves_nothing_behind() -> None:
 
 def test_demo_interrupted_leaves_nothing_behind() -> None:
     p = subprocess.Popen([sys.executable, "-m", "shmhb", "demo", "--quick"], stdout=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": ROOT})
+                         text=True, env=child_env())
     try:
         line = p.stdout.readline()
         while "SIGSTOP" not in line and line:

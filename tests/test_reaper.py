@@ -28,9 +28,9 @@ import pytest
 
 import shmhb
 from shmhb import DropReason, Link, LinkReaper, Status
+from shmhb.loopback import free_port
 
 from .conftest import Procs, unlink_quietly, wait_until
-from .hosts import free_port
 
 #: every test here runs on the C and on the pure-Python hot path (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("hot_path")

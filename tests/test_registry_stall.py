@@ -24,8 +24,9 @@ import pytest
 import shmhb
 from shmhb import DropReason, LinkReaper, Status
 from shmhb.agent import Agent
+from shmhb.loopback import child_env
 
-from .conftest import ROOT, Procs, wait_until
+from .conftest import Procs, wait_until
 from .hosts import Cluster, cluster_fixture
 
 HOLDER = textwrap.dedent("""
@@ -51,7 +52,7 @@ class Stall:
     """A process that takes the registry lock of a board and stops itself."""
 
     def __init__(self, board: str) -> None:
-        env = {**os.environ, "PYTHONPATH": ROOT}
+        env = child_env()
         self.p = subprocess.Popen([sys.executable, "-c", HOLDER, board], stdout=subprocess.PIPE,
                                   env=env)
         assert self.p.stdout is not None and self.p.stdout.readline().strip() == b"held"
@@ -126,7 +127,7 @@ def test_the_pinger_survives_reclaiming_watches_under_a_held_lock(cluster: Clust
     a = cluster.host()
     b = cluster.host()
     a.watch(b)
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = child_env()
     w = subprocess.Popen([sys.executable, "-c", WATCHER, a.name, b.endpoint(7)],
                          stdout=subprocess.PIPE, env=env)
     assert w.stdout is not None and w.stdout.readline().strip() == b"ready"

@@ -19,7 +19,8 @@ import uuid
 from typing import Any
 
 from tests.conftest import ROOT
-from tests.hosts import Cluster, free_port
+from shmhb.loopback import free_port
+from tests.hosts import Cluster
 
 import shmhb
 
