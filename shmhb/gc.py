@@ -13,6 +13,9 @@ A board is a file in /dev/shm that starts with the board magic.  It is *in use* 
 - no lease could be taken and a process of the board owner's uid could not be
   inspected: then we cannot tell, and an undecidable board is kept.
 
+Each board that attaches has its rows checked too (``shmhb.check``, the checker the
+chaos harness uses): one that stays invalid is listed, state ``invalid-rows``.
+
 Removing a board another process still uses would split the host: old workers would beat
 into the unlinked segment while new ones create a fresh board under the same name.  So
 ``remove`` checks again just before unlinking, holding the board's registry lock
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 from . import locks, segment
 from .board import Board
+from .check import check_board
 from .errors import (
     BoardNotFound,
     BoardPermissionError,
@@ -70,7 +74,7 @@ class BoardFile:
     size: int
     uid: int
     file_id: FileId
-    state: str  # ok | stale | other-version | corrupt | busy | no-permission | unfinished | not-a-board
+    state: str  # ok | invalid-rows | stale | other-version | corrupt | busy | no-permission | unfinished | not-a-board
     detail: str = ""
     users: list[int] = field(default_factory=list)
     locked: bool = False
@@ -152,9 +156,24 @@ def _describe(name: str) -> tuple[str, str]:
     try:
         slots = board.slots()
         n_live = sum(1 for s in slots if s.status.value in ("alive", "suspect"))
-        return "ok", f"{board.capacity.slots} slots, {len(slots)} registered, {n_live} live"
+        detail = f"{board.capacity.slots} slots, {len(slots)} registered, {n_live} live"
     finally:
         board.close()
+    return _rows_checked(name, detail)
+
+
+def _rows_checked(name: str, detail: str) -> tuple[str, str]:
+    """("ok", detail), or ("invalid-rows", what is wrong) when rows stay invalid
+    (``shmhb.check``): the board works, its readers skip those rows."""
+    try:
+        bad = check_board(name)
+    except ShmhbError as e:  # removed or replaced since it was attached
+        log.debug("board %s: rows not checked: %s", name, e)
+        return "ok", detail
+    if not bad:
+        return "ok", detail
+    shown = "; ".join(map(str, bad[:3])) + ("; ..." if len(bad) > 3 else "")
+    return "invalid-rows", f"{detail}; {len(bad)} invalid row(s), skipped by readers: {shown}"
 
 
 def list_boards(names: Sequence[str] | None = None) -> list[BoardFile]:

@@ -36,6 +36,7 @@ import zmq
 
 import shmhb
 from shmhb import Board, LinkReaper, locks
+from shmhb.check import check_board
 from shmhb.layout import LOCK_REGISTRY
 from shmhb.protocol import Ack, Identity, encode_ack
 
@@ -55,7 +56,6 @@ from .invariants import (
     now_ns,
     pids_with,
     read_view,
-    scan_board,
 )
 from .hostile import LIAR_IP, HostileFaults
 from .schedule import NEEDS_NETNS, NEEDS_ROOT, Fault, Timing, make_schedule
@@ -559,7 +559,7 @@ class Harness(HostileFaults):
         if t >= self._next_scan:
             self._next_scan = t + int(SCAN_EVERY_S * NS)
             for h in self.hosts:
-                probs = scan_board(h.board, h.all_pids)
+                probs = check_board(h.board.name, pinger_pids=h.all_pids)
                 self.checker.torn(h.idx, t, probs, self.truth.pinger_stopped[h.idx])
         self._check_garbage(t)
         self.hostile_check(t)

@@ -48,9 +48,9 @@ Checks (``Checker``), and how each case is modelled:
   stopped past dead-after, or a host whose agent was gone that long, is legitimately dead
   to its watchers, and its links go.  The harness re-tracks (re-handshakes) after a drop:
   a new incarnation at once, the same one once the observer reads it ALIVE again.
-* **No torn or invalid row** (``scan_board``): every registered slot's record has a valid
-  checksum and the incarnation its heartbeat word names; the agent's two words name the
-  same term; every peer and remote row with a non-zero checksum has a valid one, and its
+* **No torn or invalid row** (``shmhb.check.check_board``, which ``shmhb gc``
+  uses too): every registered slot's record has a valid checksum and the incarnation its
+  heartbeat word names; the agent's two words name the same term; every peer and remote row with a non-zero checksum has a valid one, and its
   status word (and rtt word) carries the row's generation; remote rows point at a live
   peer row of the generation they name.  A row may be caught mid-write, so each is read
   again for a while, and only a problem seen in two scans in a row while its writer is
@@ -67,25 +67,12 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from shmhb import Board, Status, locks
-from shmhb.layout import (
-    GEN_MASK,
-    GEN_SHIFT,
-    INC_SHIFT,
-    LOCK_SLOT_BASE,
-    TS39_MASK,
-    TS40_MASK,
-    TS_SHIFT,
-    inc_tag,
-    peer_checksum,
-    record_checksum,
-    remote_checksum,
-    watch_checksum,
-)
+from shmhb import Board, Status
+from shmhb.check import Finding
+from shmhb.layout import INC_SHIFT, TS_SHIFT, inc_tag
 
 from .schedule import Timing
 
@@ -790,11 +777,12 @@ class Checker:
 
     # -- torn rows -------------------------------------------------------------------------
 
-    def torn(self, h: int, t: int, problems: list[tuple[str, str]], writer_stopped: bool) -> None:
-        now_bad = {row for row, _ in problems}
+    def torn(self, h: int, t: int, problems: list[Finding], writer_stopped: bool) -> None:
+        now_bad = {f.row for f in problems}
         for key in [k for k in self._torn if k[0] == h and k[1] not in now_bad]:
             del self._torn[key]
-        for row, what in problems:
+        for f in problems:
+            row, what = f.row, f.problem
             k = (h, row)
             if k not in self._torn:
                 self._torn[k] = t
@@ -840,152 +828,6 @@ class Checker:
             if len(lines) > limit:
                 lines = lines[:5] + [f"  ... {len(lines) - limit} lines ..."] + lines[-(limit - 5):]
             br.timeline = lines
-
-
-# -- torn-row scan -----------------------------------------------------------------------------
-
-_RETRIES = 30
-
-
-def scan_board(b: Board, pinger_pids: set[int]) -> list[tuple[str, str]]:
-    """Every row of ``b`` that stays invalid while read again for a few milliseconds."""
-    out: list[tuple[str, str]] = []
-    q = b._q
-
-    def settle(check: Any) -> str | None:
-        why = None
-        for k in range(_RETRIES):
-            why = check()
-            if why is None:
-                return None
-            time.sleep(0.0002 * (k + 1))
-        return why
-
-    nowu = lambda: b._now_ns() >> TS_SHIFT
-    for i in np.flatnonzero(b._hb.copy()):
-        i = int(i)
-
-        def slot_ok(i: int = i) -> str | None:
-            hb = int(q[b._hb0 + i * 8])
-            tag = hb >> INC_SHIFT
-            if tag == 0:
-                return None
-            rec = b._records[i].copy()
-            ck = int(rec["checksum"])
-            if not ck:
-                return f"hb names incarnation tag {tag} but the record is empty"
-            if ck != record_checksum(rec):
-                return "record checksum mismatch"
-            if inc_tag(int(rec["incarnation"])) != tag:
-                return f"hb tag {tag} != record incarnation {int(rec['incarnation'])}"
-            if (hb & TS39_MASK) > nowu() + 2:
-                return "hb timestamp in the future"
-            v = int(q[b._hb0 + i * 8 + 1])
-            if v and (v & TS40_MASK) > nowu() + 2:
-                return "verdict timestamp in the future"
-            return None
-        why = settle(slot_ok)
-        if why and not locks.is_held(b._seg.fd, LOCK_SLOT_BASE + i):
-            # Its registrant died in the middle of registering (a kill while it starts):
-            # nobody holds the slot, readers skip it (the record does not match the
-            # word), and the next registration rewrites it.  Not a torn row of a live one.
-            why = None
-        if why:
-            out.append((f"slot {i}", why))
-
-    h = b._head
-
-    def agent_ok() -> str | None:
-        ahb, aid = int(q[b._agent_hb_i]), int(q[b._agent_id_i])
-        if ahb == 0:
-            return None
-        term = ahb >> INC_SHIFT
-        if aid >> INC_SHIFT != term:
-            return f"agent hb term {term} != agent id term {aid >> INC_SHIFT}"
-        if term > (int(h["agent_term"]) & 0xFFFFFF):
-            return f"agent term {term} above the board's counter {int(h['agent_term'])}"
-        pid = aid & ((1 << 40) - 1)
-        if pinger_pids and pid not in pinger_pids:
-            return f"agent pid {pid} is none of this host's pingers {sorted(pinger_pids)}"
-        if (ahb & TS39_MASK) > nowu() + 2:
-            return "agent timestamp in the future"
-        return None
-    why = settle(agent_ok)
-    if why:
-        out.append(("agent", why))
-
-    peers = b._peers
-    live_peers: dict[int, int] = {}
-    for i in np.flatnonzero(peers["checksum"] != 0):
-        i = int(i)
-
-        def peer_ok(i: int = i) -> str | None:
-            row = peers[i].copy()
-            ck = int(row["checksum"])
-            if ck == 0:
-                return None
-            if ck != peer_checksum(row):
-                return "peer checksum mismatch"
-            gen = int(row["gen"]) & GEN_MASK
-            sw = int(row["status"])
-            if (sw >> GEN_SHIFT) & GEN_MASK != gen:
-                return f"peer status word gen {(sw >> GEN_SHIFT) & GEN_MASK} != row gen {gen}"
-            code = (sw >> 40) & 0xF
-            if code not in (1, 2, 3, 4, 5):
-                return f"peer status code {code}"
-            rtt = int(row["rtt"])
-            if rtt and rtt >> 44 != gen:
-                return f"rtt word gen {rtt >> 44} != row gen {gen}"
-            live_peers[i] = int(row["gen"])
-            return None
-        why = settle(peer_ok)
-        if why:
-            out.append((f"peer {i}", why))
-
-    rem = b._remotes
-    for i in np.flatnonzero(rem["checksum"] != 0):
-        i = int(i)
-
-        def remote_ok(i: int = i) -> str | None:
-            row = rem[i].copy()
-            ck = int(row["checksum"])
-            if ck == 0:
-                return None
-            if ck != remote_checksum(row):
-                return "remote checksum mismatch"
-            gen = int(row["gen"]) & GEN_MASK
-            sw = int(row["status"])
-            if (sw >> GEN_SHIFT) & GEN_MASK != gen:
-                return f"remote status word gen {(sw >> GEN_SHIFT) & GEN_MASK} != row gen {gen}"
-            code = (sw >> 40) & 0xF
-            if code not in (1, 2, 3, 4, 5):
-                return f"remote status code {code}"
-            p = int(row["peer"])
-            if p >= b.sizes.npeers:
-                return f"remote row points at peer {p}, beyond the table"
-            prow = peers[p].copy()
-            if int(prow["checksum"]) == 0 or int(prow["gen"]) != int(row["peer_gen"]):
-                return (f"remote row of peer {p} gen {int(row['peer_gen'])}, but that peer row is "
-                        + ("empty" if not int(prow["checksum"]) else f"gen {int(prow['gen'])}"))
-            return None
-        why = settle(remote_ok)
-        if why:
-            out.append((f"remote {i}", why))
-
-    w = b._watches
-    for i in np.flatnonzero(w["checksum"] != 0):
-        i = int(i)
-
-        def watch_ok(i: int = i) -> str | None:
-            row = w[i].copy()
-            ck = int(row["checksum"])
-            if ck and ck != watch_checksum(row):
-                return "watch checksum mismatch"
-            return None
-        why = settle(watch_ok)
-        if why:
-            out.append((f"watch {i}", why))
-    return out
 
 
 # -- leaks -----------------------------------------------------------------------------------
