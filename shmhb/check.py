@@ -162,6 +162,24 @@ def check_board(name: str, *, pinger_pids: Collection[int] = (),
         seg.close()
 
 
+def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> str | None:
+    """The rules peer and remote rows share: a matching checksum (0: a free row), a
+    status word of the row's generation, a status code that exists."""
+    ck = int(row["checksum"])
+    if ck == 0:
+        return None
+    if ck != checksum(row):
+        return f"{what} checksum mismatch"
+    gen = int(row["gen"]) & GEN_MASK
+    sw = int(row["status"])
+    if (sw >> GEN_SHIFT) & GEN_MASK != gen:
+        return f"{what} status word gen {(sw >> GEN_SHIFT) & GEN_MASK} != row gen {gen}"
+    code = (sw >> CODE_SHIFT) & CODE_MASK
+    if code not in _CODES:
+        return f"{what} status code {code}"
+    return None
+
+
 def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> list[Finding]:
     out: list[Finding] = []
     q = t.q
@@ -218,18 +236,10 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
 
         def peer_ok(i: int = i) -> str | None:
             row = peers[i].copy()
-            ck = int(row["checksum"])
-            if ck == 0:
-                return None
-            if ck != peer_checksum(row):
-                return "peer checksum mismatch"
+            why = _status_row("peer", row, peer_checksum)
+            if why or not int(row["checksum"]):
+                return why
             gen = int(row["gen"]) & GEN_MASK
-            sw = int(row["status"])
-            if (sw >> GEN_SHIFT) & GEN_MASK != gen:
-                return f"peer status word gen {(sw >> GEN_SHIFT) & GEN_MASK} != row gen {gen}"
-            code = (sw >> CODE_SHIFT) & CODE_MASK
-            if code not in _CODES:
-                return f"peer status code {code}"
             rtt = int(row["rtt"])
             if rtt and rtt >> GEN_SHIFT != gen:
                 return f"rtt word gen {rtt >> GEN_SHIFT} != row gen {gen}"
@@ -243,18 +253,9 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
 
         def remote_ok(i: int = i) -> str | None:
             row = rem[i].copy()
-            ck = int(row["checksum"])
-            if ck == 0:
-                return None
-            if ck != remote_checksum(row):
-                return "remote checksum mismatch"
-            gen = int(row["gen"]) & GEN_MASK
-            sw = int(row["status"])
-            if (sw >> GEN_SHIFT) & GEN_MASK != gen:
-                return f"remote status word gen {(sw >> GEN_SHIFT) & GEN_MASK} != row gen {gen}"
-            code = (sw >> CODE_SHIFT) & CODE_MASK
-            if code not in _CODES:
-                return f"remote status code {code}"
+            why = _status_row("remote", row, remote_checksum)
+            if why or not int(row["checksum"]):
+                return why
             p = int(row["peer"])
             if p >= t.sizes.npeers:
                 return f"remote row points at peer {p}, beyond the table"
