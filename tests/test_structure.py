@@ -19,10 +19,7 @@ MAX_LINES = 450
 
 #: modules over MAX_LINES that are being split; an entry is ignored once its module
 #: fits, and must then be removed (the tests say so)
-LONG_FOR_NOW: dict[str, str] = {
-    "monitor.py": "live view, JSON and probes: being split by concern",
-    "protocol.py": "frames, digests and their checks: being split by concern",
-}
+LONG_FOR_NOW: dict[str, str] = {}
 
 #: ``module._name`` accesses that are allowed, with the reason.  Only for names of
 #: modules the file imports (a private attribute of an object stays forbidden).
