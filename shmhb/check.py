@@ -22,15 +22,14 @@ reader can catch a row mid-write: each row that looks invalid is read again for 
 reported: its registrant died while registering, readers skip it (the record does not
 match the word) and the next registration rewrites it.
 
-Pure reads: the checker maps the segment read-only (``PROT_READ``), takes no lock and
-cannot write a word; it needs no ``Board`` handle, so a board a registrant keeps
-locked can still be checked.  Header validity (magic, version, sizes, policy, boot) is
-``Segment.validate``'s, which this runs first.
+Pure reads: only the Board's public views (``words``, ``header``, the row tables, the
+heartbeat words and ``new_fd`` for asking about slot locks), no lock taken, no word
+written, so it can check a board whose registry lock a stopped registrant holds.  Header
+validity (magic, version, sizes, policy, boot) is attaching's (``Segment.validate``).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
 from collections.abc import Callable, Collection
@@ -39,34 +38,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import locks
-from .clock import MONOTONIC, Clock
-from .errors import BoardCorrupt, BoardNotFound, BoardPermissionError
+from .board import Board
+from .boardcore import BoardCore, header_index
 from .layout import (
     CODE_MASK,
     CODE_SHIFT,
     GEN_MASK,
     GEN_SHIFT,
-    HEADER_BYTES,
-    HEADER_DTYPE,
     INC_MASK,
     INC_SHIFT,
     LOCK_SLOT_BASE,
-    PEER_ROW_DTYPE,
-    REMOTE_ROW_DTYPE,
-    SLOT_RECORD_DTYPE,
-    SLOT_WORDS_DTYPE,
     TS39_MASK,
     TS40_MASK,
     TS_SHIFT,
-    WATCH_ROW_DTYPE,
-    Sizes,
     inc_tag,
     peer_checksum,
     record_checksum,
     remote_checksum,
     watch_checksum,
 )
-from .segment import Segment
 
 RETRIES = 30  # reads of a row that looks invalid: ~0.1 s in all
 _CODES = frozenset((1, 2, 3, 4, 5))  # status codes a row may carry
@@ -96,70 +86,25 @@ def _settle(check: Callable[[], str | None]) -> str | None:
     return why
 
 
-class _Tables:
-    """Read-only views of one mapped board: its header, words and row tables."""
-
-    def __init__(self, seg: Segment) -> None:
-        h = np.ndarray((), HEADER_DTYPE, buffer=seg.mm)
-        self.head = h
-        self.sizes = sz = Sizes(int(h["nslots"]), int(h["npeers"]), int(h["nremote"]),
-                                int(h["nwatch"]))
-        self.q = memoryview(seg.mm).cast("B").cast("Q")  # q[i]: one aligned 8-byte load
-        self.hb = np.ndarray(sz.nslots, SLOT_WORDS_DTYPE, buffer=seg.mm, offset=sz.slot_off)["hb"]
-        self.records = np.ndarray(sz.nslots, SLOT_RECORD_DTYPE, buffer=seg.mm, offset=sz.record_off)
-        self.peers = np.ndarray(sz.npeers, PEER_ROW_DTYPE, buffer=seg.mm, offset=sz.peer_off)
-        self.remotes = np.ndarray(sz.nremote, REMOTE_ROW_DTYPE, buffer=seg.mm, offset=sz.remote_off)
-        self.watches = np.ndarray(sz.nwatch, WATCH_ROW_DTYPE, buffer=seg.mm, offset=sz.watch_off)
-        fields = HEADER_DTYPE.fields
-        assert fields is not None
-        self.hb0 = sz.slot_off // 8
-        self.agent_hb_i = fields["agent_hb"][1] // 8
-        self.agent_id_i = fields["agent_id"][1] // 8
-
-    def release(self) -> None:
-        self.q.release()
-        del self.head, self.hb, self.records, self.peers, self.remotes, self.watches
-
-
-def _map_read_only(name: str) -> Segment:
-    """The board ``name`` mapped read-only, its header validated."""
-    path = os.path.join("/dev/shm", name)
+def check_rows(board: BoardCore, *, pinger_pids: Collection[int] = ()) -> list[Finding]:
+    """Every row of ``board`` that stays invalid while read again for ~0.1 s (see the
+    module docstring), in table order.  ``pinger_pids``: the processes that may hold the
+    agent role (empty: any)."""
+    probe = board.new_fd()  # an open file description of our own, to ask about slot locks
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise BoardNotFound(f"no board {name!r} (nothing at {path})") from None
-    except PermissionError:
-        raise BoardPermissionError(f"cannot read board {name!r}: run as its owner") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size < HEADER_BYTES:
-            raise BoardCorrupt(f"{name!r} is {size} bytes, too small for a board: it is not a "
-                               "shmhb board, was truncated or was never finished")
-        seg = Segment(name, fd, mmap.mmap(fd, size, prot=mmap.PROT_READ))
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        seg.validate()
-    except BaseException:
-        seg.close()
-        raise
-    return seg
-
-
-def check_board(name: str, *, pinger_pids: Collection[int] = (),
-                clock: Clock = MONOTONIC) -> list[Finding]:
-    """Every row of the board ``name`` that stays invalid while read again for ~0.1 s
-    (see the module docstring), in table order.  ``pinger_pids``: the processes that may
-    hold the agent role (empty: any).  Raises the header's errors (``BoardNotFound``,
-    ``BoardCorrupt``, ``StaleBoard``, ...) as attaching would."""
-    seg = _map_read_only(name)
-    t = _Tables(seg)
-    try:
-        return _check_rows(t, seg.fd, set(pinger_pids), clock)
+        return _check_rows(board, probe, set(pinger_pids))
     finally:
-        t.release()
-        seg.close()
+        os.close(probe)
+
+
+def check_board(name: str, *, pinger_pids: Collection[int] = ()) -> list[Finding]:
+    """:func:`check_rows` of the board ``name``, attached for the check and closed after.
+    Raises what attaching raises (``BoardNotFound``, ``BoardCorrupt``, ``StaleBoard``, ...)."""
+    board = Board.attach(name)
+    try:
+        return check_rows(board, pinger_pids=pinger_pids)
+    finally:
+        board.close()
 
 
 def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> str | None:
@@ -180,21 +125,23 @@ def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> 
     return None
 
 
-def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> list[Finding]:
+def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Finding]:
     out: list[Finding] = []
-    q = t.q
+    q, head, now_ns = board.words, board.header, board.now_ns
+    records, hb0 = board.record_table, board.hb_index(0)
+    agent_hb_i, agent_id_i = header_index("agent_hb"), header_index("agent_id")
 
     def nowu() -> int:
-        return clock.monotonic_ns() >> TS_SHIFT
+        return now_ns() >> TS_SHIFT
 
-    for i in map(int, np.flatnonzero(t.hb.copy())):
+    for i in map(int, np.flatnonzero(board.hb_words.copy())):
 
         def slot_ok(i: int = i) -> str | None:
-            hb = int(q[t.hb0 + i * 8])
+            hb = int(q[hb0 + i * 8])
             tag = hb >> INC_SHIFT
             if tag == 0:
                 return None
-            rec = t.records[i].copy()
+            rec = records[i].copy()
             ck = int(rec["checksum"])
             if not ck:
                 return f"hb names incarnation tag {tag} but the record is empty"
@@ -204,23 +151,23 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
                 return f"hb tag {tag} != record incarnation {int(rec['incarnation'])}"
             if (hb & TS39_MASK) > nowu() + _FUTURE_UNITS:
                 return "hb timestamp in the future"
-            v = int(q[t.hb0 + i * 8 + 1])
+            v = int(q[hb0 + i * 8 + 1])
             if v and (v & TS40_MASK) > nowu() + _FUTURE_UNITS:
                 return "verdict timestamp in the future"
             return None
         why = _settle(slot_ok)
-        if why and locks.is_held(fd, LOCK_SLOT_BASE + i):
+        if why and locks.is_held(probe, LOCK_SLOT_BASE + i):
             out.append(Finding(f"slot {i}", why))
 
     def agent_ok() -> str | None:
-        ahb, aid = int(q[t.agent_hb_i]), int(q[t.agent_id_i])
+        ahb, aid = int(q[agent_hb_i]), int(q[agent_id_i])
         if ahb == 0:
             return None
         term = ahb >> INC_SHIFT
         if aid >> INC_SHIFT != term:
             return f"agent hb term {term} != agent id term {aid >> INC_SHIFT}"
-        if term > (int(t.head["agent_term"]) & INC_MASK):
-            return f"agent term {term} above the board's counter {int(t.head['agent_term'])}"
+        if term > (int(head["agent_term"]) & INC_MASK):
+            return f"agent term {term} above the board's counter {int(head['agent_term'])}"
         pid = aid & _PID_MASK
         if pinger_pids and pid not in pinger_pids:
             return f"agent pid {pid} is none of this host's pingers {sorted(pinger_pids)}"
@@ -231,7 +178,7 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
     if why:
         out.append(Finding("agent", why))
 
-    peers = t.peers
+    peers = board.peer_table
     for i in map(int, np.flatnonzero(peers["checksum"] != 0)):
 
         def peer_ok(i: int = i) -> str | None:
@@ -248,7 +195,7 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
         if why:
             out.append(Finding(f"peer {i}", why))
 
-    rem = t.remotes
+    rem = board.remote_table
     for i in map(int, np.flatnonzero(rem["checksum"] != 0)):
 
         def remote_ok(i: int = i) -> str | None:
@@ -257,7 +204,7 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
             if why or not int(row["checksum"]):
                 return why
             p = int(row["peer"])
-            if p >= t.sizes.npeers:
+            if p >= board.sizes.npeers:
                 return f"remote row points at peer {p}, beyond the table"
             prow = peers[p].copy()
             if int(prow["checksum"]) == 0 or int(prow["gen"]) != int(row["peer_gen"]):
@@ -268,7 +215,7 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
         if why:
             out.append(Finding(f"remote {i}", why))
 
-    w = t.watches
+    w = board.watch_table
     for i in map(int, np.flatnonzero(w["checksum"] != 0)):
 
         def watch_ok(i: int = i) -> str | None:
@@ -283,4 +230,4 @@ def _check_rows(t: _Tables, fd: int, pinger_pids: set[int], clock: Clock) -> lis
     return out
 
 
-__all__ = ["RETRIES", "Finding", "check_board"]
+__all__ = ["RETRIES", "Finding", "check_board", "check_rows"]

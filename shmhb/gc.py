@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from . import locks, segment
 from .board import Board
-from .check import check_board
+from .check import Finding, check_rows
 from .errors import (
     BoardNotFound,
     BoardPermissionError,
@@ -157,19 +157,14 @@ def _describe(name: str) -> tuple[str, str]:
         slots = board.slots()
         n_live = sum(1 for s in slots if s.status.value in ("alive", "suspect"))
         detail = f"{board.capacity.slots} slots, {len(slots)} registered, {n_live} live"
+        return _rows_checked(check_rows(board), detail)
     finally:
         board.close()
-    return _rows_checked(name, detail)
 
 
-def _rows_checked(name: str, detail: str) -> tuple[str, str]:
+def _rows_checked(bad: list[Finding], detail: str) -> tuple[str, str]:
     """("ok", detail), or ("invalid-rows", what is wrong) when rows stay invalid
     (``shmhb.check``): the board works, its readers skip those rows."""
-    try:
-        bad = check_board(name)
-    except ShmhbError as e:  # removed or replaced since it was attached
-        log.debug("board %s: rows not checked: %s", name, e)
-        return "ok", detail
     if not bad:
         return "ok", detail
     shown = "; ".join(map(str, bad[:3])) + ("; ..." if len(bad) > 3 else "")

@@ -36,7 +36,7 @@ import zmq
 
 import shmhb
 from shmhb import Board, LinkReaper, locks
-from shmhb.check import check_board
+from shmhb.check import check_rows
 from shmhb.layout import LOCK_REGISTRY
 from shmhb.protocol import Ack, Identity, encode_ack
 
@@ -559,7 +559,7 @@ class Harness(HostileFaults):
         if t >= self._next_scan:
             self._next_scan = t + int(SCAN_EVERY_S * NS)
             for h in self.hosts:
-                probs = check_board(h.board.name, pinger_pids=h.all_pids)
+                probs = check_rows(h.board, pinger_pids=h.all_pids)
                 self.checker.torn(h.idx, t, probs, self.truth.pinger_stopped[h.idx])
         self._check_garbage(t)
         self.hostile_check(t)
