@@ -15,6 +15,7 @@ from pathlib import Path
 import shmhb
 
 PKG_DIR = Path(shmhb.__file__).parent
+ROOT = PKG_DIR.parent
 MAX_LINES = 450
 
 #: modules over MAX_LINES that are being split; an entry is ignored once its module
@@ -266,3 +267,24 @@ def test_no_cross_object_private_access() -> None:
     got = private_accesses(PKG_DIR)
     assert not got, "private attributes of other objects (add a public method):\n" + \
         "\n".join(got)
+
+
+def test_the_packaged_version_is_read_statically() -> None:
+    # setuptools reads `attr:` without importing the package when the module assigns
+    # the name a literal; a name only imported there breaks `pip install .` on a fresh
+    # machine (the build backend cannot import numpy or zmq yet).
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    spec = cfg["metadata"]["version"]
+    assert spec.startswith("attr: "), spec
+    module, _, name = spec[len("attr: "):].rpartition(".")
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    tree = ast.parse(path.read_text())
+    literal = [n for n in tree.body if isinstance(n, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+               and isinstance(n.value, ast.Constant)]
+    assert literal, f"{path.name} does not assign {name} a literal: setup.cfg's {spec!r} fails"
