@@ -66,6 +66,7 @@ import shmhb
 name, key, ep, beat_s, gap_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 agent = sys.argv[6] == "1"  # join the election for the agent role (embedded agent)
 b = shmhb.Board.attach(name)
+t_reg = time.monotonic_ns()  # the slot may read alive from here on, before register returns
 try:
     hb = b.register(key, endpoints=(ep,), agent=agent)
 except shmhb.KeyInUse:
@@ -75,7 +76,7 @@ stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 hb.beat()
 last = time.monotonic_ns()
-print(f"ready {hb.incarnation} {hb.index} {last}", flush=True)
+print(f"ready {hb.incarnation} {hb.index} {last} {t_reg}", flush=True)
 gap_ns = int(gap_s * 1e9)
 while not stop:
     time.sleep(beat_s)
@@ -468,7 +469,8 @@ class Harness(HostileFaults):
         if not parts:
             return
         if parts[0] == "ready":
-            inc = Inc(w.host.idx, w.widx, w.key, w.endpoint, int(parts[1]), w.proc.pid, int(parts[3]))
+            inc = Inc(w.host.idx, w.widx, w.key, w.endpoint, int(parts[1]), w.proc.pid, int(parts[3]),
+                      t_reg=int(parts[4]))
             old = self.truth.current(w.host.idx, w.widx)
             if old is not None and old.inc >= inc.inc:
                 self.breach("incarnation-not-new", f"{w.tag} registered again with incarnation "
@@ -784,7 +786,7 @@ class Harness(HostileFaults):
             self._role_continues(w, t)
         h.term_before = self.views[h.idx].agent_term
         self.truth.host[h.idx].open_(kind, t, int(self.bounds.margin_s * NS))
-        warm = any(t - q.spawn_t > 5 * NS for q in h.live_pingers())
+        warm = any(not q.expect_exit and t - q.spawn_t > 5 * NS for q in h.live_pingers())
         h.takeover = {"t": t, "warm": warm, "healthy": 0, "last": t, "kind": kind}
         self.note(f"{w.tag} holds the agent role of h{h.idx}: it ends with it", f"h{h.idx}", t=t)
         self.checker.on_host_down(h.idx, t, kind)
@@ -944,8 +946,10 @@ class Harness(HostileFaults):
         self.truth.host[h.idx].open_(kind, t, int(self.bounds.margin_s * NS))
         self.note(f"FAULT {f.kind} h{h.idx}: holder pid {p.proc.pid} ({signal.Signals(sig).name})",
                   f"h{h.idx}", t=t)
-        # a standby that has been up for a while (imports done, polling the election)
-        warm = any(q is not p and t - q.spawn_t > 5 * NS for q in h.live_pingers())
+        # a standby that has been up for a while (imports done, polling the election), and
+        # not on its way out itself (a pinger just sent SIGTERM is still alive meanwhile)
+        warm = any(q is not p and not q.expect_exit and t - q.spawn_t > 5 * NS
+                   for q in h.live_pingers())
         h.takeover = {"t": t, "warm": warm, "healthy": 0, "last": t, "kind": kind}
         p.expect_exit = True
         os.kill(p.proc.pid, sig)

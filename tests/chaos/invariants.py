@@ -169,6 +169,10 @@ class Inc:
     inc: int
     pid: int
     t_ready: int
+    # When its register() began: the board may show it from then on (the first register
+    # in a process also starts the embedded agent before it returns), so a peer may
+    # rightly call its predecessor "restarted" before t_ready.
+    t_reg: int | None = None
     t_killed: int | None = None
     t_term: int | None = None  # SIGTERM sent: leaving
     t_closed: int | None = None  # the worker's own time right after close()
@@ -650,7 +654,8 @@ class Checker:
         if inc.ended_by(t):
             if inc.t_end is not None:
                 self.lat["link"].append((t - inc.t_end) / NS)
-            newer = any(i.inc > inc.inc and i.t_ready <= t for i in self.truth.by_slot[(inc.host, inc.widx)])
+            newer = any(i.inc > inc.inc and (i.t_ready if i.t_reg is None else i.t_reg) <= t
+                        for i in self.truth.by_slot[(inc.host, inc.widx)])
             kind = inc.end_kind
             ok = {"killed": {"dead"} | ({"restarted"} if newer else set()),
                   "left": {"left"} | ({"restarted"} if newer else set())}[kind or "killed"]
