@@ -36,6 +36,12 @@ class LocalDigest:
         self._key: tuple[bytes, bytes] | None = None
         self._entries: dict[str, DigestEntry] = {}
         self._last_log_ns = -(10**12)
+        # Built from the board before anyone can read it: a standby that took the role
+        # over answered its first pings (the responder drains before it flushes) with a
+        # fresh generation and an empty body, and every watcher dropped this host's live
+        # workers as GONE until the next ack.  The changes found now are nobody's news:
+        # no watcher has pinged this holder yet.
+        self.rebuild()
 
     def rebuild(self) -> list[DigestEntry]:
         """Rebuild the digest if a local slot changed; returns the changes worth a push
