@@ -1,8 +1,10 @@
 """The local digest: what this host's pinger tells its watchers about local slots.
 
-Rebuilt only when a slot's status or incarnation changed (one vectorised judgement of
-the whole board per flush); its encoded body is cached per generation so an ack costs a
-header and a copy.  The generation starts at a random value, not 0: the board's
+Rebuilt only when a slot's status or incarnation changed; its encoded body is cached per
+generation so an ack costs a header and a copy.  Whether anything changed costs one
+vectorised judgement of the whole board, and that judgement itself runs only when the
+board's change counter moved or ``rejudge_ns`` passed since the last one (see
+``rebuild``): an idle pinger judged its 16 slots 20 times a second for nothing.  The generation starts at a random value, not 0: the board's
 identity outlives this process, so a restarted pinger (or a standby taking over) that
 counted from 0 again could reach the very generation number a watcher already holds,
 with different contents (a worker died meanwhile), and answer "unchanged": the watcher
@@ -18,14 +20,26 @@ import time
 import numpy as np
 
 from .board import Board
-from .judge import judge_local_array
-from .layout import INC_MASK, INC_SHIFT
+from .judge import Thresholds, judge_local_array
+from .layout import INC_MASK, INC_SHIFT, TS_SHIFT
 from .errors import ProtocolError
 from .protocol import MAX_ACK_ENTRIES, DigestEntry, encode_entries
 from .status import Status
 
 log = logging.getLogger(__name__)
 _DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
+
+#: The longest wait between two judgements of the board when its change counter stands
+#: still: a slot turning SUSPECT or DEAD by age alone (a hung worker) reaches the digest
+#: and the pushes at most this late.
+REJUDGE_MAX_NS = 250_000_000
+
+
+def rejudge_ns(th: Thresholds) -> int:
+    """How long the digest may go without a judgement while nothing but time changed:
+    an eighth of ``suspect_after`` (a worker's staleness is seen within 1/8 of the time
+    it takes), at most ``REJUDGE_MAX_NS`` (250 ms at the default 2 s)."""
+    return max(1, min(REJUDGE_MAX_NS, (th.suspect << TS_SHIFT) // 8))
 
 
 class LocalDigest:
@@ -36,17 +50,38 @@ class LocalDigest:
         self._key: tuple[bytes, bytes] | None = None
         self._entries: dict[str, DigestEntry] = {}
         self._last_log_ns = -(10**12)
+        self.rejudge_ns = rejudge_ns(board.thresholds)
+        self._seen_changes: int | None = None
+        self._next_judge_ns = 0
         # Built from the board before anyone can read it: a standby that took the role
         # over answered its first pings (the responder drains before it flushes) with a
         # fresh generation and an empty body, and every watcher dropped this host's live
         # workers as GONE until the next ack.  The changes found now are nobody's news:
         # no watcher has pinged this holder yet.
-        self.rebuild()
+        self.rebuild(force=True)
 
-    def rebuild(self) -> list[DigestEntry]:
+    def rebuild(self, now_ns: int | None = None, *, force: bool = False) -> list[DigestEntry]:
         """Rebuild the digest if a local slot changed; returns the changes worth a push
-        (new incarnations, deaths, leaves)."""
+        (new incarnations, deaths, leaves).
+
+        Skipped (returns ``[]`` at once) unless ``force``, ``now_ns`` is None, the
+        board's change counter moved since the last judgement, or ``rejudge_ns`` passed.
+        Why that is enough: every change a digest shows moves the counter, except the
+        ones by age (a worker going stale, or beating again after a stall) -- a
+        registration, a leave or a forget moves ``reg_gen`` (after its words are
+        written), a verdict the agent writes moves ``agent_gen``.  The counter
+        and the slot words are separate words, and on aarch64 another core may see the
+        counter move before the words it follows; then this judgement finds nothing new
+        and the next one, at most ``rejudge_ns`` later, does.  So the counter only ever
+        makes a change seen sooner; the period alone bounds how late (the same bound
+        that covers changes by age).  No order between words is relied on."""
         b = self.b
+        ch = b.changes()
+        if not force and now_ns is not None:
+            if ch == self._seen_changes and now_ns < self._next_judge_ns:
+                return []
+            self._next_judge_ns = now_ns + self.rejudge_ns
+        self._seen_changes = ch
         hb, v, now = b.snapshot()
         codes, _ = judge_local_array(hb, v, int(now), b.thresholds)
         key = (codes.tobytes(), (hb >> np.uint64(INC_SHIFT)).tobytes())

@@ -24,6 +24,9 @@ from .procinfo import own_pid_namespace, pidfd_open, start_time
 log = logging.getLogger(__name__)
 
 _SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
+#: The longest wait between two scans of the slot words while the board's change
+#: counter stands still (see ``LocalWatch.tick``).
+SCAN_FALLBACK_NS = 250_000_000
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
 
@@ -56,6 +59,8 @@ class LocalWatch:
         self._retry: set[int] = set()
         self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
         self._last_log: dict[str, int] = {}
+        self._seen_changes: int | None = None
+        self._next_scan_ns = 0
         self.pollables_gen = 0
 
     def _rate_log(self, what: str, msg: str, *args: object) -> None:
@@ -94,7 +99,30 @@ class LocalWatch:
     def tick(self, now_ns: int, late_ns: int) -> None:
         """Start watching new registrations, stop watching leaves, and check the slot
         locks of workers that have no pidfd.  Only slots whose (incarnation, left) bits
-        changed since the last tick are examined one by one."""
+        changed since the last scan are examined one by one.
+
+        The scan of the slot words runs when the board's change counter moved, when a
+        slot waits to be looked at again, or ``SCAN_FALLBACK_NS`` after the last scan;
+        an idle tick costs one read of the counter.  A registration moves ``reg_gen``
+        after it wrote the slot's words, and so does a leave that could take the
+        registry lock; on aarch64 the counter may be seen moving before the words, and
+        a leaver kept from the lock does not move it at all.  The fallback scan catches
+        both, so the counter only makes a change seen sooner and no order between words
+        is relied on.  A worker is then watched through its pidfd at most that much
+        later than it registered; a death meanwhile is still seen (the pidfd is checked
+        against the start time the worker recorded, see ``_examine``)."""
+        b = self.board
+        ch = b.changes()
+        if ch != self._seen_changes or self._retry or now_ns >= self._next_scan_ns:
+            self._seen_changes = ch
+            self._next_scan_ns = now_ns + SCAN_FALLBACK_NS
+            self._scan(now_ns)
+        for i in list(self._by_lock):
+            if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                self._convict(i, self._watched[i], now_ns, "released its slot lock")
+        b.forget_expired()  # the policy's forget_after_s; one comparison when it is off
+
+    def _scan(self, now_ns: int) -> None:
         b = self.board
         hbs = b.hb_words.copy()
         marks = hbs >> _SHIFT39
@@ -115,10 +143,6 @@ class LocalWatch:
                         self._retry.add(i)
                         self._rate_log("examine", "board %s: slot %d not watched yet: %s",
                                        self.board.name, i, e)
-        for i in list(self._by_lock):
-            if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-                self._convict(i, self._watched[i], now_ns, "released its slot lock")
-        b.forget_expired()  # the policy's forget_after_s; one comparison when it is off
 
     def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
         tag = hb >> INC_SHIFT

@@ -121,7 +121,7 @@ class Responder:
     def flush(self, now_ns: int) -> None:
         """Rebuild the digest of local slots if anything changed, and push deaths, leaves
         and restarts to the hosts that pinged us recently (batched: see _PUSH_GAP_NS)."""
-        for e in self.digest.rebuild():
+        for e in self.digest.rebuild(now_ns):
             self._unpushed[e.key] = e  # the latest change of a slot wins
         if not self._unpushed:
             return
