@@ -4,8 +4,11 @@ docs/PROTOCOL.md, "Inbound pings as evidence", gives the rule and argues why it 
 be forged or replayed into a false ALIVE.  In short, a ping that decoded and passed the
 replay guard counts only if:
 
-* frames are authenticated (a shared secret or CURVE): without it, anyone who can reach
-  our port could claim any host, a risk larger than the documented one;
+* frames are authenticated (a shared secret or CURVE), or else its TCP connection comes
+  from the very IP address we follow that host at: without either, anyone who can reach
+  our port could claim any host, a risk larger than the documented one, while a
+  connection from that address takes what answering our pings to it takes already
+  (receiving traffic sent to it);
 * its identity is the one that host's acks to our own nonces established (a ping
   cannot introduce an identity);
 * its nonce is above every nonce of that host that counted before (kept with the
@@ -16,13 +19,42 @@ replay guard counts only if:
 
 from __future__ import annotations
 
+import ipaddress
+
 from .protocol import Identity, Ping
 
 
+def host_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` names if it is an IP literal; None for a name (a name is
+    never compared with a connection's source: resolving it is not ours to trust)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def from_host(source: str | None, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+              ) -> bool:
+    """Whether a connection whose remote address is ``source`` (libzmq's Peer-Address)
+    comes from ``ip``, the address a followed host is known by."""
+    if source is None or ip is None:
+        return False
+    try:
+        got = ipaddress.ip_address(source.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(got, ipaddress.IPv6Address) and got.ipv4_mapped is not None:
+        got = got.ipv4_mapped  # an IPv4 peer on a dual-stack socket
+    return got == ip
+
+
 def counts_as_evidence(ping: Ping, *, authenticated: bool, known: Identity | None,
-                       last_nonce: int, me: Identity, my_gen: int) -> bool:
+                       last_nonce: int, me: Identity, my_gen: int,
+                       from_its_address: bool = False) -> bool:
     """Whether ``ping`` (from the followed host whose acks established ``known``, and
-    whose pings up to ``last_nonce`` counted before) is evidence that its pinger runs."""
-    return (authenticated and known is not None and ping.identity == known
-            and ping.nonce > last_nonce and ping.known_identity == me
-            and ping.known_gen == my_gen)
+    whose pings up to ``last_nonce`` counted before) is evidence that its pinger runs.
+    ``from_its_address``: its connection comes from the IP address we follow it at
+    (``from_host``); it stands in for authentication, never adds to it."""
+    return ((authenticated or from_its_address) and known is not None
+            and ping.identity == known and ping.nonce > last_nonce
+            and ping.known_identity == me and ping.known_gen == my_gen)

@@ -42,8 +42,9 @@ MESSAGE_COUNTERS = {
     "pings_sent": ("shmhb_pings_sent", "Pings this host's pinger sent to remote hosts."),
     "acks_received": ("shmhb_acks_received", "Valid acks this host's pinger received."),
     "pings_answered": ("shmhb_pings_answered", "Pings from remote hosts this pinger answered."),
-    "pings_evidence": ("shmhb_pings_evidence", "Authenticated pings from followed hosts that "
-                       "counted as evidence of their pinger running."),
+    "pings_evidence": ("shmhb_pings_evidence", "Pings from followed hosts that counted as "
+                       "evidence of their pinger running (authenticated, or from the host's "
+                       "own address)."),
     "pushes_sent": ("shmhb_pushes_sent", "Digest pushes this pinger sent."),
     "pushes_received": ("shmhb_pushes_received", "Digest pushes this pinger received."),
 }

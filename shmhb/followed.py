@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import ipaddress
+
 from .config import parse_hostport
 from .errors import InvalidConfig
 from .protocol import DigestEntry, Identity
@@ -39,6 +41,7 @@ class Target:
     identity: Identity | None = None
     digest_gen: int = 0
     remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
 
 
 def host_of(text: str) -> str | None:

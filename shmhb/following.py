@@ -14,6 +14,7 @@ from typing import Any
 
 from .config import DEFAULT_PORT, format_hostport, parse_hostport
 from .errors import InvalidConfig, LockTimeout
+from .evidence import host_ip
 from .followed import Target
 from .netstate import NetReason
 from .pingplan import MIN_PINGS_PER_WINDOW
@@ -106,7 +107,7 @@ class Following:
             row, gen = got
             remotes = {}
         t = Target(address, host.lower(), rid, endpoint, PeerState(address), row, gen,
-                    now_ns, remotes=remotes)
+                    now_ns, remotes=remotes, ip=host_ip(host))
         self.targets[address] = t
         self._by_rid[rid] = t
         # what we know of it is nothing yet, whatever an earlier holder wrote there

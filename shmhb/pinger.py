@@ -44,7 +44,7 @@ from .protocol import (
 )
 # _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
-from .evidence import counts_as_evidence
+from .evidence import counts_as_evidence, from_host
 from .followed import Target, own_endpoints, speaks_for_another
 from .following import Following
 from .pingplan import PingPlan
@@ -122,14 +122,18 @@ class NetworkHalf(Following):
                  cfg.listen, cfg.interval_s, cfg.ping_budget_pps,
                  "hmac" if self.secret else "curve" if cfg.curve_keys else "none")
 
-    def _inbound_evidence(self, msg: Ping, now_ns: int) -> None:
+    def _inbound_evidence(self, msg: Ping, now_ns: int, source: str | None) -> None:
         """A followed host's own ping as evidence that its pinger runs, if
-        ``shmhb.evidence`` says it counts (the responder calls this for each ping)."""
+        ``shmhb.evidence`` says it counts (the responder calls this for each ping, with
+        the address its connection comes from)."""
         t = self.targets.get(msg.address)
+        if t is None:
+            return
         authenticated = self.secret is not None or bool(self.cfg.curve_keys)
-        if t is None or not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
-                                               last_nonce=t.evidence_nonce, me=self.identity,
-                                               my_gen=self.responder.digest.gen):
+        if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
+                                  last_nonce=t.evidence_nonce, me=self.identity,
+                                  my_gen=self.responder.digest.gen,
+                                  from_its_address=not authenticated and from_host(source, t.ip)):
             return
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")

@@ -17,8 +17,9 @@ frame as the whole pinger does), so the total rate of pings is what is bounded:
   a fixed order, so the load is even (a 50 ms tick sends ``rate / 20`` pings, not the
   whole round at once) and every host's pings keep one interval apart.  A host that
   joins is pinged first (at the next tick); a host that leaves frees its turn.
-* **Mutual pairs.**  A host whose own authenticated pings to us count as evidence (see
-  docs/PROTOCOL.md, "Inbound pings as evidence") need not be pinged by us as well.  In a
+* **Mutual pairs.**  A host whose own pings to us count as evidence (authenticated, or
+  from its own address: see docs/PROTOCOL.md, "Inbound pings as evidence") need not be
+  pinged by us as well.  In a
   pair that follows each other, the side with the larger address is the passive one:
   it skips its turn for a host whose evidence is fresher than ``SKIP_FRESH`` intervals,
   but still pings it at least every ``refresh_ns`` (to stay one of its watchers, so its

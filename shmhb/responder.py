@@ -25,6 +25,7 @@ from .protocol import (
     encode_push,
 )
 from .suspicion import Suspicion
+from .transport import recv_routed
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class Responder:
                  address: str, secret: bytes | None, suspicion: Suspicion, clock: Clock,
                  count: Callable[..., None], bad: Callable[[str, str], None],
                  rate_log: Callable[..., None],
-                 on_ping: Callable[[Ping, int], None] | None = None) -> None:
+                 on_ping: Callable[[Ping, int, str | None], None] | None = None) -> None:
         self.b = board
         self.router = router
         self.identity = identity
@@ -59,7 +60,9 @@ class Responder:
         self.suspicion = suspicion
         self.clock = clock
         self._count, self._bad, self._rate_log = count, bad, rate_log
-        self._on_ping = on_ping  # a ping that passed: the pinger weighs it as evidence
+        # a ping that passed, and the address its connection comes from: the pinger
+        # weighs it as evidence
+        self._on_ping = on_ping
         # Replay protection for pings only with a secret: without one a ping's identity
         # is anyone's to claim, and a guard keyed by it lets a forger lock a host's real
         # pings out (one ping as A with nonce 2**64-1 and B refused A for good).
@@ -81,11 +84,10 @@ class Responder:
             if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
                 self._count("drain_budget_spent")
                 return  # the rest waits for the next wake-up, after the local watch
-            parts = r.recv_multipart(_NOBLOCK)
-            if len(parts) != 2:
+            rid, frame, source = recv_routed(r)
+            if frame is None:
                 self._bad("malformed", "router")
                 continue
-            rid, frame = parts
             try:
                 msg = decode(frame, self.secret)
             except FrameRejected as e:
@@ -101,7 +103,7 @@ class Responder:
             if rid in self.watchers or len(self.watchers) < self._max_watchers:
                 self.watchers[rid] = now_ns
             if self._on_ping is not None:
-                self._on_ping(msg, now_ns)
+                self._on_ping(msg, now_ns, source)
             d = self.digest
             full = wants_full_digest(msg, self.identity, d.gen)
             ack = encode_ack_raw(msg.nonce, self.identity, self.address, d.gen,

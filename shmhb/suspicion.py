@@ -16,15 +16,16 @@ clock.  The rule, and why:
   has been sent, or attempted while its connection was down).  Under a ping budget a
   host may be pinged once a second or less often; judged in seconds alone, one ack that
   arrives just after ``peer_suspect_after`` would make a live host flap.  The budget
-  (``shmhb.pingplan``) gives each host at least five pings per ``peer_dead_after``, so
-  the count never delays DEAD past ``peer_dead_after`` plus one interval after the last
-  evidence: by then at least five pings were due.
+  (``shmhb.pingplan``) gives each host at least ``MIN_PINGS_PER_WINDOW`` (4) pings per
+  ``peer_dead_after``, so the count never delays DEAD past ``peer_dead_after`` plus one
+  interval after the last evidence: by then at least four pings were due, more than the
+  ``MISSED_IN_A_ROW`` the verdict waits for.
 * A host never heard from reads UNKNOWN, not ALIVE, until its first ack; it can still
   be convicted by silence.
-* An ack (to one of our own pings) makes a host ALIVE.  So does, with authentication,
-  its own ping to us once an ack established its identity (``on_evidence``; the rules
-  that make it unforgeable are the pinger's, see docs/PROTOCOL.md): it proves that its
-  pinger runs, which is what a host's ALIVE means.
+* An ack (to one of our own pings) makes a host ALIVE.  So does its own ping to us,
+  authenticated or from its own address, once an ack established its identity
+  (``on_evidence``; the rules that make it unforgeable are the pinger's, see
+  docs/PROTOCOL.md): it proves that its pinger runs, which is what a host's ALIVE means.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ run it on ``shmhb.faketransport`` instead: the same sockets and options, in-proc
 from __future__ import annotations
 
 import errno
+import ipaddress
 from collections.abc import Callable
 
 import zmq
@@ -110,7 +111,7 @@ class Transport:
         return f"tcp://{format_hostport(host, port)}"
 
     def _connect_endpoint(self, me: str | None, host: str, port: int) -> str:
-        return f"tcp://{format_hostport(host, port)}"
+        return connect_endpoint(me, host, port)
 
     def connector(self, me: str | None) -> zmq.Socket[bytes]:
         """The socket our pings leave from (made on first use); ``me``: our listen host,
@@ -170,6 +171,51 @@ class Transport:
             auth.stop()  # type: ignore[attr-defined]
         if self._own_ctx:
             self.ctx.destroy(linger=0)
+
+
+def connect_endpoint(me: str | None, host: str, port: int) -> str:
+    """Where a pinger listening on host ``me`` connects to reach ``host:port``.  Between
+    loopback addresses the connection leaves from ``me`` (libzmq's ``source;destination``
+    form): every loopback address sits on one interface, and the kernel would pick
+    127.0.0.1 as the source, so the other side could not tell our pings from anyone's
+    (``recv_routed``'s source; docs/PROTOCOL.md, "Inbound pings as evidence").
+    Elsewhere the kernel's own choice stands: binding a source it would not pick could
+    make the connection fail, and a failed connection reads as a dead host."""
+    dest = format_hostport(host, port)
+    if me and _loopback(me) and _loopback(host):
+        return f"tcp://{format_hostport(me, 0)};{dest}"
+    return f"tcp://{dest}"
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: never bound as a source
+
+
+_NOBLOCK = zmq.NOBLOCK
+
+
+def recv_routed(sock: zmq.Socket[bytes]) -> tuple[bytes, bytes | None, str | None]:
+    """One message off a ROUTER, without blocking (``zmq.Again`` if there is none):
+    (routing id, frame, the IP address its connection comes from).  The frame is None
+    if the message was not exactly one part after the routing id (the rest is read
+    and dropped).  The source is what the kernel says the TCP connection's remote
+    address is (libzmq's ``Peer-Address``), None where the transport has none (inproc).
+
+    Cheaper than ``recv_multipart``: two calls, no list, no RCVMORE query."""
+    rid = sock.recv(_NOBLOCK)
+    part = sock.recv(_NOBLOCK, copy=False)  # a message's parts arrive together
+    if part.more:
+        while sock.getsockopt(zmq.RCVMORE):
+            sock.recv(_NOBLOCK)
+        return rid, None, None
+    try:
+        got = part.get("Peer-Address")
+    except zmq.ZMQError:
+        got = None
+    return rid, part.bytes, got if isinstance(got, str) else None
 
 
 #: What the network half builds its sockets with: ``Transport`` itself, or a test's

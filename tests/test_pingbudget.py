@@ -110,26 +110,38 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
     assert took <= FAST.peer_dead_after_s + 3 * a.interval_s + 1.5, took
 
 
-def test_without_a_secret_inbound_pings_are_not_evidence(cluster: Cluster) -> None:
-    a = cluster.host()
-    b = cluster.host()
+def test_without_a_secret_pings_from_the_hosts_own_address_are_evidence(cluster: Cluster) -> None:
+    """No secret: a ping counts only over a connection from the followed host's own IP
+    address.  Real pingers on 127.0.0.2 and .3 connect from their listen addresses, so
+    the pair halves its messages as it does with a secret, and a death is still seen."""
+    a = cluster.host()  # 127.0.0.2: active
+    b = cluster.host()  # 127.0.0.3: passive
     a.watch(b)
     b.watch(a)
     wait_until(lambda: a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE,
                what="both ALIVE")
-    assert rate(b, "pings_sent", 2.0) >= 2.5  # both sides ping: nothing is taken on trust
-    assert a.stats()["pings_evidence"] == 0 and b.stats()["pings_evidence"] == 0
+    wait_until(lambda: b.stats()["pings_evidence"] >= 5, what="a's pings counted as evidence on b")
+    sent_a, sent_b = rate(a, "pings_sent", 3.0), rate(b, "pings_sent", 3.0)
+    assert sent_a >= 2.5, sent_a
+    assert sent_b <= 1.5, sent_b
+    assert a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE
+    t0 = time.monotonic()
+    a.kill_pinger()
+    wait_until(lambda: b.peer_status(a) is Status.DEAD, timeout_s=10, poll_s=0.005, what="a DEAD on b")
+    took = time.monotonic() - t0
+    assert took <= FAST.peer_dead_after_s + 3 * a.interval_s + 1.5, took
 
 
 class _Dealer:
     """The fake peer's own pinger side: pings the host under test over its listen port."""
 
-    def __init__(self, fake: FakePeer, target: str) -> None:
+    def __init__(self, fake: FakePeer, target: str, source: str | None = None) -> None:
         self.fake = fake
         self.ctx = zmq.Context()
         self.s = self.ctx.socket(zmq.DEALER)
         self.s.setsockopt(zmq.LINGER, 0)
-        self.s.connect(f"tcp://{target}")
+        # source: the address the connection leaves from (the kernel's choice if None)
+        self.s.connect(f"tcp://{source}:0;{target}" if source else f"tcp://{target}")
         self.nonce = time.time_ns()
         self.known: tuple[int, Identity | None] = (0, None)
 
@@ -269,3 +281,47 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
     configure_from_args(build_parser().parse_args([*argv, "--ping-budget-pps", "12.5"]))
     got = load_config(board)
     assert got is not None and got[1].ping_budget_pps == 12.5
+
+
+def test_without_a_secret_a_ping_from_another_address_never_keeps_a_dead_host_alive(
+        cluster: Cluster, fake_peers: list[FakePeer]) -> None:
+    """No secret: a ping names the followed host, its board identity and our current
+    digest, as an outsider who pinged both of us can, but its connection comes from
+    another address (the kernel's default source, or an address of the outsider's
+    own): it never counts, and the host that stopped answering dies on time.  From the
+    host's own address the same pings count (the control)."""
+    a = cluster.host()
+    fake = FakePeer(cluster.spare_ip(), cluster.port)
+    fake_peers.append(fake)
+    fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
+    a.board.watch(f"{fake.ip}:30001")
+    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
+    own = _Dealer(fake, a.listen, source=fake.ip)
+    outsiders = [_Dealer(fake, a.listen), _Dealer(fake, a.listen, source="127.0.0.250")]
+    try:
+        own.sync()
+        ev0 = a.stats()["pings_evidence"]
+        end = time.monotonic() + 3 * FAST.peer_dead_after_s
+        while time.monotonic() < end:
+            own.ping()
+            fake.drain(0.1)  # its pings to us go unanswered
+            assert a.peer_status(fake.ip) is Status.ALIVE
+        assert a.stats()["pings_evidence"] > ev0 + 10
+        for d in outsiders:
+            d.sync()
+        ev1 = a.stats()["pings_evidence"]
+        t0 = time.monotonic()
+        seen: list[Status | None] = []
+        while a.peer_status(fake.ip) is not Status.DEAD:
+            assert time.monotonic() - t0 < 10, f"not DEAD: {seen[-5:]}"
+            for d in outsiders:
+                d.known = own.known  # the current digest, as the host itself holds it
+                d.ping()
+            fake.drain(0.05)
+            seen.append(a.peer_status(fake.ip))
+        assert a.stats()["pings_evidence"] == ev1
+        assert Status.ALIVE not in seen[seen.index(Status.SUSPECT):], seen
+        assert time.monotonic() - t0 >= FAST.peer_dead_after_s - 0.3
+    finally:
+        for d in (own, *outsiders):
+            d.close()

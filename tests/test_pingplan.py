@@ -240,7 +240,7 @@ def test_evidence_keeps_a_host_alive_but_never_makes_an_unheard_one_alive() -> N
 
 # -- inbound pings as evidence: the pure rule ------------------------------------------------
 
-def test_only_an_authenticated_fresh_ping_naming_our_current_digest_counts() -> None:
+def test_only_an_authenticated_or_own_address_fresh_ping_naming_our_current_digest_counts() -> None:
     import os
 
     from shmhb.evidence import counts_as_evidence
@@ -255,3 +255,38 @@ def test_only_an_authenticated_fresh_ping_naming_our_current_digest_counts() -> 
         assert not counts_as_evidence(good, **{**kw, **change}), change  # type: ignore[arg-type]
     assert not counts_as_evidence(Ping(them, "10.0.0.1:45645", 100, 0, None), **kw)  # type: ignore[arg-type]
     assert not counts_as_evidence(Ping(other, "10.0.0.1:45645", 100, 77, me), **kw)  # type: ignore[arg-type]
+    # without authentication, a connection from the host's own address stands in for it,
+    # and nothing else changes
+    plain = {**kw, "authenticated": False, "from_its_address": True}
+    assert counts_as_evidence(good, **plain)  # type: ignore[arg-type]
+    for change in ({"from_its_address": False}, {"known": other}, {"last_nonce": 100},
+                   {"my_gen": 78}, {"me": other}):
+        assert not counts_as_evidence(good, **{**plain, **change}), change  # type: ignore[arg-type]
+
+
+def test_a_connection_comes_from_a_host_only_from_the_ip_address_it_is_followed_at() -> None:
+    from shmhb.evidence import from_host, host_ip
+
+    v4, v6 = host_ip("10.0.0.1"), host_ip("[fd00::1]")
+    assert v4 is not None and v6 is not None
+    assert from_host("10.0.0.1", v4)
+    assert from_host("::ffff:10.0.0.1", v4)  # an IPv4 peer on a dual-stack socket
+    assert from_host("fd00::1", v6) and from_host("fd00:0::1", v6)
+    for source in ("10.0.0.2", "127.0.0.1", "fd00::2", "", "garbage", "10.0.0.1:45645", None):
+        assert not from_host(source, v4) and not from_host(source, v6), source
+    # a name is never compared with a source: resolving it is not ours to trust
+    assert host_ip("prefill-0.svc.cluster.local") is None
+    assert not from_host("10.0.0.1", host_ip("prefill-0.svc.cluster.local"))
+
+
+def test_pings_leave_from_the_listen_address_only_between_loopback_addresses() -> None:
+    from shmhb.transport import connect_endpoint
+
+    assert connect_endpoint("127.0.0.2", "127.0.0.3", 45645) == "tcp://127.0.0.2:0;127.0.0.3:45645"
+    assert connect_endpoint("::1", "::1", 45645) == "tcp://[::1]:0;[::1]:45645"
+    # between hosts the kernel picks the source (binding one it would not pick can fail)
+    assert connect_endpoint("10.0.0.1", "10.0.0.2", 45645) == "tcp://10.0.0.2:45645"
+    assert connect_endpoint("127.0.0.2", "10.0.0.2", 45645) == "tcp://10.0.0.2:45645"
+    assert connect_endpoint("127.0.0.2", "localhost", 45645) == "tcp://localhost:45645"
+    assert connect_endpoint("0.0.0.0", "127.0.0.3", 45645) == "tcp://127.0.0.3:45645"
+    assert connect_endpoint(None, "127.0.0.3", 45645) == "tcp://127.0.0.3:45645"
