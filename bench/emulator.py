@@ -10,6 +10,15 @@ also pings the real pinger at ``TARGET`` every ``S`` seconds (DEALER, nonces str
 increasing, the digest generation it holds echoed back), so the real pinger answers as
 many pings as it sends, as in a cluster where every host follows every other.
 
+Each emulated host pings as a default pinger would in that mutual pair: it connects from
+its own address, counts the real pinger's pings to it as evidence by the pinger's own
+rule (``shmhb.evidence``, no secret: the connection must come from the address it
+follows the pinger at), and plans its turns with the pinger's own ``PingPlan`` (its
+address is larger, so it is the passive side: while the evidence is fresh it pings only
+once per peer dead-after, to stay a watcher).  ``--no-mutual`` pings every interval
+regardless, as before mutual pairs existed (or as a pair that cannot see each other's
+source address, behind NAT).
+
 ``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
 moves the same frames as a pinger on the same 50 ms tick: a prebuilt PING to each
 emulated host every ``S`` seconds, acks received and dropped unread, and one ROUTER
@@ -35,7 +44,9 @@ import time
 
 import zmq
 
+from shmhb.evidence import counts_as_evidence, from_host, host_ip
 from shmhb.exchange import wants_full_digest
+from shmhb.pingplan import DEFAULT_BUDGET_PPS, PingPlan
 from shmhb.protocol import (
     Ack,
     DigestEntry,
@@ -47,6 +58,11 @@ from shmhb.protocol import (
     encode_entries,
     encode_ping,
 )
+from shmhb.transport import recv_routed
+
+#: The pinger's default peer dead-after (Policy.peer_dead_after_s): its passive side's
+#: refresh period in a mutual pair.
+DEAD_AFTER_NS = 5_000_000_000
 
 
 def address(i: int) -> str:
@@ -70,6 +86,8 @@ class Host:
         self.known: tuple[int, Identity | None] = (0, None)
         self.next_ping = 0.0
         self.dead = False
+        self.plan: PingPlan | None = None
+        self.evidence_nonce = 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor", choices=("dealers", "router"), default=None,
                    help="be the floor pinger instead (see floor())")
     p.add_argument("--listen", default=None, help="--floor: where to answer pings")
+    p.add_argument("--no-mutual", action="store_true",
+                   help="ping every interval, whatever the pinger's pings to us say")
     a = p.parse_args(argv)
     if a.floor:
         return floor(a)
@@ -89,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [Host(ctx, address(i), a.port, a.slots) for i in range(a.hosts)]
     by_sock: dict[zmq.Socket, tuple[Host, bool]] = {}
     poller = zmq.Poller()
+    target_ip = host_ip(a.target.rsplit(":", 1)[0])
     for h in hosts:
         d = ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
         d.setsockopt(zmq.IMMEDIATE, 1)
-        d.connect(f"tcp://{a.target}")
+        d.connect(f"tcp://{h.addr.rsplit(':', 1)[0]}:0;{a.target}")  # from its own address
         h.dealer = d
         by_sock[h.router] = (h, True)
         by_sock[d] = (h, False)
@@ -107,8 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         now = time.monotonic()
         if pinging:
+            now_ns = int(now * 1e9)
             for h in hosts:
                 if now >= h.next_ping and not h.dead:
+                    if h.plan is not None:
+                        due = bool(h.plan.due(now_ns))
+                        nxt = h.plan.next_ns()
+                        h.next_ping = now + 1 if nxt is None else max(nxt / 1e9, now + 0.001)
+                        if not due:
+                            continue
+                    else:
+                        h.next_ping = max(h.next_ping + a.interval_s, now)
                     h.nonce += 1
                     frame = encode_ping(Ping(h.identity, h.addr, h.nonce, h.known[0], h.known[1]))
                     try:
@@ -116,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
                         sent += 1
                     except zmq.Again:
                         pass
-                    h.next_ping = max(h.next_ping + a.interval_s, now)
             wake = min((h.next_ping for h in hosts if not h.dead), default=now + 1)
             timeout = max(0, math.ceil((wake - time.monotonic()) * 1000))  # int ms: never spin
         else:
@@ -142,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                             t = time.monotonic()
                             for h in hosts:  # spread the pings over one interval
                                 h.next_ping = t + random.uniform(0, a.interval_s)
+                                if not a.no_mutual:
+                                    h.plan = PingPlan(DEFAULT_BUDGET_PPS, int(a.interval_s * 1e9),
+                                                      DEAD_AFTER_NS, me=h.addr)
+                                    h.plan.set_hosts([a.target], int(h.next_ping * 1e9))
                         print(f"stats {answered} {sent} {acks}", flush=True)
                 continue
             if sock not in by_sock:
@@ -149,14 +182,27 @@ def main(argv: list[str] | None = None) -> int:
             h, is_router = by_sock[sock]
             for _ in range(256):
                 try:
-                    parts = sock.recv_multipart(zmq.NOBLOCK)
+                    if is_router:
+                        rid, frame, source = recv_routed(sock)
+                        parts = [rid, frame] if frame is not None else []
+                    else:
+                        parts, source = sock.recv_multipart(zmq.NOBLOCK), None
                 except zmq.Again:
                     break
+                if not parts:
+                    continue
                 try:
                     msg = decode(parts[-1])
                 except FrameRejected:
                     continue
                 if is_router and isinstance(msg, Ping) and len(parts) == 2:
+                    if (h.plan is not None and msg.address == a.target
+                            and counts_as_evidence(msg, authenticated=False, known=h.known[1],
+                                                   last_nonce=h.evidence_nonce, me=h.identity,
+                                                   my_gen=h.gen,
+                                                   from_its_address=from_host(source, target_ip))):
+                        h.evidence_nonce = msg.nonce
+                        h.plan.evidence(a.target, int(time.monotonic() * 1e9))
                     full = wants_full_digest(msg, h.identity, h.gen)
                     ack = encode_ack_raw(msg.nonce, h.identity, h.addr, h.gen,
                                          h.body if full else None)
