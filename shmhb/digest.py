@@ -27,7 +27,6 @@ from .protocol import MAX_ACK_ENTRIES, DigestEntry, encode_entries
 from .status import Status
 
 log = logging.getLogger(__name__)
-_DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
 
 #: The longest wait between two judgements of the board when its change counter stands
 #: still: a slot turning SUSPECT or DEAD by age alone (a hung worker) reaches the digest
@@ -61,8 +60,11 @@ class LocalDigest:
         self.rebuild(force=True)
 
     def rebuild(self, now_ns: int | None = None, *, force: bool = False) -> list[DigestEntry]:
-        """Rebuild the digest if a local slot changed; returns the changes worth a push
-        (new incarnations, deaths, leaves).
+        """Rebuild the digest if a local slot changed; returns the changes worth a push:
+        new incarnations and every change of status.  A receiver applies only deaths,
+        leaves and restarts from a push; any other change makes it ask for the whole
+        digest at its next turn (``pinger._on_push``), which matters to the passive side
+        of a mutual pair: it hears our acks only once per ``peer_dead_after``.
 
         Skipped (returns ``[]`` at once) unless ``force``, ``now_ns`` is None, the
         board's change counter moved since the last judgement, or ``rejudge_ns`` passed.
@@ -102,7 +104,7 @@ class LocalDigest:
                 entries[k] = e
         news = [e for k, e in entries.items()
                 if (old := self._entries.get(k)) is None or old.incarnation != e.incarnation
-                or (old.status != e.status and e.status in _DEAD_OR_LEFT)]
+                or old.status != e.status]
         if [(e.key, e.incarnation, e.status) for e in entries.values()] == [
                 (e.key, e.incarnation, e.status) for e in self._entries.values()]:
             return []

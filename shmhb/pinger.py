@@ -333,7 +333,7 @@ class NetworkHalf(Following):
             self._bad("replay", t.address)
             return
         self.w.count("pushes_received")
-        changed = unlisted = False
+        changed = unlisted = ask = False
         for e in p.entries:
             held = t.remotes.get(e.key)
             if held is None:
@@ -346,9 +346,16 @@ class NetworkHalf(Following):
             elif e.incarnation == held[2] and e.status in (Status.DEAD.code, Status.LEFT.code):
                 self.rows.remote_status(held, e.status, now_ns)
                 changed = True
+            else:
+                ask = True  # SUSPECT, ALIVE again: only an ack may say so
         if unlisted:
             self.w.count("push_unlisted")
-        if changed or unlisted:
+        if unlisted or ask:
+            # Ask at its next turn, even if we are the passive side of a mutual pair
+            # (which hears its acks only once per peer dead-after otherwise).  A forged
+            # push costs at most that one ping: turns stay within the plan.
+            self.plan.nudge(t.address)
+        if changed or unlisted or ask:
             t.digest_gen = 0  # the next ack brings the whole truth
         if changed:
             self.w.changed()

@@ -141,6 +141,11 @@ class PingPlan:
         if self.passive(host):
             self._evidence_ns[host] = now_ns
 
+    def nudge(self, host: str) -> None:
+        """We need ``host``'s digest: its next turn pings it, even where its evidence
+        would let a passive side skip (a push told of a change only an ack carries)."""
+        self._pinged_ns.pop(host, None)
+
     def due(self, now_ns: int) -> list[str]:
         """The hosts to ping now: those whose turn came since the last call, less the
         ones a mutual pair covers.  After a stall of more than one interval (our loop

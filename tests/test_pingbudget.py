@@ -132,6 +132,38 @@ def test_without_a_secret_pings_from_the_hosts_own_address_are_evidence(cluster:
     assert took <= FAST.peer_dead_after_s + 3 * a.interval_s + 1.5, took
 
 
+def test_the_passive_side_of_a_mutual_pair_hears_of_a_hung_worker_within_intervals(
+        cluster: Cluster) -> None:
+    """A passive side hears the other host's acks only once per peer dead-after; a
+    worker there going SUSPECT (not pushed as a verdict) still reaches it at once: the
+    change is pushed, and the push makes its next turn a ping."""
+    slow = shmhb.Policy(suspect_after_s=0.5, dead_after_s=30.0, peer_suspect_after_s=1.0,
+                        peer_dead_after_s=20.0)  # a refresh only every 20 s
+    a = cluster.host(policy=slow)  # 127.0.0.2: active
+    b = cluster.host(policy=slow)  # 127.0.0.3: passive
+    w = a.worker("a-rank-1", a.endpoint(1))
+    a.watch(b)
+    b.watch(a)
+    wait_until(lambda: a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE,
+               what="both ALIVE")
+    wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None and r.status is Status.ALIVE,
+               what="a's worker ALIVE on b")
+    wait_until(lambda: b.stats()["pings_evidence"] >= 5, what="b passive")
+    sent0 = b.stats()["pings_sent"]
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None and r.status is Status.SUSPECT,
+                   timeout_s=8, poll_s=0.01, what="a's stopped worker SUSPECT on b")
+        took = time.monotonic() - t0
+        assert b.stats()["pings_sent"] - sent0 <= 3  # b stayed passive: one asked-for ping
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    assert took < 8, took
+    wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None and r.status is Status.ALIVE,
+               timeout_s=8, poll_s=0.01, what="a's resumed worker ALIVE again on b")
+
+
 class _Dealer:
     """The fake peer's own pinger side: pings the host under test over its listen port."""
 

@@ -116,6 +116,27 @@ def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_r
     assert len(got) >= 2 * 5 - 3
 
 
+def test_a_nudged_passive_side_pings_at_its_next_turn_whatever_the_evidence() -> None:
+    me, other = "10.0.0.9:45645", "10.0.0.1:45645"
+    passive = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD, me=me)
+    passive.set_hosts([other], 0)
+    assert passive.due(0) == [other]  # the first ping
+
+    def window(k0: int, ticks: int) -> list[tuple[int, str]]:
+        out = []
+        for k in range(k0, k0 + ticks):  # fresh evidence at every tick
+            passive.evidence(other, k * TICK)
+            out += [(k, h) for h in passive.due(k * TICK)]
+        return out
+
+    assert len(window(1, 40)) <= 1  # 2 s of evidence: at most the first refresh
+    assert window(41, 40) == []  # then every turn skipped
+    passive.nudge(other)  # a push told of a change only an ack carries
+    got = window(81, 40)
+    assert [h for _, h in got] == [other]  # one ping, then skipping again
+    assert (got[0][0] - 81) * TICK <= passive.interval_ns + 2 * TICK
+
+
 def test_plan_refuses_a_bad_budget() -> None:
     for bad in (0, -1, float("nan"), float("inf"), 1e9):
         with pytest.raises(ValueError):
