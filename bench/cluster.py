@@ -6,8 +6,8 @@ and 32 x 16 (``--quick``: 4 x 16 only, shorter windows, fewer kills).  Every hos
 every other host.
 
 * **shmhb host**: one board, one ``python -m shmhb pinger --listen 127.0.0.X:P
-  --interval-s 0.2 --tick-s 0.05`` process (the pinger's default interval: 5 pings/s to
-  each followed host), and one ranks process that registers the host's 16 rank slots,
+  --interval-s 0.2`` process (the pinger's default interval: 5 pings/s to each followed
+  host; its default tick, 0.1 s), and one ranks process that registers the host's 16 rank slots,
   beats them every 0.1 s from one thread and watches every other host
   (``bench.cluster_hosts``).  Kill victims are extra worker processes on the board.
 * **seed host** (``bench.seed_baseline``): 16 rank processes, each answering pings on
@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 
 import shmhb
+from shmhb.config import AgentConfig
 from shmhb.pingplan import DEFAULT_BUDGET_PPS, host_interval_ns
 from shmhb.loopback import child_env, free_port, loopback_addrs
 from shmhb.status import Status
@@ -688,7 +689,7 @@ def cpu_section(cpu: CpuResult) -> str:
                "carry their digest). Windows alternate A B B A."
                + ("" if not floors_ran else " The floors replace the pinger on the same address, under "
                "the same emulated load: bare Python + pyzmq processes moving the same frames on the "
-               "same 50 ms tick (prebuilt frames, nothing decoded, no board), with one DEALER per host "
+               "same tick as the pinger's (prebuilt frames, nothing decoded, no board), with one DEALER per host "
                f"or with one ROUTER connected to all {cpu.hosts} hosts."))
     if cpu.kills_s or cpu.kills_missed:
         out.append(f"- Host kill -> DEAD on the board (an emulated host's sockets closed at a random "
@@ -826,7 +827,7 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
         if s.sh_late:
             out.append(f"- {s.H} x {s.R}: shmhb agent loops (victim's host and watcher) ran up to "
                        f"{stats.median(s.sh_late):.0f} ms late (median over kills of the worse of the two; "
-                       f"max {max(s.sh_late):.0f} ms; the tick is 50 ms): CPU starvation: this machine runs "
+                       f"max {max(s.sh_late):.0f} ms; the tick is {AgentConfig().tick_s * 1000:.0f} ms): CPU starvation: this machine runs "
                        f"all {s.H} pingers, the benchmark and other work on 2 cores.")
         if s.seed_rule:
             dev = max(abs(a * 1e3 - b * 1e3) for a, b in zip(s.seed_kill.values, s.seed_rule))
@@ -906,7 +907,7 @@ MEASURED_VS_COMPUTED = """## What is measured, what is computed
 - **CPU** is utime + stime from /proc/PID/stat (all threads) over each sub-window, as %
   of one core; schedstat (ns run time of the live threads) is shown beside it.  shmhb:
   each host's `shmhb pinger` process (the agent role: pidfd watch of local workers,
-  pings, acks, the board tick every 0.05 s); the ranks process that beats 16 slots is
+  pings, acks, the board tick every 0.1 s); the ranks process that beats 16 slots is
   shown apart.  Seed: every rank process, whose only work is heartbeats (monitor
   thread, listener thread, libzmq I/O threads).  At 32 x 16 the CPU of all 512 rank
   processes is the work of k monitors (k x 496 pings out a second) and of the listeners

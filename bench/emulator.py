@@ -20,7 +20,7 @@ regardless, as before mutual pairs existed (or as a pair that cannot see each ot
 source address, behind NAT).
 
 ``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
-moves the same frames as a pinger on the same 50 ms tick: a prebuilt PING to each
+moves the same frames as a pinger on the same tick (its default): a prebuilt PING to each
 emulated host every ``S`` seconds, acks received and dropped unread, and one ROUTER
 answering every ping with a prebuilt ACK (no decoding, no state, no board); either one
 DEALER per host (the pinger's socket layout) or one ROUTER connected to all hosts (a
@@ -44,6 +44,7 @@ import time
 
 import zmq
 
+from shmhb.config import AgentConfig
 from shmhb.evidence import counts_as_evidence, from_host, host_ip
 from shmhb.exchange import wants_full_digest
 from shmhb.pingplan import DEFAULT_BUDGET_PPS, PingPlan
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def floor(a: argparse.Namespace) -> int:
     """The transport floor of a pinger (see the module docstring): the same frames, on
-    the same 50 ms tick as the agent loop (pings due within a tick leave together), no
+    the same tick as the agent loop (pings due within a tick leave together), no
     decoding and no state.  ``--floor dealers``: one DEALER per followed host, as the
     pinger has (it also has one monitor socket per host).  ``--floor router``: one ROUTER
     that connects to every followed host, so the poll set is two sockets whatever the
@@ -267,7 +268,7 @@ def floor(a: argparse.Namespace) -> int:
     stdin = sys.stdin.fileno()
     poller.register(stdin, zmq.POLLIN)
     print("ready", flush=True)
-    tick = 0.05
+    tick = AgentConfig().tick_s
     next_tick = t0
     while True:
         now = time.monotonic()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import shmhb
+from shmhb.config import AgentConfig
 from shmhb.loopback import child_env
 from shmhb.status import Status
 
@@ -101,10 +102,11 @@ def unlink_board(name: str) -> None:
 
 
 def start_pinger(stack: contextlib.ExitStack, board: str, listen: str, interval_s: float,
-                 tick_s: float = 0.05, env: dict[str, str] | None = None,
+                 tick_s: float | None = None, env: dict[str, str] | None = None,
                  log_dir: str | None = None) -> subprocess.Popen:
-    """``python -m shmhb pinger`` for one simulated host; stopped and its board unlinked
-    when ``stack`` unwinds."""
+    """``python -m shmhb pinger`` for one simulated host (its loop at ``tick_s``, by
+    default the pinger's own default); stopped and its board unlinked when ``stack``
+    unwinds."""
     stack.callback(unlink_board, board)
     if log_dir:
         err = open(os.path.join(log_dir, f"{board}.log"), "w+")  # noqa: SIM115
@@ -117,7 +119,7 @@ def start_pinger(stack: contextlib.ExitStack, board: str, listen: str, interval_
     cmd = ["-m", "bench.profpinger", os.path.join(prof, f"{board}.prof")] if prof else ["-m", "shmhb"]
     p = subprocess.Popen(
         [sys.executable, *cmd, "pinger", "--board", board, "--listen", listen,
-         "--interval-s", str(interval_s), "--tick-s", str(tick_s)],
+         "--interval-s", str(interval_s), *(("--tick-s", str(tick_s)) if tick_s else ())],
         env=env or child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     stack.callback(stop_process, p)
     _logs[p.pid] = err
@@ -259,8 +261,8 @@ def _push_gap_s() -> float:
 #: gap (``shmhb.pinger._PUSH_GAP_NS``) and notices a registration at its next tick, so a
 #: death that follows another change on the same host (say, the registration of the
 #: previous victim's replacement) within the gap waits for it.  Each timed kill is kept
-#: the only change on its host for this long before it (gap + two 50 ms ticks).
-QUIET_S = _push_gap_s() + 0.1
+#: the only change on its host for this long before it (gap + two of the pinger's ticks).
+QUIET_S = _push_gap_s() + 2 * AgentConfig().tick_s
 
 
 def wait_quiet(last_change: float) -> None:

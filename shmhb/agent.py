@@ -145,7 +145,7 @@ class Agent:
         left alone up to the long bound; so is a process stopped as a whole (SIGSTOP),
         during which the watchdog does not run either."""
         bound_ns = int(self.config.watchdog_s * 1e9)
-        period = min(0.25, self.config.watchdog_s / 4)
+        period = min(1.0, self.config.watchdog_s / 8)  # 1 s at the default 10 s
         period_ns = int(period * 1e9)
         last = resumed = moved = time.monotonic_ns()
         switches = thread_switches(tid)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from .version import __version__
 from .board import Board
-from .config import BOARD_ENV, DEFAULT_BOARD, PingerConfig, board_name, check_host, positive_seconds
+from .config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
 from .errors import InvalidConfig, ShmhbError
 from .stopsignal import stop_on_signals
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
@@ -177,7 +177,6 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 
 def cmd_pinger(args: argparse.Namespace) -> int:
     from .agent import Agent
-    from .config import AgentConfig
 
     Board.open(args.board).close()
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
@@ -262,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("pinger", help="hold the host agent role in the foreground")
     board_arg(sp)
-    sp.add_argument("--tick-s", type=float, default=0.05, help="agent loop period (default 0.05)")
+    sp.add_argument("--tick-s", type=float, default=AgentConfig().tick_s,
+                    help=f"agent loop period (default {AgentConfig().tick_s:g})")
     sp.add_argument("--watchdog-s", type=float, default=10.0,
                     help="give the role up (and exit 1) when the agent loop is blocked this "
                          "long (default 10)")

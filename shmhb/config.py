@@ -120,7 +120,10 @@ class Capacity:
 class AgentConfig:
     """The local half of the agent role: how often it ticks and polls the election."""
 
-    tick_s: float = 0.05
+    #: the loop's period: pings to us are answered, verdicts on hosts advanced and pings
+    #: released once per tick (a local death wakes the loop at once, between ticks).
+    #: 0.1 s: at 0.05 s an idle pinger spent 60 % more CPU on ticks alone.
+    tick_s: float = 0.1
     election_poll_s: float = 0.2
     #: a holder whose loop makes no progress for this long (blocked in one call) gives
     #: the role up; readers already read its verdicts UNKNOWN after agent_stale_s, so

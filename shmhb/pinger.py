@@ -51,7 +51,7 @@ from .pingplan import PingPlan
 from .rows import RowWriter
 from .status import Status
 from .suspicion import PeerState, Suspicion
-from .transport import Transport, TransportFactory
+from .transport import Transport, TransportFactory, recv_routed
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ _RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
 
 
 #: Time the network half may spend on incoming frames between two ticks (a flood costs
-#: at most this share of a core: 10 % at the default 50 ms tick).
+#: at most this share of a core: 5 % at the default 100 ms tick).
 INTAKE_PER_TICK_NS = 5_000_000
 
 
@@ -240,13 +240,13 @@ class NetworkHalf(Following):
             if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
                 self.w.count("drain_budget_spent")
                 return  # the rest waits for the next wake-up, after the local watch
-            parts = c.recv_multipart(_NOBLOCK)
-            t = self._by_rid.get(parts[0]) if len(parts) == 2 else None
-            if t is None:  # not [routing id of a host we follow, frame]
+            rid, frame, _ = recv_routed(c)
+            t = self._by_rid.get(rid) if frame is not None else None
+            if t is None or frame is None:  # not [routing id of a host we follow, frame]
                 self._bad("malformed", "client")
                 continue
             try:
-                msg = decode(parts[1], self.secret)
+                msg = decode(frame, self.secret)
             except FrameRejected as e:
                 self._bad(e.reason, t.address)
                 continue

@@ -14,8 +14,9 @@ frame as the whole pinger does), so the total rate of pings is what is bounded:
   cannot afford that floor, the floor wins (a verdict bound is worth more than a
   budget); ``over_budget`` says so.
 * **Phases.**  The hosts take turns, one every ``interval / hosts``: round robin over
-  a fixed order, so the load is even (a 50 ms tick sends ``rate / 20`` pings, not the
-  whole round at once) and every host's pings keep one interval apart.  A host that
+  a fixed order, released in batches (every ``BATCH_NS``, 250 ms, or every interval if
+  shorter), so the load is even -- a quarter of a second's turns at a time, not the
+  whole round at once -- and every host's pings keep one interval apart.  A host that
   joins is pinged first (at the next tick); a host that leaves frees its turn.
 * **Mutual pairs.**  A host whose own pings to us count as evidence (authenticated, or
   from its own address: see docs/PROTOCOL.md, "Inbound pings as evidence") need not be
@@ -42,10 +43,13 @@ DEFAULT_BUDGET_PPS = 50.0
 MAX_BUDGET_PPS = 100_000.0
 #: Each host gets at least this many pings per ``peer_dead_after`` window.
 MIN_PINGS_PER_WINDOW = 4
-#: Turns are released in batches at most this often: the acks of one batch come back
-#: together and one wake-up of the loop drains several (the loop's cost is per wake-up
-#: more than per frame: measured, a ping a tick cost about twice what a batch does).
-BATCH_NS = 100_000_000
+#: Turns are released in batches at most this often (and at most once per interval):
+#: the acks of one batch come back together and one wake-up of the loop drains several
+#: (the loop's cost is per wake-up more than per frame: measured, a ping a tick cost
+#: about twice what a batch does, and at 64 followed hosts 250 ms batches cost a sixth
+#: less CPU than 100 ms ones).  A ping leaves at most this much after its phase; every
+#: host's pings stay one interval apart on average, and its turns stay in order.
+BATCH_NS = 250_000_000
 #: A passive side skips its turn while a host's evidence is fresher than this many
 #: intervals (more than one, so that a ping arriving a little late still counts).
 SKIP_FRESH = 1.5
@@ -155,7 +159,8 @@ class PingPlan:
             return []
         if self._release_ns is not None and now_ns < self._release_ns:
             return []  # not yet: the next batch takes these turns along
-        self._release_ns = now_ns + self.batch_ns * 3 // 4  # a tick early is the same tick
+        batch = min(self.batch_ns, self.interval_ns)
+        self._release_ns = now_ns + batch * 3 // 4  # a tick early is the same tick
         if now_ns - nxt > self.interval_ns:
             nxt = now_ns
         out: list[str] = []
