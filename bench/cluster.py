@@ -488,7 +488,7 @@ class CpuResult:
         return cpu_label(mode, self.hosts)
 
 
-CPU_MODES = ("idle", "follow", "both", "floor-dealers-follow", "floor-dealers-both",
+CPU_MODES = ("idle", "follow", "both", "both-plain", "floor-dealers-follow", "floor-dealers-both",
              "floor-router-follow", "floor-router-both")
 
 
@@ -497,6 +497,7 @@ def cpu_label(mode: str, hosts: int) -> str:
         "idle": "idle: 16 local slots, no remote host",
         "follow": f"follow {hosts} hosts",
         "both": f"follow {hosts} hosts + answer their pings",
+        "both-plain": f"follow {hosts} hosts + answer their pings, no mutual pairs",
         "floor-dealers-follow": f"floor, {hosts} DEALERs: follow {hosts}",
         "floor-dealers-both": f"floor, {hosts} DEALERs: follow + answer {hosts}",
         "floor-router-follow": f"floor, one ROUTER: follow {hosts}",
@@ -597,14 +598,22 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             emu.stdin.flush()  # type: ignore[union-attr]
             emu.stdout.readline()  # type: ignore[union-attr]
 
+        pings = {"follow": "ping 0", "both": "ping 1", "both-plain": "ping 2"}
+
         def abba(pid: int, a: str, b: str, brd: shmhb.Board | None, rounds: int) -> None:
             for k in range(rounds * 2):
                 mode = (a, b)[k % 2] if (k // 2) % 2 == 0 else (b, a)[k % 2]
-                command("ping 1" if mode == b else "ping 0")
+                command(pings.get(mode, "ping 1" if mode == b else "ping 0"))
                 time.sleep(1.5)  # settle: the last mode's frames drained
                 _cpu_window(res, mode, pid, brd, window_s, live if brd else None)
 
         abba(pinger.pid, "follow", "both", board, rounds)
+        # what a cluster whose hosts cannot see each other's source address pays (NAT,
+        # several interfaces): both sides of every pair ping every interval
+        for _ in range(rounds):
+            command("ping 2")
+            time.sleep(1.5)
+            _cpu_window(res, "both-plain", pinger.pid, board, window_s, live)
         if kills:
             command("ping 1")
             dead_after = board.policy.peer_dead_after_s
@@ -682,8 +691,11 @@ def cpu_section(cpu: CpuResult) -> str:
                             int(shmhb.Policy().peer_dead_after_s * 1e9)) / 1e9
     out.append(f"\n- {cpu.peers_alive}/{cpu.hosts} emulated hosts ALIVE on the board. The pinger runs "
                f"at its defaults (interval {SHMHB_INTERVAL_S:g} s, budget {DEFAULT_BUDGET_PPS:g} pings/s): "
-               f"it pings each host every {mine:g} s. Each emulated host pings it every "
-               f"{cpu.interval_s:g} s (a default pinger following the whole cluster). Live hosts read "
+               f"it pings each host every {mine:g} s. Each emulated host pings it as a default pinger "
+               f"following the whole cluster would: from its own address, as the passive side of the "
+               f"mutual pair (its address is the larger), so once per peer dead-after while the "
+               f"pinger's pings to it count as evidence; with no mutual pairs (a cluster behind NAT), "
+               f"every {cpu.interval_s:g} s. Live hosts read "
                f"other than ALIVE in {cpu.not_alive} of {cpu.samples * max(1, cpu.hosts)} samples "
                "(every 0.5 s, every host). The pinger's board holds 16 beating rank slots (its acks "
                "carry their digest). Windows alternate A B B A."

@@ -26,7 +26,8 @@ answering every ping with a prebuilt ACK (no decoding, no state, no board); eith
 DEALER per host (the pinger's socket layout) or one ROUTER connected to all hosts (a
 poll set of two sockets).  The CPU of the real pinger is compared with both.
 
-Stdin commands: ``ping 1`` / ``ping 0``; ``kill I``: host I (0-based) dies at once (its
+Stdin commands: ``ping 1`` / ``ping 0``; ``ping 2``: ping every interval, as
+``--no-mutual``; ``kill I``: host I (0-based) dies at once (its
 sockets close: it answers and sends nothing more); EOF ends it.  It prints ``ready`` once bound,
 and ``stats PINGS_ANSWERED PINGS_SENT ACKS_RECEIVED`` after each command.  One thread,
 one ``zmq.Poller``; ~10 µs of Python per frame, so 64 hosts at 5 pings/s in both
@@ -167,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                         h.dead = True
                         print(f"stats {answered} {sent} {acks}", flush=True)
                     if cmd.startswith("ping "):
-                        pinging = cmd.split()[1] == "1"
+                        mode = cmd.split()[1]
+                        pinging = mode in ("1", "2")
                         if pinging:
                             t = time.monotonic()
                             for h in hosts:  # spread the pings over one interval
                                 h.next_ping = t + random.uniform(0, a.interval_s)
-                                if not a.no_mutual:
+                                h.plan = None
+                                if not a.no_mutual and mode == "1":
                                     h.plan = PingPlan(DEFAULT_BUDGET_PPS, int(a.interval_s * 1e9),
                                                       DEAD_AFTER_NS, me=h.addr)
                                     h.plan.set_hosts([a.target], int(h.next_ping * 1e9))

@@ -5,11 +5,13 @@ hosts on loopback run side by side, every pinger at a 1 s ping interval:
 
 * **pushes** (the default): watcher A1 (127.0.0.2) follows B1 (127.0.0.3) directly.
 * **pings only**: watcher A2 (127.0.0.4) follows B2 (127.0.0.5) through a small ZMQ
-  relay on 127.0.0.6 (the address A2 watches) that forwards pings and acks unchanged
-  and drops every PUSH frame.  B2 does push, as every pinger does, but nothing it
-  pushes arrives, so A2 learns of a death only from the digest in the ack to its next
-  ping: no switch in shmhb is needed to measure this.  The relay's drop count and A2's
-  ``pushes_received`` (0) show it.
+  relay that listens at B2's address and the cluster port (what A2 follows) while B2's
+  pinger listens on another port.  It forwards pings unchanged, drops every PUSH
+  frame, and forwards acks with their address rewritten to its own (no secret here: an
+  ack naming another address than the one pinged is refused as relayed, by design).
+  B2 does push, as every pinger does, but nothing it pushes arrives, so A2 learns of a
+  death only from the digest in the ack to its next ping: no switch in shmhb is needed
+  to measure this.  The relay's drop count and A2's ``pushes_received`` (0) show it.
 
 B1 and B2 each run 16 beating ranks (so acks carry a realistic digest) and a pool of
 victim workers (small forked processes, ``agent=False``, beating every 0.05 s).  Kills
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from shmhb.protocol import PUSH
+from shmhb.protocol import PUSH, Ack, decode, encode_ack_raw, encode_entries
 from shmhb.loopback import free_port, loopback_addrs
 
 from . import stats
@@ -64,6 +66,7 @@ class PushDroppingRelay:
     """Forwards one watcher's pings to a pinger and the answers back; drops PUSH frames."""
 
     def __init__(self, listen: str, upstream: str) -> None:
+        self.listen = listen
         self.ctx = zmq.Context()
         self.front = self.ctx.socket(zmq.ROUTER)
         self.back = self.ctx.socket(zmq.DEALER)
@@ -92,7 +95,12 @@ class PushDroppingRelay:
                     frame = self.back.recv()
                     if len(frame) > 5 and frame[5] == PUSH:
                         self.dropped += 1
-                    elif self._rid is not None:
+                        continue
+                    a = decode(frame)
+                    if isinstance(a, Ack):  # as if B2 listened here
+                        frame = encode_ack_raw(a.nonce, a.identity, self.listen, a.gen,
+                                               encode_entries(a.entries) if a.full else None)
+                    if self._rid is not None:
                         with contextlib.suppress(zmq.ZMQError):
                             self.front.send_multipart([self._rid, frame])
                             self.forwarded += 1
@@ -119,20 +127,22 @@ class PushResult:
 
 def run(stack: contextlib.ExitStack, kills: int, log=print) -> PushResult:  # type: ignore[no-untyped-def]
     rng = random.Random()
-    a1, b1, a2, b2, relay_addr = loopback_addrs(5)
-    port = free_port([a1, b1, a2, b2, relay_addr], rng=rng)
+    a1, b1, a2, b2 = loopback_addrs(4)
+    port = free_port([a1, b1, a2, b2], span=2, rng=rng)
+    port_b2 = port + 1  # B2's own; the relay takes b2:port, the port A2 follows it at
     names = {h: board_name(f"push-{h}") for h in ("a1", "b1", "a2", "b2")}
     addr = {"a1": a1, "b1": b1, "a2": a2, "b2": b2}
-    procs = [start_pinger(stack, n, f"{addr[h]}:{port}", INTERVAL_S) for h, n in names.items()]
+    procs = [start_pinger(stack, n, f"{addr[h]}:{port_b2 if h == 'b2' else port}", INTERVAL_S)
+             for h, n in names.items()]
     boards = dict(zip(names, attach_when_ready(stack, list(names.values()), procs=procs)))
-    relay = PushDroppingRelay(f"{relay_addr}:{port}", f"{b2}:{port}")
+    relay = PushDroppingRelay(f"{b2}:{port}", f"{b2}:{port_b2}")
     stack.callback(relay.close)
     hs = HostServer(stack)
     for h in ("b1", "b2"):
         hs.start_ranks(names[h], 16, addr[h], 0.1, [])
     hs.wait_ranks(2)
     boards["a1"].watch(f"{b1}:30000")
-    boards["a2"].watch(f"{relay_addr}:30000")
+    boards["a2"].watch(f"{b2}:30000")  # at the cluster port: the relay
     pool = 4
     keys = {h: [f"victim-{j}" for j in range(pool)] for h in ("b1", "b2")}
     eps = {h: [f"{addr[h]}:{31000 + j}" for j in range(pool)] for h in ("b1", "b2")}

@@ -647,16 +647,17 @@ def shmhb_interval_s(H: int) -> float:
 
 
 def msgs_model(H: int, R: int) -> tuple[float, float]:
-    """Messages/s, whole cluster, every host following every other: shmhb (one pinger per
-    host at its defaults, no secret: ping + ack per followed host per budgeted interval)
-    and the seed (every rank pings every rank of every other host once a second, ping +
-    ack)."""
+    """Messages/s, whole cluster, every host following every other: shmhb without mutual
+    pairs (hosts that cannot see each other's source address, behind NAT: ping + ack per
+    followed host per budgeted interval, both directions) and the seed (every rank pings
+    every rank of every other host once a second, ping + ack)."""
     return 2 * H * (H - 1) / shmhb_interval_s(H), 2 * H * R * (H - 1) * R / POLL_INTERVAL_S
 
 
 def msgs_model_mutual(H: int) -> float:
-    """shmhb with a secret: in each pair one side pings every interval, the other once
-    per peer dead-after window (its own pings count as evidence)."""
+    """shmhb at its defaults: in each pair one side pings every interval, the other once
+    per peer dead-after window (the first side's pings count as evidence: authenticated,
+    or from its own address)."""
     pairs = H * (H - 1) / 2
     return pairs * 2 * (1 / shmhb_interval_s(H) + 1 / shmhb.Policy().peer_dead_after_s)
 
@@ -760,8 +761,10 @@ def plots(out_dir: Path, stamp: str, q1: Q1, q2: Q2, kill_ms: list[float], hang:
     hs = [2, 4, 8, 16, 32, 64, 128, 256]
     a1.plot(hs, [msgs_model(h, 16)[1] for h in hs], "--", color="#c55",
             label="seed: every rank pings, 1 s (model)")
-    a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], "--", color="#2a7",
-            label="shmhb: one pinger per host, ping budget (model)")
+    a1.plot(hs, [msgs_model_mutual(h) for h in hs], "--", color="#2a7",
+            label="shmhb: one pinger per host, ping budget, mutual pairs (model)")
+    a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], ":", color="#2a7",
+            label="shmhb, no mutual pairs (NAT) (model)")
     title = "Q4: messages (model)"
     if shape is not None and shape.sh_msgs:
         a1.plot([shape.H], [shape.seed_full_msgs], "o", color="#c55", ms=8,
@@ -1016,24 +1019,26 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for H in (4, 16, 32, 64, 128, 256):
         s, d = msgs_model(H, 16)
-        rows.append([f"{H} x 16", f"{d:,.0f}/s", f"{s:,.0f}/s", f"{msgs_model_mutual(H):,.0f}/s",
-                     f"{shmhb_interval_s(H):g} s", f"{d / s:.0f}x", "modelled"])
+        m = msgs_model_mutual(H)
+        rows.append([f"{H} x 16", f"{d:,.0f}/s", f"{m:,.0f}/s", f"{s:,.0f}/s",
+                     f"{shmhb_interval_s(H):g} s", f"{d / m:.0f}x", "modelled"])
     if shape is not None:
         sr = shape
         rows.append([f"{sr.H} x {sr.R}", f"{sr.seed_full_msgs:,.0f}/s", f"{sr.sh_msgs:,.0f}/s", "-",
                      f"{shmhb_interval_s(sr.H):g} s", f"{sr.seed_full_msgs / sr.sh_msgs:.0f}x" if sr.sh_msgs else "-",
                      "measured (bench.cluster.run_shape, all hosts; no secret)"])
     out.append(stats.table(["hosts x ranks", "seed msgs/s (every rank, 1 s)", "shmhb msgs/s (defaults)",
-                            "shmhb msgs/s, with a secret", "shmhb per-host interval", "seed / shmhb", "how"],
-                           rows))
+                            "shmhb msgs/s, no mutual pairs (NAT)", "shmhb per-host interval",
+                            "seed / shmhb", "how"], rows))
     out.append("\nModel: every host follows every other; seed = 2 x H x R x (H-1) x R / 1 s (ping + ack "
                "per rank pair); shmhb = 2 x H x (H-1) / I (ping + ack per host pair and direction; "
                "pushes only on change), I = the per-host interval of a default pinger following H-1 "
                f"hosts (`shmhb.pingplan.host_interval_ns`: 0.2 s while the budget of "
-               f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / 4 = 1.25 s). With "
-               "a secret, a followed host's own pings count as evidence, so in each pair one side pings "
-               "every I and the other once per peer dead-after (5 s). `python -m bench.cluster` measures "
-               "4 x 16 and 32 x 16 (bench/results_cluster.md).\n")
+               f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / 4 = 1.25 s). At the "
+               "defaults a followed host's own pings count as evidence (authenticated, or from its own "
+               "address), so in each pair one side pings every I and the other once per peer dead-after "
+               "(5 s); where hosts cannot see each other's source address (NAT) both sides ping every I. "
+               "`python -m bench.cluster` measures 4 x 16 and 32 x 16 (bench/results_cluster.md).\n")
     if shape is not None:
         s = shape
         sh_cpu = stats.median(s.sh_cpu_w) if s.sh_cpu_w else float("nan")
@@ -1047,13 +1052,13 @@ def main(argv: list[str] | None = None) -> int:
         targets.append([f">= {TARGETS['msg_ratio']:g}x fewer messages at 16 ranks/host (measured 4 x 16)",
                         f"{r:.0f}x", met(r >= TARGETS["msg_ratio"])])
     else:
-        s16, d16 = msgs_model(4, 16)
+        d16, s16 = msgs_model(4, 16)[1], msgs_model_mutual(4)
         targets.append([f">= {TARGETS['msg_ratio']:g}x fewer messages at 16 ranks/host (model; --quick)",
                         f"{d16 / s16:.0f}x", met(d16 / s16 >= TARGETS["msg_ratio"])])
     if cpu:
         rows = []
         for c in cpu:
-            for mode in ("idle", "follow", "both"):
+            for mode in ("idle", "follow", "both", "both-plain"):
                 if c.windows[mode]:
                     lim = cluster_bench.CPU_TARGETS.get((c.hosts, mode))
                     v = c.median(mode, 0)
@@ -1064,7 +1069,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "target", "how"], rows))
         for c in cpu:
             out.append(f"\n{c.hosts}: {c.peers_alive}/{c.hosts} emulated hosts ALIVE; each pings the pinger "
-                       f"every {c.interval_s:g} s (a default pinger following the whole cluster); live "
+                       f"as a default pinger following the whole cluster would (the passive side of the "
+                       f"mutual pair: once per peer dead-after; with no mutual pairs every "
+                       f"{c.interval_s:g} s); live "
                        f"hosts read other than ALIVE in {c.not_alive} samples"
                        + (f"; host kill -> DEAD {', '.join(f'{x:.2f} s' for x in c.kills_s)}"
                           if c.kills_s else "") + " (bench.cluster.run_cpu_target).")

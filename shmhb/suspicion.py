@@ -85,7 +85,8 @@ class Suspicion:
     @staticmethod
     def on_evidence(p: PeerState, now_ns: int) -> Status | None:
         """Evidence that ``p``'s pinger runs: an ack, or (see the module text) its own
-        authenticated ping once an ack came; returns the old status if it changed."""
+        ping, authenticated or from its own address, once an ack came; returns the old
+        status if it changed."""
         p.silent_ns = 0
         p.unanswered = 0
         p.last_ack_ns = now_ns
