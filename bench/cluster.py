@@ -559,7 +559,10 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
     res = CpuResult(hosts=hosts, windows={m: [] for m in CPU_MODES},
                     interval_s=emulated_interval_s(hosts))
     with contextlib.ExitStack() as st:
-        me = loopback_addrs(1)[0]
+        # 127.0.0.1: the one loopback address a pinger's pings leave from (the kernel's
+        # source on lo), so that they count as evidence at the emulated hosts, as the
+        # pings of a host from its own address do between hosts
+        me = "127.0.0.1"
         emu_addrs = [emulated_address(i) for i in range(hosts)]
         port = free_port([me, *emu_addrs], rng=rng)
         name = board_name(f"cpu{hosts}")

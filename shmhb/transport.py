@@ -21,7 +21,6 @@ run it on ``shmhb.faketransport`` instead: the same sockets and options, in-proc
 from __future__ import annotations
 
 import errno
-import ipaddress
 from collections.abc import Callable
 
 import zmq
@@ -174,24 +173,18 @@ class Transport:
 
 
 def connect_endpoint(me: str | None, host: str, port: int) -> str:
-    """Where a pinger listening on host ``me`` connects to reach ``host:port``.  Between
-    loopback addresses the connection leaves from ``me`` (libzmq's ``source;destination``
-    form): every loopback address sits on one interface, and the kernel would pick
-    127.0.0.1 as the source, so the other side could not tell our pings from anyone's
-    (``recv_routed``'s source; docs/PROTOCOL.md, "Inbound pings as evidence").
-    Elsewhere the kernel's own choice stands: binding a source it would not pick could
-    make the connection fail, and a failed connection reads as a dead host."""
-    dest = format_hostport(host, port)
-    if me and _loopback(me) and _loopback(host):
-        return f"tcp://{format_hostport(me, 0)};{dest}"
-    return f"tcp://{dest}"
+    """Where a pinger listening on host ``me`` connects to reach ``host:port``: the
+    kernel picks the source address, which between hosts is the address of the
+    interface that routes to the peer (what ``recv_routed`` reports on the other side,
+    and what docs/PROTOCOL.md, "Inbound pings as evidence", relies on).
 
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: never bound as a source
+    Never libzmq's ``source;destination`` form: libzmq resolves a source address
+    through getifaddrs() on every (re)connect and aborts the whole process when that
+    fails, and under a connection flood it fails with EMFILE (a 30-minute chaos soak
+    saw the pinger die of SIGABRT).  So pingers on loopback addresses of one machine
+    all leave from 127.0.0.1: only one listening on 127.0.0.1 has its pings count as
+    evidence there (the tests and benchmarks that need a mutual pair use it)."""
+    return f"tcp://{format_hostport(host, port)}"
 
 
 _NOBLOCK = zmq.NOBLOCK

@@ -188,7 +188,8 @@ class Cluster:
     def __init__(self, tmp: str, procs: Procs) -> None:
         self.tmp = tmp
         self.procs = procs
-        self.port = free_port([f"127.0.0.{2 + i}" for i in range(MAX_HOSTS)])
+        # 127.0.0.1 too: a host there is the one whose pings leave from its own address
+        self.port = free_port([f"127.0.0.{1 + i}" for i in range(MAX_HOSTS + 1)])
         self._boards: list[Host] = []
         self._spawned: list[tuple[subprocess.Popen[bytes], str]] = []
         self.hosts: list[Host] = []

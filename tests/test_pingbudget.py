@@ -112,9 +112,10 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
 
 def test_without_a_secret_pings_from_the_hosts_own_address_are_evidence(cluster: Cluster) -> None:
     """No secret: a ping counts only over a connection from the followed host's own IP
-    address.  Real pingers on 127.0.0.2 and .3 connect from their listen addresses, so
-    the pair halves its messages as it does with a secret, and a death is still seen."""
-    a = cluster.host()  # 127.0.0.2: active
+    address.  Pingers on one machine all connect from 127.0.0.1, so a listens there (its
+    pings leave from its own address, as between hosts); the pair halves its messages as
+    it does with a secret, and a death is still seen."""
+    a = cluster.host(ip="127.0.0.1")  # active (the smaller address)
     b = cluster.host()  # 127.0.0.3: passive
     a.watch(b)
     b.watch(a)
@@ -139,7 +140,7 @@ def test_the_passive_side_of_a_mutual_pair_hears_of_a_hung_worker_within_interva
     change is pushed, and the push makes its next turn a ping."""
     slow = shmhb.Policy(suspect_after_s=0.5, dead_after_s=30.0, peer_suspect_after_s=1.0,
                         peer_dead_after_s=20.0)  # a refresh only every 20 s
-    a = cluster.host(policy=slow)  # 127.0.0.2: active
+    a = cluster.host(policy=slow, ip="127.0.0.1")  # active; its pings leave from its address
     b = cluster.host(policy=slow)  # 127.0.0.3: passive
     w = a.worker("a-rank-1", a.endpoint(1))
     a.watch(b)

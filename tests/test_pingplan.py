@@ -301,14 +301,12 @@ def test_a_connection_comes_from_a_host_only_from_the_ip_address_it_is_followed_
     assert not from_host("10.0.0.1", host_ip("prefill-0.svc.cluster.local"))
 
 
-def test_pings_leave_from_the_listen_address_only_between_loopback_addresses() -> None:
+def test_pings_never_bind_a_source_address() -> None:
+    # libzmq resolves a bound source through getifaddrs() on every reconnect and aborts
+    # the process when that fails (EMFILE under a connection flood): the kernel picks
     from shmhb.transport import connect_endpoint
 
-    assert connect_endpoint("127.0.0.2", "127.0.0.3", 45645) == "tcp://127.0.0.2:0;127.0.0.3:45645"
-    assert connect_endpoint("::1", "::1", 45645) == "tcp://[::1]:0;[::1]:45645"
-    # between hosts the kernel picks the source (binding one it would not pick can fail)
-    assert connect_endpoint("10.0.0.1", "10.0.0.2", 45645) == "tcp://10.0.0.2:45645"
-    assert connect_endpoint("127.0.0.2", "10.0.0.2", 45645) == "tcp://10.0.0.2:45645"
-    assert connect_endpoint("127.0.0.2", "localhost", 45645) == "tcp://localhost:45645"
-    assert connect_endpoint("0.0.0.0", "127.0.0.3", 45645) == "tcp://127.0.0.3:45645"
-    assert connect_endpoint(None, "127.0.0.3", 45645) == "tcp://127.0.0.3:45645"
+    for me in ("127.0.0.2", "::1", "10.0.0.1", "0.0.0.0", None):
+        assert ";" not in connect_endpoint(me, "127.0.0.3", 45645)
+    assert connect_endpoint("127.0.0.2", "127.0.0.3", 45645) == "tcp://127.0.0.3:45645"
+    assert connect_endpoint("::1", "::1", 45645) == "tcp://[::1]:45645"

@@ -376,7 +376,7 @@ class _Candidate:
     t: int
     o: int
     inc: Inc
-    what: str  # "local-verdict", "remote-row", "remote-host", "drop"
+    what: str  # "local-verdict", "remote-row", "remote-host", "drop", "restarted"
     detail: str
     judge_at: int
 
@@ -654,8 +654,7 @@ class Checker:
         if inc.ended_by(t):
             if inc.t_end is not None:
                 self.lat["link"].append((t - inc.t_end) / NS)
-            newer = any(i.inc > inc.inc and (i.t_ready if i.t_reg is None else i.t_reg) <= t
-                        for i in self.truth.by_slot[(inc.host, inc.widx)])
+            newer = self._successor_registered(inc, t)
             kind = inc.end_kind
             ok = {"killed": {"dead"} | ({"restarted"} if newer else set()),
                   "left": {"left"} | ({"restarted"} if newer else set())}[kind or "killed"]
@@ -663,6 +662,14 @@ class Checker:
                 if reason == "dead" and kind == "left":
                     # legitimate if its host was legitimately DEAD here: judged later
                     self._candidate(t, lk.o, inc, "drop", f"link {lk.id} of a left worker dropped DEAD")
+                    return
+                if reason == "restarted":
+                    # A successor can be seen on another host before the harness hears
+                    # of it (a worker reports its registration once register() has
+                    # returned and it is ready): judged later, on what was known by then.
+                    self._candidate(t, lk.o, inc, "restarted",
+                                    f"h{lk.o}: link {lk.id} to {inc.slot} inc {inc.inc} ({kind}) "
+                                    "dropped as restarted")
                     return
                 self.breach("wrong-drop-reason", t,
                             f"h{lk.o}: link {lk.id} to {inc.slot} inc {inc.inc} ({kind}) dropped "
@@ -700,8 +707,20 @@ class Checker:
             self._judge(c)
         self.cands = keep
 
+    def _successor_registered(self, inc: Inc, t: int) -> bool:
+        """Whether a later incarnation of ``inc``'s slot had begun registering by ``t``."""
+        return any(i.inc > inc.inc and (i.t_ready if i.t_reg is None else i.t_reg) <= t
+                   for i in self.truth.by_slot[(inc.host, inc.widx)])
+
     def _judge(self, c: _Candidate) -> None:
         inc, t = c.inc, c.t
+        if c.what == "restarted":
+            if self._successor_registered(inc, t):
+                self.stats["excused-restarted-late-news"] += 1
+            else:
+                self.breach("wrong-drop-reason", t, c.detail + ", and no successor had begun "
+                            "registering by then", f"h{c.o}", inc.slot)
+            return
         if inc.ended_by(t):
             if c.what == "drop" and inc.end_kind == "left":
                 if self._host_excuse(c.o, inc.host, t):
