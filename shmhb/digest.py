@@ -24,7 +24,6 @@ from .judge import Thresholds, judge_local_array
 from .layout import INC_MASK, INC_SHIFT, TS_SHIFT
 from .errors import ProtocolError
 from .protocol import MAX_ACK_ENTRIES, DigestEntry, encode_entries
-from .status import Status
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,9 @@ that worker's endpoint.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-import ipaddress
 
 from .config import parse_hostport
 from .errors import InvalidConfig
