@@ -47,6 +47,8 @@ MESSAGE_COUNTERS = {
                        "own address)."),
     "pushes_sent": ("shmhb_pushes_sent", "Digest pushes this pinger sent."),
     "pushes_received": ("shmhb_pushes_received", "Digest pushes this pinger received."),
+    "pings_confirm": ("shmhb_pings_confirm", "Pings sent at once because a push told of a "
+                      "change only an ack may confirm (a new registration, ALIVE again)."),
 }
 
 

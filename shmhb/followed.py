@@ -41,6 +41,7 @@ class Target:
     digest_gen: int = 0
     remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
+    confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
 
 
 def host_of(text: str) -> str | None:

@@ -221,6 +221,7 @@ STAT_NAMES: Final = (
     "drain_budget_spent",
     "net_failures",
     "intake_muted",
+    "pings_confirm",
 )
 NSTATS: Final = 32
 

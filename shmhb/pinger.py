@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 
 _LOG_EVERY_NS = 10 * 10**9
 _RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
+#: at most one ping per host per this period is sent at once because a push told of a
+#: change only an ack may confirm (a new registration, ALIVE again): what a stream of
+#: forged pushes can cost us
+CONFIRM_GAP_NS = 50_000_000
 
 
 #: Time the network half may spend on incoming frames between two ticks (a flood costs
@@ -350,13 +354,22 @@ class NetworkHalf(Following):
                 ask = True  # SUSPECT, ALIVE again: only an ack may say so
         if unlisted:
             self.w.count("push_unlisted")
-        if unlisted or ask:
-            # Ask at its next turn, even if we are the passive side of a mutual pair
-            # (which hears its acks only once per peer dead-after otherwise).  A forged
-            # push costs at most that one ping: turns stay within the plan.
-            self.plan.nudge(t.address)
         if changed or unlisted or ask:
             t.digest_gen = 0  # the next ack brings the whole truth
+        if unlisted or ask:
+            # Only an ack may say a key is new or ALIVE again (a push answers no nonce of
+            # ours), so ask now: one round trip, and a new registration reaches the hosts
+            # that watch it about as fast as a death does (a connector must not take the
+            # dead predecessor at the same address for the engine that replaced it).  A
+            # stream of forged pushes costs at most one such ping per CONFIRM_GAP_NS per
+            # host; otherwise the host's next turn asks (nudge), even on the passive side
+            # of a mutual pair, which hears acks only once per peer dead-after.
+            if now_ns - t.confirm_ns >= CONFIRM_GAP_NS and t.reachable:
+                t.confirm_ns = now_ns
+                self.w.count("pings_confirm")
+                self._ping(t, now_ns)
+            else:
+                self.plan.nudge(t.address)
         if changed:
             self.w.changed()
 

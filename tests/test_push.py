@@ -164,6 +164,35 @@ def test_a_burst_of_32_deaths_travels_as_a_few_messages(cluster: Cluster) -> Non
     assert p.stdout.readline().strip() == "reaped"
 
 
+def test_a_new_key_at_a_dead_workers_endpoint_is_confirmed_at_once(cluster: Cluster) -> None:
+    """A restarted engine registers under a new key (vLLM: a new engine id) at the
+    address its dead predecessor served.  The push names a key the last ack did not
+    list, which only an ack may add: the watcher pings at once instead of at the next
+    turn, so the new key arrives one round trip after the push, not an interval later."""
+    a, b = push_pair(cluster)
+    ep = b.endpoint(1)
+    old = b.gated_worker("vllm/engine-a/dp0/tp0/pp0", ep)
+    new = b.gated_worker("vllm/engine-b/dp0/tp0/pp0", ep)
+    inc_old = old.go()
+    wait_until(lambda: (r := a.remote(ep)) and r.status is Status.ALIVE, timeout_s=10,
+               what="engine-a ALIVE on a")
+    os.kill(old.pid, signal.SIGKILL)
+    wait_until(lambda: (r := a.remote(ep)) and r.status is Status.DEAD, timeout_s=5,
+               what="engine-a DEAD on a")
+    just_acked(a)
+    confirms = a.stats()["pings_confirm"]
+    t0 = time.monotonic()
+    inc_new = new.go()
+    got, _ = timed(lambda: (r := a.remote(ep)) and r.incarnation == inc_new and r,
+                   "engine-b at the endpoint")
+    took = time.monotonic() - t0
+    print(f"a new key at a dead worker's endpoint seen after {took * 1e3:.1f} ms")
+    assert took < PUSH_BOUND_S, f"new key seen after {took:.3f} s (interval {LONG_INTERVAL_S} s)"
+    assert got.key == "vllm/engine-b/dp0/tp0/pp0" and got.status is Status.ALIVE
+    assert inc_new > inc_old
+    assert a.stats()["pings_confirm"] > confirms, "no ping confirmed the pushed key"
+
+
 # -- crafted pushes from a fake peer ---------------------------------------------------------
 
 @pytest.mark.parametrize("secret", [None, SECRET], ids=["plain", "hmac"])
