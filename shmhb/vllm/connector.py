@@ -32,12 +32,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ..board import Board
-from ..status import Status
 from ..config import format_hostport, parse_hostport
 from ..errors import InvalidConfig, ShmhbError
 from .adapters import adapter_for
 from .guard import WorkerGuard
-from .settings import ConnectorSettings, engine_prefix
+from .settings import ConnectorSettings
+from .verdict import may_hold_blocks, producer_verdict
 from .stats import Counts, ShmhbKVConnectorStats
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,24 @@ def _inner_config(vllm_config: Any, settings: ConnectorSettings) -> Any:
     return cfg
 
 
+def _recover_by_default(ktc: Any, role: KVConnectorRole) -> None:
+    """``on_dead_peer="recompute"`` (the default) means no request fails because its
+    producer died: a load that fails anyway (it was in flight when the producer died,
+    hung or restarted) must be recomputed, not finished as an error.  vLLM decides
+    that by ``kv_load_failure_policy``, which defaults to "fail" and which the
+    scheduler reads from this (the outer) config right after it built its connector,
+    this one.  So the wrapper sets it here, in the scheduler's process, before that
+    read; ``on_dead_peer="fail"`` leaves vLLM's policy as configured."""
+    policy = getattr(ktc, "kv_load_failure_policy", None)
+    if policy is None or policy == "recompute":
+        return
+    ktc.kv_load_failure_policy = "recompute"
+    if role == KVConnectorRole.SCHEDULER:
+        log.info("shmhb: kv_load_failure_policy %r -> 'recompute': a load that fails because "
+                 "its producer died is computed locally (on_dead_peer='fail' keeps %r)",
+                 policy, policy)
+
+
 def _inner_class(vllm_config: Any) -> Any:
     s = ConnectorSettings.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
     cfg = _inner_config(vllm_config, s)
@@ -63,6 +81,8 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
+        if self.settings.on_dead_peer == "recompute":
+            _recover_by_default(ktc, role)
         inner_cfg = _inner_config(vllm_config, self.settings)
         cls = KVConnectorFactory.get_connector_class(inner_cfg.kv_transfer_config)
         self.inner: KVConnectorBase_V1 = cls(inner_cfg, role, kv_cache_config)
@@ -139,16 +159,7 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
             s = b.remote(ep)
             if len(self._seen) < 4096:
                 self._seen[ep] = (changes, s)
-        if s is None or s.status is Status.UNKNOWN:
-            return None
-        if s.status is Status.DEAD or s.status is Status.LEFT:
-            return s.status.value
-        if s.status is Status.SUSPECT:
-            return "suspect" if self.settings.act_on_suspect else None
-        engine = params.get("remote_engine_id")
-        if isinstance(engine, str) and not s.key.startswith(engine_prefix(engine)):
-            return "gone"  # another engine serves that address now: this one is gone
-        return None
+        return producer_verdict(s, params.get("remote_engine_id"), self.settings.act_on_suspect)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params
@@ -165,11 +176,15 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         return self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        if num_external_tokens == 0 and self._vetoed.pop(request.request_id, None) is not None:
+        reason = self._vetoed.pop(request.request_id, None) if num_external_tokens == 0 else None
+        if reason is not None and not may_hold_blocks(reason):
             params = request.kv_transfer_params
             if params is not None:
                 params["do_remote_prefill"] = False  # nothing to load, nobody to notify
             return
+        # A producer that may be alive and holding the blocks (a vetoed SUSPECT one) gets
+        # the inner connector's own "no load" notice: with no external tokens, Mooncake
+        # sends an empty pull, which frees the blocks there (instead of its 480 s abort).
         self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:

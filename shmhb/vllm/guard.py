@@ -24,6 +24,7 @@ from .adapters import InnerAdapter
 from .fence import FenceServer, ask_grant, parse_extra
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
+from .verdict import producer_verdict
 from .stats import Counts
 
 log = logging.getLogger(__name__)
@@ -134,25 +135,18 @@ class WorkerGuard:
 
     # -- hooks: consumer ------------------------------------------------------------------------
 
-    def _peer_gone(self, endpoint: str) -> Status | None:
-        b = self.board
-        if b is None:
-            return None
-        s = b.remote(endpoint)
-        if s is None:
-            return None
-        if s.status in _GONE or (self.settings.act_on_suspect and s.status is Status.SUSPECT):
-            return s.status
-        return None
-
     def load_started(self, endpoint: str, engine_id: str, reqs: dict[str, frozenset[int]],
                      token: object) -> bool:
-        gone = self._peer_gone(endpoint)
-        if gone is not None:
-            self.counts.add(f"vetoes.{gone.value}")
-            self.counts.add("failed_loads", len(reqs))
-            self.adapter.evict_engine(engine_id)
-            return False
+        b = self.board
+        # An empty pull loads nothing: it only tells a producer that may be alive to free
+        # its blocks, so it is never vetoed (it is tracked and fenced like any load).
+        if b is not None and any(reqs.values()):
+            gone = producer_verdict(b.remote(endpoint), engine_id, self.settings.act_on_suspect)
+            if gone is not None:
+                self.counts.add(f"vetoes.{gone}")
+                self.counts.add("failed_loads", len(reqs))
+                self.adapter.evict_engine(engine_id)
+                return False
         now = time.monotonic_ns()
         self.loads.start(Load(r, endpoint, engine_id, b, token, started_ns=now)
                          for r, b in reqs.items())

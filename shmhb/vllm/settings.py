@@ -3,6 +3,7 @@ the board key a worker rank registers under."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ def rank_key(engine_id: str, dp_rank: int, tp_rank: int, pp_rank: int) -> str:
     return f"vllm/~{digest}{tail}"
 
 
+@functools.lru_cache(maxsize=1024)
 def engine_prefix(engine_id: str) -> str:
     """What every rank key of ``engine_id`` starts with."""
     return rank_key(engine_id, 0, 0, 0).rsplit("/dp", 1)[0] + "/"

@@ -117,3 +117,32 @@ def test_settings_and_keys() -> None:
     assert not rank_key("abcd", 0, 0, 0).startswith(engine_prefix("abc"))
     assert parse_extra({"inc": 5, "fence": EP}) == (5, EP)
     assert parse_extra({"inc": 5, "fence": "*:1"}) is None and parse_extra("x") is None
+
+
+def test_a_veto_names_the_engine_it_vetoes() -> None:
+    """The newest slot at a bootstrap address may be another engine's: only the
+    requested engine's own slot, or a live other engine there, says anything."""
+    from shmhb import Status
+    from shmhb.status import SlotStatus
+    from shmhb.vllm.verdict import may_hold_blocks, producer_verdict
+
+    def slot(engine: str, status: Status) -> SlotStatus:
+        return SlotStatus(rank_key(engine, 0, 0, 0), 1, 7, status, 0.0, (EP,))
+
+    for st, want in [(Status.ALIVE, None), (Status.SUSPECT, None), (Status.DEAD, "dead"),
+                     (Status.LEFT, "left"), (Status.UNKNOWN, None)]:
+        assert producer_verdict(slot("e1", st), "e1", False) == want, st
+    assert producer_verdict(slot("e1", Status.SUSPECT), "e1", True) == "suspect"
+    # the requested engine restarted under a new id; the board still shows its dead
+    # predecessor at that address: nothing is known about the new one, so no veto
+    for st in (Status.DEAD, Status.LEFT, Status.SUSPECT, Status.UNKNOWN):
+        assert producer_verdict(slot("old", st), "new", True) is None, st
+    # a live other engine serves the address: the requested one is not there any more
+    assert producer_verdict(slot("new", Status.ALIVE), "old", False) == "gone"
+    # an engine id that is a prefix of another's names only itself
+    assert producer_verdict(slot("e10", Status.DEAD), "e1", False) is None
+    assert producer_verdict(None, "e1", False) is None
+    long_id = "x" * 80  # keyed by a digest: the same rule
+    assert producer_verdict(slot(long_id, Status.DEAD), long_id, False) == "dead"
+    assert producer_verdict(slot(long_id, Status.ALIVE), "y" * 80, False) == "gone"
+    assert may_hold_blocks("suspect") and not any(map(may_hold_blocks, ["dead", "left", "gone"]))
