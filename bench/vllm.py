@@ -1,49 +1,54 @@
 """Stock vLLM MooncakeConnector versus ShmhbConnector around it: ``python -m bench.vllm``.
 
-One run, real vLLM 0.32 and the real Mooncake transfer engine (TCP) on CPU, a prefill
-host (127.0.0.2) and a decode host (127.0.0.3) each with its own board and pinger (the
-stack of ``tests/vllm``; needs the vLLM venv, see tests/vllm/conftest.py).  For each of
-kill -9 of the prefill worker, SIGSTOP of it, and a restart under the same engine id,
-after a first good transfer: what the decode side's load ends as, and how long after
-the fault.  Then the wrapper's cost per scheduler and worker call.
+One run, real vLLM and the real Mooncake transfer engine (TCP) on CPU, a prefill host
+(127.0.0.2) and a decode host (127.0.0.3) each with its own board and pinger (the stack
+of ``tests/vllm``; needs the vLLM venv, see tests/vllm/conftest.py).  Two parts:
 
-Stock waits ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60`` s for a reply that cannot come;
-at the default (480) that is 540 s per case.  This bench lowers the timeout
-(``--abort-timeout-s``, default 10: 70 s per case) so the run takes minutes; the figure
-at the default is the formula's.  Writes ``bench/results_vllm.md``.
+* **What a client sees** (``--only client``).  The decode engine runs vLLM's real
+  Scheduler (tests/vllm/scheduled.py) with the deterministic stand-in model, for three
+  set-ups: stock at vLLM's default ``kv_load_failure_policy`` ("fail"), stock with
+  "recompute", and wrapped (which sets "recompute" itself).  Per fault (kill -9 or
+  SIGSTOP of the prefill with the request's load in flight, restart under the same
+  engine id, restart under a new one): the request's outcome (completed with the right
+  tokens, or failed) and how much later than an undisturbed request it finished.
+  Stock waits ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60`` s for a reply that cannot
+  come: 540 s at the default; this bench lowers the timeout (``--abort-timeout-s``,
+  default 10: 70 s per case) so the run takes minutes.
+* **What the happy path costs** (``--only transfer``).  Stock and wrapped, in turn:
+  the time from a load's start to its blocks landing (the decode side's ``loading`` to
+  ``loaded``), for 1 MiB and 16 MiB of KV per request, p50 and p99; and the wrapper's
+  own cost per step, timed against the inner connector alone in the same process.
+
+Writes ``bench/results_vllm.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tests.conftest import Procs
 from tests.hosts import Cluster
+from tests.vllm import model
 from tests.vllm.stack import POLICY, EngineProc, Stack, new_ids, transfer
 
 OUT = Path(__file__).resolve().parent / "results_vllm.md"
-
-
-def _in_flight(p: EngineProc, d: EngineProc) -> str:
-    """A load in flight: the decode side asked, the prefill side holds the request."""
-    rid, xid = new_ids()
-    p.request("prefill", "prefilled", rid=rid, transfer_id=xid)
-    d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
-    d.expect("loading", "vetoed", rid=rid)
-    p.expect_asked(xid)
-    return rid
-
-
-def _outcome(d: EngineProc, rid: str, t0: float, limit_s: float) -> tuple[str, float]:
-    try:
-        ev = d.expect("loaded", "load_failed", "vetoed", rid=rid, timeout_s=limit_s)
-    except AssertionError:
-        return f"still waiting after {limit_s:.0f} s", limit_s
-    return ev["ev"].replace("_", " "), ev["t"] - t0
+VARIANTS = ("stock", "stock + recompute", "wrapped")
+SCENARIOS = (
+    ("kill", "kill -9 the prefill, load in flight"),
+    ("stop", "SIGSTOP the prefill, load in flight"),
+    ("flap", "request sent while the prefill is SUSPECT (stopped 0.5 s past suspect-after, then resumed)"),
+    ("restart_same", "prefill restarted, same engine id: the next request"),
+    ("restart_new", "prefill restarted, new engine id: the next request, at once"),
+)
+TOKENS = 4
+SIZES = ((64, "1 MiB"), (1024, "16 MiB"))  # prompt blocks of 16 KiB
 
 
 def _wait_known(stack: Stack, p: EngineProc) -> None:
@@ -58,98 +63,260 @@ def _wait_known(stack: Stack, p: EngineProc) -> None:
         time.sleep(0.01)
 
 
-def run_variant(wrapped: bool, abort_s: int, tmp: str, cost_only: bool = False) -> dict[str, Any]:
-    limit = abort_s + 60 + 30
+def _stack(tmp: str, wrapped: bool, env: dict[str, str]) -> tuple[Procs, Cluster, Stack]:
     procs = Procs()
     cluster = Cluster(tmp, procs)
-    stack = Stack(cluster, tmp, wrapped=wrapped,
-                  env={"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": str(abort_s)})
+    return procs, cluster, Stack(cluster, tmp, wrapped=wrapped, env=env)
+
+
+def _close(procs: Procs, cluster: Cluster, stack: Stack) -> None:
+    try:
+        stack.close()
+    finally:
+        procs.cleanup()
+        cluster.close()
+
+
+# -- what a client sees -------------------------------------------------------------------
+
+def _submit(p: EngineProc, d: EngineProc, seed: int, finish: bool = True,
+            before_serve: Any = None) -> tuple[str, list[int]]:
+    rid, xid = new_ids(f"c{seed}")
+    prompt = model.prompt_for(seed)
+    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, prompt=prompt)
+    if finish:
+        p.send("finish", rid=rid)
+        p.expect("finished", rid=rid)
+    if before_serve is not None:
+        before_serve()
+    d.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params={
+        "do_remote_prefill": True, "transfer_id": xid, "remote_engine_id": p.engine_id,
+        "remote_bootstrap_addr": p.bootstrap})
+    return rid, prompt
+
+
+def _served(d: EngineProc, rid: str, prompt: list[int], limit_s: float) -> dict[str, Any]:
+    try:
+        ev = d.expect("served", rid=rid, timeout_s=limit_s)
+    except AssertionError:
+        return {"outcome": f"still waiting after {limit_s:.0f} s", "s": limit_s}
+    ok = ev["tokens"] == model.generate(prompt, TOKENS)
+    done = ev["finish_reason"] == "length"
+    outcome = ("completed" if ok else "completed, WRONG tokens") if done else \
+        f"failed ({ev['finish_reason']})"
+    return {"outcome": outcome, "s": ev["t"] - ev["added_t"]}
+
+
+def client_view(variant: str, abort_s: int, tmp: str) -> dict[str, Any]:
+    limit = abort_s + 60 + 30
+    env = {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": str(abort_s)}
+    procs, cluster, stack = _stack(tmp, variant == "wrapped", env)
     res: dict[str, Any] = {}
     try:
-        p, d = stack.start("prefill", "bench-prefill"), stack.start("decode")
+        d = stack.start("decode", scheduler=True,
+                        failure_policy="recompute" if variant == "stock + recompute" else None)
+        p = stack.start("prefill", "bench-prefill")
         _wait_known(stack, p)
-        transfer(p, d, seed=1)
-        res["cost"] = d.request("cost", "cost", engine_id=p.engine_id, bootstrap=p.bootstrap,
-                                timeout_s=120)
-        if cost_only:
-            return res
-        # kill -9 with a load in flight
-        rid = _in_flight(p, d)
-        t = p.kill()
-        res["kill"] = _outcome(d, rid, t, limit)
-        # restart under the same engine id: the next request
+        base = []
+        for seed in range(3):  # undisturbed: the first one also makes the handshake
+            rid, prompt = _submit(p, d, seed)
+            base.append(_served(d, rid, prompt, limit))
+        res["undisturbed"] = base[-1]
+        rid, prompt = _submit(p, d, 10, finish=False)
+        p.expect("asked", timeout_s=30)
+        p.kill()
+        res["kill"] = _served(d, rid, prompt, limit)
         p2 = stack.start("prefill", p.engine_id)
         _wait_known(stack, p2)
-        rid, xid = new_ids()
-        p2.request("prefill", "prefilled", rid=rid, transfer_id=xid)
-        p2.send("finish", rid=rid)
-        t = time.monotonic()
-        d.send("load", rid=rid, transfer_id=xid, engine_id=p2.engine_id, bootstrap=p2.bootstrap)
-        res["restart"] = _outcome(d, rid, t, limit)
-        # SIGSTOP with a load in flight, on a fresh engine (new id: stock cannot reach
-        # the restarted one above)
+        rid, prompt = _submit(p2, d, 11)
+        res["restart_same"] = _served(d, rid, prompt, limit)
         p2.kill()
         p3 = stack.start("prefill")
         _wait_known(stack, p3)
-        transfer(p3, d, seed=2, timeout_s=limit)
-        rid = _in_flight(p3, d)
-        t = p3.stop()
-        res["hang"] = _outcome(d, rid, t, limit)
+        rid, prompt = _submit(p3, d, 12)
+        _served(d, rid, prompt, limit)  # a good one first: the handshake is made
+        rid, prompt = _submit(p3, d, 13, finish=False)
+        p3.expect("asked", timeout_s=30)
+        p3.stop()
+        res["stop"] = _served(d, rid, prompt, limit)
         p3.cont()
-        res["inner_engines"] = d.request("inner", "inner")["remote_agents"]
+        _wait_known(stack, p3)
+
+        def stop_until_suspect() -> None:
+            from shmhb import Status
+            p3.stop()
+            ep = p3.bootstrap.split("://", 1)[1]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                s = stack.decode_host.board.remote(ep)
+                if s is not None and s.status is Status.SUSPECT:
+                    return
+                time.sleep(0.005)
+        rid, prompt = _submit(p3, d, 15, before_serve=stop_until_suspect)
+        time.sleep(0.5)
+        p3.cont()
+        res["flap"] = _served(d, rid, prompt, limit)
+        p3.kill()
+        p4 = stack.start("prefill")  # at once: the decode host may not know it yet
+        rid, prompt = _submit(p4, d, 14)
+        res["restart_new"] = _served(d, rid, prompt, limit)
+        b = d.request("blocks", "blocks")
+        res["leaked_blocks"] = b["at_start"] - b["free"]
+        res["policy"] = b["policy"]
     finally:
-        stack.close()
-        procs.cleanup()
-        cluster.close()
+        _close(procs, cluster, stack)
     return res
+
+
+# -- what the happy path costs --------------------------------------------------------------
+
+def happy_path(wrapped: bool, blocks: int, samples: int, tmp: str) -> dict[str, Any]:
+    env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": "0.0002"}
+    procs, cluster, stack = _stack(tmp, wrapped, env)
+    try:
+        p, d = stack.start("prefill", f"happy-{blocks}"), stack.start("decode")
+        _wait_known(stack, p)
+        times, bad = [], 0
+        for i in range(samples + 2):
+            rid, xid = new_ids()
+            a = p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=i, timeout_s=120)
+            p.send("finish", rid=rid)
+            p.expect("finished", rid=rid)
+            d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
+            t0 = d.expect("loading", rid=rid, timeout_s=60)["t"]
+            b = d.expect("loaded", "load_failed", rid=rid, timeout_s=120)
+            bad += b["ev"] != "loaded" or b["digest"] != a["digest"]
+            if i >= 2:  # the first two make the handshake
+                times.append(b["t"] - t0)
+        out: dict[str, Any] = {"p50": float(np.percentile(times, 50)),
+                               "p99": float(np.percentile(times, 99)), "bad": bad}
+        if blocks == SIZES[0][0]:
+            out["cost"] = d.request("cost", "cost", engine_id=p.engine_id,
+                                    bootstrap=p.bootstrap, n=2000, timeout_s=180)
+        return out
+    finally:
+        _close(procs, cluster, stack)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+def _cell(r: dict[str, Any], base: float) -> str:
+    if r["outcome"].startswith("completed"):
+        return f"{r['outcome']}, +{max(0.0, r['s'] - base):.2f} s"
+    return f"**{r['outcome']}** after {r['s']:.2f} s"
+
+
+def client_lines(rows: dict[str, dict[str, Any]], abort_s: int) -> list[str]:
+    lines = [
+        "## What a client sees", "",
+        f"`python -m bench.vllm --only client --abort-timeout-s {abort_s}`: the decode engine "
+        "runs vLLM's real Scheduler and KVCacheManager with the stand-in model; a request "
+        "completes only with the tokens of an undisturbed run.  Per cell: the outcome, "
+        "and how much later than an undisturbed request it finished (undisturbed: "
+        + ", ".join(f"{v} {rows[v]['undisturbed']['s'] * 1e3:.0f} ms" for v in VARIANTS)
+        + f").  Stock waits {abort_s + 60} s here, **540 s at the default**.", "",
+        "| fault | " + " | ".join(VARIANTS) + " |",
+        "| --- |" + " --- |" * len(VARIANTS),
+    ]
+    for key, label in SCENARIOS:
+        lines.append(f"| {label} | " + " | ".join(
+            _cell(rows[v][key], rows[v]["undisturbed"]["s"]) for v in VARIANTS) + " |")
+    lines += ["", "Blocks left allocated on the decode side at the end: " + ", ".join(
+        f"{v} {rows[v]['leaked_blocks']}" for v in VARIANTS)
+        + f"; wrapped, vLLM's policy read `{rows['wrapped']['policy']}`.", ""]
+    return lines
+
+
+def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -> list[str]:
+    lines = [
+        "## What the happy path costs", "",
+        f"`python -m bench.vllm --only transfer --samples {samples}`: a load's start to its "
+        "blocks landing, stock then wrapped in one run (the wrapped producer asks its "
+        "consumer's go-ahead before every write: one round trip).  Target: at most 5 % "
+        "or 200 µs added to the p50, whichever is larger.", "",
+        "| KV per request | stock p50 / p99 | wrapped p50 / p99 | added to p50 | target | bad transfers |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for blocks, label in SIZES:
+        s, w = rows[(False, blocks)], rows[(True, blocks)]
+        added = w["p50"] - s["p50"]
+        bound = max(0.05 * s["p50"], 200e-6)
+        lines.append(f"| {label} | {s['p50'] * 1e3:.2f} / {s['p99'] * 1e3:.2f} ms | "
+                     f"{w['p50'] * 1e3:.2f} / {w['p99'] * 1e3:.2f} ms | {added * 1e6:+.0f} µs | "
+                     f"{'met' if added <= bound else 'missed'} (≤ {bound * 1e6:.0f} µs) | "
+                     f"{s['bad']} / {w['bad']} |")
+    c, sc = rows[(True, SIZES[0][0])]["cost"], rows[(False, SIZES[0][0])]["cost"]
+    lines += [
+        "", "Per call, ns (2,000 calls; wrapped calls interleaved with the inner connector's "
+        "own in the same process, so *added* is the wrapper's share of a step).  Target: "
+        "at most 10 µs per step.", "",
+        "| call | stock p50 / p99 | wrapped p50 / p99 | inner alone, same process | added p50 / p99 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for k in ("get_transfer_results", "get_finished"):
+        lines.append(f"| `{k}` (per step) | {sc[k]:.0f} / {sc[k + '_p99']:.0f} | "
+                     f"{c[k]:.0f} / {c[k + '_p99']:.0f} | {c[k + '_inner']:.0f} | "
+                     f"{c[k + '_added']:.0f} / {c[k + '_added_p99']:.0f} |")
+    k = "get_num_new_matched_tokens"
+    lines.append(f"| `{k}` (per request) | {sc[k]:.0f} / {sc[k + '_p99']:.0f} | "
+                 f"{c[k]:.0f} / {c[k + '_p99']:.0f} | - | - |")
+    lines.append(f"| the wrapper's `poll()` (in each step call) | - | {c['wrapper_poll']:.0f} / "
+                 f"{c['wrapper_poll_p99']:.0f} | - | - |")
+    lines.append(f"| the wrapper's board read (in the scheduler call) | - | "
+                 f"{c['wrapper_veto_read']:.0f} / {c['wrapper_veto_read_p99']:.0f} | - | - |")
+    return lines + [""]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--abort-timeout-s", type=int, default=10)
-    ap.add_argument("--cost-only", action="store_true",
-                    help="only the per-call costs (no faults): a minute instead of ten")
+    ap.add_argument("--samples", type=int, default=40)
+    ap.add_argument("--only", choices=("client", "transfer"))
     a = ap.parse_args()
-    rows = {}
+    import vllm
+    sections: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for wrapped in (False, True):
-            name = "ShmhbConnector(MooncakeConnector)" if wrapped else "stock MooncakeConnector"
-            print(f"running {name} ...", flush=True)
-            rows[wrapped] = run_variant(wrapped, a.abort_timeout_s, tmp, a.cost_only)
-            print(rows[wrapped], flush=True)
-    s, w = rows[False], rows[True]
-    if a.cost_only:
-        for k in ("get_num_new_matched_tokens", "get_finished"):
-            print(f"{k}: stock {s['cost'][k]:.0f} ns, wrapped {w['cost'][k]:.0f} ns")
-        print(f"wrapper's board read {w['cost']['wrapper_veto_read']:.0f} ns, "
-              f"poll {w['cost']['wrapper_poll']:.0f} ns")
-        return
-    lines = [
-        "# vLLM: stock MooncakeConnector vs ShmhbConnector around it",
-        "",
-        f"`python -m bench.vllm --abort-timeout-s {a.abort_timeout_s}` (vLLM 0.32.0, Mooncake TCP, "
-        f"CPU; shmhb policy dead-after {POLICY.dead_after_s} s; one run).  Stock waits "
-        f"`VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60` s: {a.abort_timeout_s + 60} s here, "
-        "**540 s at the default 480**.",
-        "",
-        "| after a first good transfer | stock | wrapped |",
-        "| --- | --- | --- |",
-    ]
-    for key, label in (("kill", "kill -9 the prefill worker, load in flight"),
-                       ("hang", "SIGSTOP the prefill worker, load in flight"),
-                       ("restart", "restart the prefill worker (same engine id), next request")):
-        (so, st), (wo, wt) = s[key], w[key]
-        lines.append(f"| {label} | {so} after {st:.2f} s | {wo} after {wt:.3f} s |")
-    lines += ["", f"Dead engines left in the decode side's `_remote_agents`: stock "
-              f"{s['inner_engines']}, wrapped {w['inner_engines']}.", "",
-              "| per call (median ns) | stock | wrapped |", "| --- | --- | --- |"]
-    for k in ("get_num_new_matched_tokens", "get_finished"):
-        lines.append(f"| `{k}` | {s['cost'][k]:.0f} | {w['cost'][k]:.0f} |")
-    lines.append(f"| the wrapper's own board read (scheduler) | - | {w['cost']['wrapper_veto_read']:.0f} |")
-    lines.append(f"| the wrapper's own `poll()` (worker) | - | {w['cost']['wrapper_poll']:.0f} |")
-    text = "\n".join(lines) + "\n"
+        if a.only in (None, "client"):
+            rows = {}
+            for v in VARIANTS:
+                print(f"client view: {v} ...", flush=True)
+                rows[v] = client_view(v, a.abort_timeout_s, os.path.join(tmp, v.replace(" ", "")))
+                print(rows[v], flush=True)
+            sections["client"] = client_lines(rows, a.abort_timeout_s)
+        if a.only in (None, "transfer"):
+            trows = {}
+            for blocks, label in SIZES:
+                for wrapped in (False, True):
+                    print(f"happy path {label}, {'wrapped' if wrapped else 'stock'} ...", flush=True)
+                    trows[(wrapped, blocks)] = happy_path(
+                        wrapped, blocks, a.samples, os.path.join(tmp, f"t{blocks}{wrapped}"))
+                    print(trows[(wrapped, blocks)], flush=True)
+            sections["transfer"] = transfer_lines(trows, a.samples)
+    old = _old_sections()
+    old.update(sections)
+    head = ["# vLLM: stock MooncakeConnector vs ShmhbConnector around it", "",
+            f"vLLM {vllm.__version__}, Mooncake TCP, CPU; shmhb policy suspect-after "
+            f"{POLICY.suspect_after_s} s, dead-after {POLICY.dead_after_s} s; a shared 2-core "
+            "machine.  Each section is rewritten by the run named in it.", ""]
+    text = "\n".join(head + old.get("client", []) + old.get("transfer", [])) + "\n"
     OUT.write_text(text)
     print(text)
+
+
+def _old_sections() -> dict[str, list[str]]:
+    """The sections of the results file a partial run (``--only``) keeps."""
+    out: dict[str, list[str]] = {}
+    if not OUT.exists():
+        return out
+    cur: list[str] | None = None
+    for line in OUT.read_text().splitlines():
+        if line.startswith("## What a client sees"):
+            cur = out.setdefault("client", [])
+        elif line.startswith("## What the happy path costs"):
+            cur = out.setdefault("transfer", [])
+        if cur is not None:
+            cur.append(line)
+    return out
 
 
 if __name__ == "__main__":

@@ -24,15 +24,18 @@ import hashlib
 import json
 import os
 import select
+import threading
 import sys
 import time
 from typing import Any
 
-BLOCK_SIZE = 32  # the CPU attention backend's multiple
-NUM_BLOCKS = 24
-NUM_KV_HEADS = 2
-HEAD_SIZE = 32
-PROMPT_BLOCKS = 3  # 96 tokens: 3 blocks of 2 x 32 x 2 x 32 = 12,288 elements
+from .model import BLOCK_SIZE, HEAD_SIZE, NUM_BLOCKS, NUM_KV_HEADS, PROMPT_BLOCKS, kv_rows
+
+MAX_MODEL_LEN = max(1024, PROMPT_BLOCKS * BLOCK_SIZE + 64)
+#: the step loop's period: a stand-in model runner steps every few milliseconds
+STEP_S = float(os.environ.get("SHMHB_VLLM_STEP_S", "0.005"))
+
+__all__ = ["BLOCK_SIZE", "HEAD_SIZE", "NUM_BLOCKS", "NUM_KV_HEADS", "PROMPT_BLOCKS", "Engine", "build"]
 LAYER = "model.layers.0.self_attn.attn"
 _CONFIG_CTX: Any = None
 
@@ -49,7 +52,7 @@ def tiny_model_dir(path: str) -> str:
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": NUM_KV_HEADS * HEAD_SIZE, "intermediate_size": 128,
         "num_attention_heads": NUM_KV_HEADS, "num_key_value_heads": NUM_KV_HEADS,
-        "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 2048,
+        "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": MAX_MODEL_LEN,
         "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1,
         "eos_token_id": 2, "tie_word_embeddings": False,
     }
@@ -90,7 +93,9 @@ def build(a: argparse.Namespace) -> Any:
     from vllm.distributed.parallel_state import (
         ensure_model_parallel_initialized, init_distributed_environment,
     )
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_initialized
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
@@ -101,20 +106,25 @@ def build(a: argparse.Namespace) -> Any:
     inner = {"kv_connector": "MooncakeConnector",
              "kv_connector_extra_config": {"mooncake_protocol": "tcp", "num_workers": 2}}
     role = "kv_producer" if a.role == "prefill" else "kv_consumer"
+    policy = {"kv_load_failure_policy": a.failure_policy} if getattr(a, "failure_policy", None) else {}
     if a.wrapped:
         extra: dict[str, Any] = {"inner": inner, "board": a.board,
                                  "on_dead_peer": a.on_dead_peer}
         ktc = KVTransferConfig(kv_connector="ShmhbConnector", kv_connector_module_path="shmhb.vllm",
-                               kv_role=role, engine_id=a.engine_id, kv_connector_extra_config=extra)
+                               kv_role=role, engine_id=a.engine_id, kv_connector_extra_config=extra,
+                               **policy)
     else:
         ktc = KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role,
                                engine_id=a.engine_id,
-                               kv_connector_extra_config=inner["kv_connector_extra_config"])
+                               kv_connector_extra_config=inner["kv_connector_extra_config"], **policy)
     model = ModelConfig(model=tiny_model_dir(a.model_dir), skip_tokenizer_init=True,
-                        dtype="float32", max_model_len=1024)
-    cfg = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK_SIZE),
+                        dtype="float32", max_model_len=MAX_MODEL_LEN)
+    # No prefix caching: each request's KV comes from its load or its own compute.
+    cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    cache.num_gpu_blocks = NUM_BLOCKS
+    cfg = VllmConfig(model_config=model, cache_config=cache,
                      parallel_config=ParallelConfig(), device_config=DeviceConfig("cpu"),
-                     scheduler_config=SchedulerConfig(max_model_len=1024, is_encoder_decoder=False,
+                     scheduler_config=SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
                                                       disable_hybrid_kv_cache_manager=True),
                      kv_transfer_config=ktc)
     from vllm.config import set_current_vllm_config
@@ -132,21 +142,26 @@ def build(a: argparse.Namespace) -> Any:
                                                         layer_stride=cache.nbytes,
                                                         block_stride=cache[0].nbytes)],
                         kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)])
-    sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
-    worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc)
+    # With --scheduler, vLLM's own Scheduler builds the scheduler-role connector
+    # (tests/vllm/scheduled.py); the worker's is built the way a vLLM worker builds it.
+    sched = None if getattr(a, "scheduler", False) else \
+        KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    ensure_kv_transfer_initialized(cfg, kvc)
+    worker = get_kv_transfer_group()
     worker.register_kv_caches({LAYER: cache})
-    return cfg, sched, worker, cache
+    return cfg, sched, worker, cache, kvc
 
 
 class Engine:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
-        self.cfg, self.sched, self.worker, self.cache = build(a)
+        self.cfg, self.sched, self.worker, self.cache, self.kvc = build(a)
         self.requests: dict[str, Any] = {}
         self.blocks: dict[str, list[int]] = {}
         self.next_block = 0
         self.waiting: set[str] = set()  # decode: loads not finished yet
         self.step_n = 0
+        self.hold_writes = False  # prefill: cut the next write in the middle (op "hold_writes")
         if a.role == "prefill":
             self._watch_asks()
 
@@ -162,6 +177,29 @@ class Engine:
             await send(identity, sock, meta)
 
         w.send_kv_to_decode = send_kv_to_decode
+        write = w._send_blocks
+
+        def send_blocks(session: str, src: list[int], dst: list[int], lengths: list[int]) -> int:
+            # On the sender's thread pool, after the consumer's go-ahead.  With
+            # ``hold_writes`` the first half of the descriptors is written and the rest
+            # waits (for ever, or until the test kills us): a write cut in the middle.
+            if not self.hold_writes:
+                return int(write(session, src, dst, lengths))
+            left = sum(lengths) // 2
+            s2, d2, l2 = [], [], []
+            for a, b, n in zip(src, dst, lengths):
+                if left <= 0:
+                    break
+                s2.append(a)
+                d2.append(b)
+                l2.append(min(n, left))
+                left -= n
+            ret = int(write(session, s2, d2, l2))
+            emit(ev="half_written", bytes=sum(lengths), written=sum(l2), ret=ret)
+            threading.Event().wait()
+            return ret
+
+        w._send_blocks = send_blocks
 
     # -- requests -------------------------------------------------------------------------
 
@@ -184,17 +222,23 @@ class Engine:
         from vllm.v1.core.kv_cache_utils import KVCacheBlock
         return KVCacheBlocks(([KVCacheBlock(i) for i in ids],))
 
-    def prefill(self, rid: str, transfer_id: str, seed: int) -> None:
-        """Producer: the request arrives, is allocated, is computed (a pattern is written
-        into its blocks), and waits to be marked finished by ``finish``."""
+    def prefill(self, rid: str, transfer_id: str, seed: int, prompt: list[int] | None = None) -> None:
+        """Producer: the request arrives, is allocated, is computed, and waits to be
+        marked finished by ``finish``.  Computed: the stand-in model's KV of ``prompt``
+        (tests/vllm/model.py), or without one a random pattern drawn from ``seed``."""
         import torch
         r = self._request(rid, {"do_remote_decode": True, "transfer_id": transfer_id})
         ids = self._alloc(rid)
         self.sched.get_num_new_matched_tokens(r, 0)
         self.sched.update_state_after_alloc(r, self._kv_blocks(ids), 0)
-        g = torch.Generator().manual_seed(seed)
-        for b in ids:
-            self.cache[b] = torch.rand(self.cache[b].shape, generator=g) + 1.0
+        if prompt is not None:
+            rows = torch.from_numpy(kv_rows(prompt, 0))
+            for p in range(len(prompt)):
+                self.cache[ids[p // BLOCK_SIZE], :, p % BLOCK_SIZE] = rows[p]
+        else:
+            g = torch.Generator().manual_seed(seed)
+            for b in ids:
+                self.cache[b] = torch.rand(self.cache[b].shape, generator=g) + 1.0
         emit(ev="prefilled", rid=rid, digest=self.digest(ids))
 
     def finish(self, rid: str) -> None:
@@ -223,28 +267,45 @@ class Engine:
         emit(ev="loading", rid=rid, tokens=n, is_async=is_async, cost_ns=cost_ns)
 
     def cost(self, engine_id: str, bootstrap: str, n: int) -> dict[str, float]:
-        """Median ns per call of the scheduler's and the worker's per-request/per-step
-        calls, and (wrapped) of the wrapper's own share of each."""
-        import statistics
+        """ns per call (p50 and p99) of the scheduler's per-request call and the
+        worker's per-step calls.  Wrapped, each per-step call is also timed on the inner
+        connector alone, interleaved with the wrapped call in this one process, so
+        ``*_added`` is the wrapper's own cost per step, not a difference of two runs."""
+        import numpy as np
         r = self._request("cost-probe", {"do_remote_prefill": True, "transfer_id": "x",
                                          "remote_engine_id": engine_id,
                                          "remote_bootstrap_addr": bootstrap})
+        out: dict[str, float] = {}
 
-        def med(fn: Any) -> float:
+        def timed(fn: Any) -> int:
+            t0 = time.perf_counter_ns()
             fn()
-            ts = []
+            return time.perf_counter_ns() - t0
+
+        def put(name: str, ts: list[int]) -> None:
+            out[name] = float(np.percentile(ts, 50))
+            out[name + "_p99"] = float(np.percentile(ts, 99))
+
+        put("get_num_new_matched_tokens",
+            [timed(lambda: self.sched.get_num_new_matched_tokens(r, 0)) for _ in range(n)])
+        inner = getattr(self.worker, "inner", None)
+        for call in ("get_finished", "get_transfer_results"):
+            outer_fn = getattr(self.worker, call)
+            inner_fn = getattr(inner, call, None)
+            outer, alone = [], []
             for _ in range(n):
-                t0 = time.perf_counter_ns()
-                fn()
-                ts.append(time.perf_counter_ns() - t0)
-            return float(statistics.median(ts))
-        out = {"get_num_new_matched_tokens": med(lambda: self.sched.get_num_new_matched_tokens(r, 0)),
-               "get_finished": med(lambda: self.worker.get_finished(set()))}
+                outer.append(timed(lambda: outer_fn(set())))
+                if inner_fn is not None:
+                    alone.append(timed(lambda: inner_fn(set())))
+            put(call, outer)
+            if alone:
+                put(call + "_inner", alone)
+                put(call + "_added", [a - b for a, b in zip(outer, alone)])
         guard = getattr(self.worker, "guard", None)
         if guard is not None:
             params = r.kv_transfer_params
-            out["wrapper_veto_read"] = med(lambda: self.sched.veto_reason(params))
-            out["wrapper_poll"] = med(guard.poll)
+            put("wrapper_veto_read", [timed(lambda: self.sched.veto_reason(params)) for _ in range(n)])
+            put("wrapper_poll", [timed(guard.poll) for _ in range(n)])
         self.requests.pop("cost-probe", None)
         return out
 
@@ -278,7 +339,7 @@ class Engine:
     def handle(self, cmd: dict[str, Any]) -> bool:
         op = cmd["op"]
         if op == "prefill":
-            self.prefill(cmd["rid"], cmd["transfer_id"], cmd.get("seed", 0))
+            self.prefill(cmd["rid"], cmd["transfer_id"], cmd.get("seed", 0), cmd.get("prompt"))
         elif op == "finish":
             self.finish(cmd["rid"])
         elif op == "load":
@@ -294,6 +355,9 @@ class Engine:
             emit(ev="stats", data=None if s is None else s.to_dict())
         elif op == "cost":
             emit(ev="cost", **self.cost(cmd["engine_id"], cmd["bootstrap"], cmd.get("n", 2000)))
+        elif op == "hold_writes":
+            self.hold_writes = True
+            emit(ev="holding")
         elif op == "quit":
             self.worker.shutdown()
             emit(ev="bye")
@@ -307,7 +371,7 @@ class Engine:
         buf = b""
         fd = sys.stdin.fileno()
         while True:
-            r, _, _ = select.select([fd], [], [], 0.005)
+            r, _, _ = select.select([fd], [], [], STEP_S)
             if r:
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -339,6 +403,10 @@ def main() -> None:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--wrapped", action="store_true")
     ap.add_argument("--on-dead-peer", default="recompute")
+    ap.add_argument("--failure-policy", choices=("fail", "recompute"), default=None,
+                    help="vLLM's kv_load_failure_policy (default: vLLM's own)")
+    ap.add_argument("--scheduler", action="store_true",
+                    help="drive the connector through vLLM's real Scheduler (tests/vllm/scheduled.py)")
     a = ap.parse_args()
     os.environ["VLLM_HOST_IP"] = a.ip
     os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with
@@ -346,7 +414,11 @@ def main() -> None:
     import logging
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    Engine(a).run()
+    if a.scheduler:
+        from .scheduled import ScheduledEngine
+        ScheduledEngine(a).run()
+    else:
+        Engine(a).run()
 
 
 if __name__ == "__main__":

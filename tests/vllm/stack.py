@@ -35,7 +35,8 @@ class EngineProc:
 
     def __init__(self, role: str, ip: str, board: str, engine_id: str, *, wrapped: bool,
                  bootstrap_port: int, log_dir: str, env: dict[str, str] | None = None,
-                 on_dead_peer: str = "recompute") -> None:
+                 on_dead_peer: str = "recompute", scheduler: bool = False,
+                 failure_policy: str | None = None) -> None:
         self.role, self.ip, self.engine_id, self.wrapped = role, ip, engine_id, wrapped
         self.bootstrap = f"http://{ip}:{bootstrap_port}"
         e = dict(os.environ)
@@ -55,6 +56,10 @@ class EngineProc:
                "--model-dir", os.path.join(log_dir, "model"), "--on-dead-peer", on_dead_peer]
         if wrapped:
             cmd.append("--wrapped")
+        if scheduler:
+            cmd.append("--scheduler")
+        if failure_policy:
+            cmd += ["--failure-policy", failure_policy]
         try:
             self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=log, env=e)
@@ -177,7 +182,7 @@ class Stack:
         eid = engine_id or f"{role}-{uuid.uuid4().hex[:8]}"
         e = EngineProc(role, host.ip, host.name, eid, wrapped=self.wrapped,
                        bootstrap_port=self.bootstrap_port, log_dir=self.log_dir,
-                       env=self.env, **kw)
+                       env={**self.env, **kw.pop("env", {})}, **kw)
         self.engines.append(e)
         return e
 
