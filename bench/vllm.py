@@ -64,6 +64,7 @@ def _wait_known(stack: Stack, p: EngineProc) -> None:
 
 
 def _stack(tmp: str, wrapped: bool, env: dict[str, str]) -> tuple[Procs, Cluster, Stack]:
+    os.makedirs(tmp, exist_ok=True)
     procs = Procs()
     cluster = Cluster(tmp, procs)
     return procs, cluster, Stack(cluster, tmp, wrapped=wrapped, env=env)
