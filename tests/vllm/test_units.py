@@ -117,3 +117,89 @@ def test_settings_and_keys() -> None:
     assert not rank_key("abcd", 0, 0, 0).startswith(engine_prefix("abc"))
     assert parse_extra({"inc": 5, "fence": EP}) == (5, EP)
     assert parse_extra({"inc": 5, "fence": "*:1"}) is None and parse_extra("x") is None
+
+
+# -- vLLM 0.33's hooks, forwarded; the adapter's version gate ---------------------------------
+
+def _outer_ktc(protocol: str) -> object:
+    from vllm.config import KVTransferConfig
+    return KVTransferConfig(
+        kv_connector="ShmhbConnector", kv_connector_module_path="shmhb.vllm",
+        kv_role="kv_consumer", kv_connector_extra_config={"inner": {
+            "kv_connector": "MooncakeConnector",
+            "kv_connector_extra_config": {"mooncake_protocol": protocol}}})
+
+
+def test_sleep_mode_hooks_reach_the_inner_connector() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
+        MooncakeConnector,
+    )
+
+    from shmhb.vllm.connector import ShmhbConnector
+    calls: list[str] = []
+
+    class Inner:
+        def unregister_kv_caches(self) -> None:
+            calls.append("unregister")
+
+        def restore_kv_caches(self) -> None:
+            calls.append("restore")
+    c = ShmhbConnector.__new__(ShmhbConnector)  # only the forwarding is under test
+    c.inner = Inner()  # type: ignore[assignment]
+    c.unregister_kv_caches()
+    c.restore_kv_caches()
+    assert calls == ["unregister", "restore"]  # (0.33's base class would answer None)
+    # Mooncake 0.33 supports sleep mode over RDMA only; the base class says yes to all.
+    if hasattr(MooncakeConnector, "supports_sleep_mode"):
+        assert ShmhbConnector.supports_sleep_mode(_outer_ktc("tcp")) is False
+        assert ShmhbConnector.supports_sleep_mode(_outer_ktc("rdma")) is True
+    else:  # 0.32: no such hook; the wrapper answers what the base class would
+        assert ShmhbConnector.supports_sleep_mode(_outer_ktc("tcp")) is True
+
+
+def test_prom_metrics_are_the_inner_connectors_fed_its_stats() -> None:
+    import functools
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
+        MooncakeConnector,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.stats import (
+        MooncakeKVConnectorStats,
+    )
+
+    from shmhb.vllm.connector import ShmhbConnector
+    from shmhb.vllm.stats import ShmhbKVConnectorStats
+    reg = CollectorRegistry()
+    types = {t: functools.partial(t, registry=reg) for t in (Counter, Gauge, Histogram)}
+    cfg = SimpleNamespace(kv_transfer_config=_outer_ktc("tcp"))
+    prom = ShmhbConnector.build_prom_metrics(cfg, types, ["model_name", "engine"], {0: ["m", "0"]})
+    if "build_prom_metrics" not in vars(MooncakeConnector):  # 0.32: Mooncake has none
+        assert prom is None
+        return
+    assert prom is not None
+    inner = MooncakeKVConnectorStats()
+    inner.record_failed_recv()
+    inner.record_failed_recv()
+    prom.observe(ShmhbKVConnectorStats(data={"shmhb": {"failed_loads": 2}, "inner": inner}).to_dict())
+    prom.observe(ShmhbKVConnectorStats(data={"shmhb": {"failed_loads": 1}, "inner": None}).to_dict())
+    got = {s.name: s.value for m in reg.collect() for s in m.samples
+           if "failed_recv" in s.name and s.name.endswith("_total")}
+    assert list(got.values()) == [2.0], got
+
+
+def test_adapter_refuses_a_vllm_it_was_not_written_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm
+
+    from shmhb.vllm.adapters import MooncakeAdapter
+    from shmhb.vllm.mooncake_pulls import vllm_release
+    assert vllm_release("0.33.0") == (0, 33) and vllm_release("0.32.1.dev3+gabc") == (0, 32)
+    assert vllm_release("dev") is None
+    worker = type("W", (), {"is_kv_producer": False, "is_kv_consumer": True})()
+    a = MooncakeAdapter(type("C", (), {"connector_worker": worker})())
+    with pytest.raises(TypeError, match="lacks"):  # this vLLM, but not its Mooncake worker
+        a.check()
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    with pytest.raises(TypeError, match="0.34.0"):
+        a.check()
