@@ -2,12 +2,14 @@
 
     python -m tests.vllm.engine --role prefill|decode --ip 127.0.0.2 --board NAME
                                 [--wrapped] [--engine-id ID] [--bootstrap-port N]
+                                [--tp-size N --tp-rank R] [--kv-layout blocks|heads]
 
 What vLLM's engine core and model runner would do around a KV connector, reduced to
 what the connector sees: a real ``VllmConfig`` (a tiny llama-style ``config.json``, no
-weights, no tokenizer), a real gloo process group of size 1 (TP/PP lookups), real KV
-cache tensors on CPU registered with the connector, real ``Request`` and
-``KVCacheBlocks`` objects, and both roles of the connector (scheduler and worker) built
+weights, no tokenizer), a real gloo process group (TP/PP lookups: size 1, or one process
+per TP rank of the engine, ``--tp-size``/``--tp-rank``), real KV cache tensors on CPU
+(each rank holds its share of the KV heads) registered with the connector, real
+``Request`` and ``KVCacheBlocks`` objects, and both roles of the connector (scheduler and worker) built
 by ``KVConnectorFactory.create_connector`` in this one process.  A step loop stands in
 for the model runner: ``build_connector_meta`` -> ``bind_connector_metadata`` ->
 ``start_load_kv`` -> ``get_finished`` / ``get_block_ids_with_load_errors`` ->
@@ -81,6 +83,23 @@ def loopback_bootstrap_server() -> None:
     mc.MooncakeBootstrapServer = LoopbackBootstrapServer
 
 
+def kv_cache(layout: str, num_heads: int) -> tuple[Any, int]:
+    """One layer's KV cache, as the connector is given it: (blocks, K/V, ...) and the
+    bytes of one block's page in one region.
+
+    * ``blocks``: each block one contiguous page ``[K/V, tokens, heads, channels]``;
+    * ``heads``: vLLM's CPU layout (LBHNC): a K plane and a V plane, each block's page
+      in a plane ``[heads, tokens, channels]``.  Heads are outermost in a page, so a
+      rank holding some of the heads fills a contiguous part of a page of a rank
+      holding more: what Mooncake needs to move KV between different TP sizes."""
+    import torch
+    if layout == "blocks":
+        cache = torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, num_heads, HEAD_SIZE, dtype=torch.float32)
+        return cache, cache[0].nbytes
+    planes = torch.zeros(2, NUM_BLOCKS, num_heads, BLOCK_SIZE, HEAD_SIZE, dtype=torch.float32)
+    return planes.permute(1, 0, 2, 3, 4), planes[0, 0].nbytes
+
+
 def build(a: argparse.Namespace) -> Any:
     import torch
     from vllm.config import (
@@ -112,8 +131,10 @@ def build(a: argparse.Namespace) -> Any:
                                kv_connector_extra_config=inner["kv_connector_extra_config"])
     model = ModelConfig(model=tiny_model_dir(a.model_dir), skip_tokenizer_init=True,
                         dtype="float32", max_model_len=1024)
+    tp_size, tp_rank = getattr(a, "tp_size", 1), getattr(a, "tp_rank", 0)
     cfg = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK_SIZE),
-                     parallel_config=ParallelConfig(), device_config=DeviceConfig("cpu"),
+                     parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+                     device_config=DeviceConfig("cpu"),
                      scheduler_config=SchedulerConfig(max_model_len=1024, is_encoder_decoder=False,
                                                       disable_hybrid_kv_cache_manager=True),
                      kv_transfer_config=ktc)
@@ -121,16 +142,20 @@ def build(a: argparse.Namespace) -> Any:
     global _CONFIG_CTX
     _CONFIG_CTX = set_current_vllm_config(cfg)  # kept: the context lives as long as we do
     _CONFIG_CTX.__enter__()
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+    # one process per TP rank, all in one gloo group (rank 0 hosts its store)
+    init_distributed_environment(world_size=tp_size, rank=tp_rank, local_rank=tp_rank,
+                                 backend="gloo",
                                  distributed_init_method=f"tcp://{a.ip}:{a.dist_port}")
-    ensure_model_parallel_initialized(1, 1)
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+    ensure_model_parallel_initialized(tp_size, 1)
+    heads = NUM_KV_HEADS // tp_size  # this rank's share of the KV heads
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads,
                              head_size=HEAD_SIZE, dtype=torch.float32)
-    cache = torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, dtype=torch.float32)
+    cache, page = kv_cache(getattr(a, "kv_layout", "blocks"), heads)
+    nbytes = cache.untyped_storage().nbytes()
     kvc = KVCacheConfig(num_blocks=NUM_BLOCKS,
-                        kv_cache_tensors=[KVCacheTensor(size=cache.nbytes, layers=[LAYER],
-                                                        layer_stride=cache.nbytes,
-                                                        block_stride=cache[0].nbytes)],
+                        kv_cache_tensors=[KVCacheTensor(size=nbytes, layers=[LAYER],
+                                                        layer_stride=nbytes,
+                                                        block_stride=page)],
                         kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)])
     sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kvc)
     worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc)
@@ -266,9 +291,16 @@ class Engine:
         self.worker.clear_connector_metadata()
         self.sched.update_connector_output(KVConnectorOutput(
             finished_sending=sending, finished_recving=recving, invalid_block_ids=bad))
+        # A load's blocks may be reported invalid in an earlier step than the load
+        # finishes (one decode rank pulling from several producer ranks: the first to
+        # fail reports them, the last to settle finishes it); vLLM's scheduler keeps
+        # them (failed_recving_kv_req_ids), so does this stand-in.
+        invalid = self.__dict__.setdefault("invalid", set())
+        invalid |= bad
         for rid in sorted(recving or ()):
             ids = self.blocks.get(rid, [])
-            failed = bool(bad & set(ids))
+            failed = bool(invalid & set(ids))
+            invalid -= set(ids)
             self.waiting.discard(rid)
             emit(ev="load_failed" if failed else "loaded", rid=rid,
                  digest=self.digest(ids) if ids else "")
@@ -339,6 +371,9 @@ def main() -> None:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--wrapped", action="store_true")
     ap.add_argument("--on-dead-peer", default="recompute")
+    ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--tp-rank", type=int, default=0)
+    ap.add_argument("--kv-layout", choices=("blocks", "heads"), default="blocks")
     a = ap.parse_args()
     os.environ["VLLM_HOST_IP"] = a.ip
     os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with

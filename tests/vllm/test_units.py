@@ -203,3 +203,55 @@ def test_adapter_refuses_a_vllm_it_was_not_written_for(monkeypatch: pytest.Monke
     monkeypatch.setattr(vllm, "__version__", "0.34.0")
     with pytest.raises(TypeError, match="0.34.0"):
         a.check()
+
+
+def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> None:
+    """vLLM 0.32's fields, 0.33's rule (the backport): a request pulled from two
+    producer workers is reported once, after both settled, its blocks invalid once."""
+    import queue
+    from types import SimpleNamespace
+
+    from shmhb.vllm.mooncake_pulls import Ledger, settles_per_peer
+
+    class Worker32:
+        def __init__(self) -> None:
+            self.finished_recving_reqs: set[str] = set()
+            self._invalid_block_ids: queue.Queue[set[int]] = queue.Queue()
+            self._failed_recv_reqs: queue.Queue[str] = queue.Queue()
+            self._is_hma_required = False
+            self.xfer_stats = SimpleNamespace(record_failed_recv=lambda: None)
+
+        def _handle_failed_recv(self, *a: object) -> None:
+            raise AssertionError("0.32's own settlement must not run")
+
+        def process_pulling_result(self, *a: object) -> None:
+            raise AssertionError("0.32's own settlement must not run")
+    w = Worker32()
+    assert not settles_per_peer(w)
+    ended: list[tuple[str, list[str]]] = []
+    ledger = Ledger(w, lambda ep, reqs: ended.append((ep, reqs)))
+    ledger.install()
+    pm = SimpleNamespace(pull_tasks_count=2, failed=False, local_block_ids=[[4, 5]], d_req_id="r")
+
+    async def worker(ep: str, ok: bool) -> list[str]:
+        task = asyncio.current_task()
+        mine = {"r": pm}
+        ledger.begin(task, ep)
+        if ok:  # this worker's write landed and it said so
+            w.process_pulling_result(SimpleNamespace(ok_reqs=["r"], err_reqs=None, err_msg=None), mine)
+            w.process_pulling_result(SimpleNamespace(ok_reqs=["r"], err_reqs=None, err_msg=None), mine)
+        left = ledger.finish(task, {"r": pm})  # then fenced: settle what it left
+        ledger.fail_now({"r": pm}, left, "fenced")
+        return left
+
+    async def run() -> tuple[list[str], set[str], list[str]]:
+        a = await worker("A", ok=True)
+        after_a = set(w.finished_recving_reqs)
+        b = await worker("B", ok=False)
+        return a, after_a, b
+    a, after_a, b = asyncio.run(run())
+    assert a == [] and b == ["r"]  # A settled by its result (once), B by the fence
+    assert after_a == set()  # not reported while B could still write
+    assert w.finished_recving_reqs == {"r"} and pm.pull_tasks_count == 0 and pm.failed
+    assert w._invalid_block_ids.get_nowait() == {4, 5} and w._invalid_block_ids.empty()
+    assert ended == [("A", ["r"])]
