@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from ..config import format_hostport, parse_hostport
+from .mooncake_pulls import SUPPORTED_VLLM, Ledger, needs, vllm_release
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class Hooks(Protocol):
                      token: object) -> bool: ...
 
     def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]: ...
+
+    def give_up(self, req_ids: list[str]) -> list[object]: ...
 
     def request_extra(self) -> dict[str, Any] | None: ...
 
@@ -99,18 +102,20 @@ def zmq_hostport(addr: str) -> str:
 
 
 class MooncakeAdapter(InnerAdapter):
-    """vLLM 0.32 ``MooncakeConnector`` (the producer pushes into the consumer).
+    """vLLM 0.32 and 0.33 ``MooncakeConnector`` (the producer pushes into the consumer).
 
     Uses, on ``connector.connector_worker``: ``hostname``, ``rpc_port``,
     ``side_channel_port``, ``dp_rank``/``tp_rank``/``pp_rank``, ``engine_id``,
     ``is_kv_producer``/``is_kv_consumer``, ``vllm_config``; consumer:
-    ``receive_kv_from_single_worker`` (wrapped), ``_encoder`` (wrapped: the request
-    carries ``{"shmhb": {"inc", "fence"}}``, an extra field stock producers ignore),
-    ``_handle_failed_recv`` (to report a fenced load the stock way), ``receiver_loop``,
-    ``_remote_agents``/``_tp_size`` (evicted); producer: ``_xfer_meta_decoder`` and
+    ``receive_kv_from_single_worker`` and ``handle_new_engine_id`` (wrapped), ``_encoder``
+    (wrapped: the request carries ``{"shmhb": {"inc", "fence"}}``, an extra field stock
+    producers ignore), the settlement of pulls (``mooncake_pulls``: each producer worker's
+    share of a request settled once, the request reported once all have settled),
+    ``_pending_bootstrap_queries``, ``receiver_loop``, ``_remote_agents``/``_tp_size``
+    and 0.33's ``_acked_layout_peers`` (evicted); producer: ``_xfer_meta_decoder`` and
     ``send_kv_to_decode`` and ``_build_transfer_params`` (wrapped),
-    ``reqs_need_send``/``finished_sending_reqs``/``_prepared_transfer_regions``
-    (evicted, freed), ``sender_loop``.
+    ``reqs_need_send``/``finished_sending_reqs``/``_prepared_transfer_regions`` and
+    0.33's ``_layout_by_peer`` (evicted, freed), ``sender_loop``.
 
     The fence: a load's request is one DEALER socket inside
     ``receive_kv_from_single_worker``, opened with linger 0.  Cancelling that task
@@ -133,11 +138,18 @@ class MooncakeAdapter(InnerAdapter):
         self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
 
     def check(self) -> None:
+        release = vllm_release()
+        if release not in SUPPORTED_VLLM:
+            import vllm
+            raise TypeError(
+                f"shmhb's Mooncake adapter supports vLLM 0.32 and 0.33, not "
+                f"{getattr(vllm, '__version__', '?')}: install 'vllm>=0.32,<0.34', or a "
+                "shmhb written for this vLLM")
         need = ["hostname", "rpc_port", "engine_id", "tp_rank", "pp_rank", "dp_rank"]
         if not self.w.is_kv_producer:
             need += ["receive_kv_from_single_worker", "handle_new_engine_id", "_encoder",
-                     "_handle_failed_recv", "_pending_bootstrap_queries",
-                     "receiver_loop", "_remote_agents", "_tp_size"]
+                     "_pending_bootstrap_queries", "receiver_loop", "_remote_agents",
+                     "_tp_size", *needs(self.w)]
         if not self.w.is_kv_consumer:
             need += ["_xfer_meta_decoder", "send_kv_to_decode", "_build_transfer_params",
                      "reqs_need_send", "finished_sending_reqs", "_prepared_transfer_regions",
@@ -145,7 +157,8 @@ class MooncakeAdapter(InnerAdapter):
         missing = [n for n in need if not hasattr(self.w, n)]
         if missing:
             raise TypeError(f"this MooncakeConnector lacks {missing}: the shmhb adapter was "
-                            "written for vLLM 0.32; pin it or update shmhb.vllm.adapters")
+                            "written for vLLM 0.32 and 0.33; pin one of them or update "
+                            "shmhb.vllm.adapters")
 
     def rank(self) -> tuple[int, int, int]:
         return int(self.w.dp_rank), int(self.w.tp_rank), int(self.w.pp_rank)
@@ -181,6 +194,8 @@ class MooncakeAdapter(InnerAdapter):
         w = self.w
         receive = w.receive_kv_from_single_worker
         encoder = w._encoder
+        ledger = Ledger(w, hooks.load_ended)
+        ledger.install()
 
         class Encoder:
             """The stock encoder, plus the shmhb field on transfer requests."""
@@ -194,32 +209,59 @@ class MooncakeAdapter(InnerAdapter):
                         return encoder.encode(d)  # type: ignore[no-any-return]
                 return encoder.encode(obj)  # type: ignore[no-any-return]
 
+        def doom(req_ids: list[str]) -> None:
+            # These failed at one producer worker, so what they wait for from the others
+            # cannot complete them: give those loads up (no grant after this) and cut
+            # the requests that carry nothing else; each settles its own share.
+            for t in hooks.give_up(req_ids):
+                if isinstance(t, asyncio.Task) and not t.done():
+                    t.cancel()
+
         async def receive_kv_from_single_worker(worker_addr: str, pull_metas: dict[str, Any]) -> None:
+            # One producer worker's share of these requests, each settled exactly once:
+            # by the inner's results (the ledger records them) or here, for what the
+            # task leaves unsettled.  A dict of its own: what settles pops per worker.
+            task = asyncio.current_task()
             ep = zmq_hostport(worker_addr)
-            engine = next(iter(pull_metas.values())).remote_engine_id if pull_metas else ""
-            reqs = {r: frozenset(b for g in pm.local_block_ids for b in g)
-                    for r, pm in pull_metas.items()}
-            if not hooks.load_started(ep, engine, reqs, asyncio.current_task()):
-                w._handle_failed_recv(pull_metas, list(pull_metas),
-                                      f"shmhb: producer {ep} of engine {engine} is gone")
+            mine = dict(pull_metas)
+            engine = next(iter(mine.values())).remote_engine_id if mine else ""
+            failed = [r for r, pm in mine.items() if pm.failed]
+            if failed:  # failed at another worker already: not asked of this one
+                ledger.fail_now(mine, failed, "shmhb: failed at another producer worker")
+                for r in failed:
+                    del mine[r]
+            if not mine:
                 return
+            reqs = {r: frozenset(b for g in pm.local_block_ids for b in g)
+                    for r, pm in mine.items()}
+            if not hooks.load_started(ep, engine, reqs, task):
+                ledger.fail_now(mine, list(mine), f"shmhb: producer {ep} of engine {engine} is gone")
+                doom(list(mine))
+                return
+            ledger.begin(task, ep)
             try:
-                await receive(worker_addr, pull_metas)
+                await receive(worker_addr, mine)
             except asyncio.CancelledError:
                 # Fenced: the request socket is closed (linger 0) as the task unwound.
-                # Only now report the loads given up, the stock way.
-                given_up = hooks.load_ended(ep, list(pull_metas))
-                w._handle_failed_recv(pull_metas, given_up,
-                                      f"shmhb: producer {ep} of engine {engine} dropped")
+                # Only now report what this worker had not settled, the stock way.
+                left = ledger.finish(task, mine)
+                hooks.load_ended(ep, list(mine))
+                ledger.fail_now(mine, left, f"shmhb: producer {ep} of engine {engine} dropped")
+                doom(left)
                 return
-            hooks.load_ended(ep, list(pull_metas))
+            left = ledger.finish(task, mine)
+            hooks.load_ended(ep, list(mine))
+            # (0.33 fails what a worker's last answer left out; 0.32 forgot it)
+            ledger.fail_now(mine, left, "peer finished without reporting a transfer result")
 
         handle_new_engine = w.handle_new_engine_id
 
         async def handle_new_engine_id(remote_engine_id: str, pull_metas: dict[str, Any]) -> None:
             # The first load from an engine (or the first since it was evicted) asks its
             # bootstrap server first: a load too, tracked under the bootstrap endpoint,
-            # so a producer that hangs here is fenced like one that hangs later.
+            # so a producer that hangs here is fenced like one that hangs later.  This
+            # stage settles a request only when it fails it (count 0: no worker asked).
+            task = asyncio.current_task()
             pm = next(iter(pull_metas.values()), None)
             try:
                 ep = zmq_hostport(pm.remote_bootstrap_addr) if pm is not None else ""
@@ -227,16 +269,19 @@ class MooncakeAdapter(InnerAdapter):
                 ep = ""
             reqs = {r: frozenset(b for g in m.local_block_ids for b in g)
                     for r, m in pull_metas.items()}
-            if ep and not hooks.load_started(ep, remote_engine_id, reqs, asyncio.current_task()):
-                w._handle_failed_recv(pull_metas, list(pull_metas),
-                                      f"shmhb: engine {remote_engine_id} at {ep} is gone")
+            if ep and not hooks.load_started(ep, remote_engine_id, reqs, task):
+                ledger.fail_now(pull_metas, list(pull_metas),
+                                f"shmhb: engine {remote_engine_id} at {ep} is gone")
                 return
+            ledger.begin(task, ep)
             try:
                 await handle_new_engine(remote_engine_id, pull_metas)
             except asyncio.CancelledError:
-                given_up = hooks.load_ended(ep, list(pull_metas))
-                w._handle_failed_recv(pull_metas, given_up,
-                                      f"shmhb: engine {remote_engine_id} at {ep} dropped")
+                left = ledger.finish(task, pull_metas)
+                if ep:
+                    hooks.load_ended(ep, list(pull_metas))
+                ledger.fail_now(pull_metas, left,
+                                f"shmhb: engine {remote_engine_id} at {ep} dropped")
                 # The bootstrap query was cut (every load waiting on it is fenced with
                 # it: they share the endpoint): wake its waiters, let the next ask anew.
                 ev = w._pending_bootstrap_queries.pop(pm.remote_bootstrap_addr, None) \
@@ -244,6 +289,7 @@ class MooncakeAdapter(InnerAdapter):
                 if ev is not None:
                     ev.set()
                 return
+            ledger.finish(task, pull_metas)
             if ep:
                 hooks.load_ended(ep, list(pull_metas))
 
@@ -338,8 +384,13 @@ class MooncakeAdapter(InnerAdapter):
             return
 
         def evict() -> None:
-            w._remote_agents.pop(engine_id, None)
+            agents = w._remote_agents.pop(engine_id, None) or {}
             w._tp_size.pop(engine_id, None)
+            acked = getattr(w, "_acked_layout_peers", None)  # 0.33: workers holding our layout
+            if acked is not None:
+                for by_pp in agents.values():
+                    for addr in by_pp.values():
+                        acked.discard(addr)
         w.receiver_loop.call_soon_threadsafe(evict)
 
     def evict_consumer(self, endpoint: str) -> None:
@@ -351,6 +402,10 @@ class MooncakeAdapter(InnerAdapter):
             for k in [k for k, c in self._region_owner.items() if c == endpoint]:
                 w._prepared_transfer_regions.pop(k, None)
                 del self._region_owner[k]
+            layouts = getattr(w, "_layout_by_peer", None)  # 0.33: (host, port, ...) -> regions
+            if layouts is not None:
+                for k in [k for k in layouts if format_hostport(k[0], int(k[1])) == endpoint]:
+                    del layouts[k]
             for xid in self._consumer_xfers.pop(endpoint, ()):
                 s = w.reqs_need_send.get(xid)
                 if s is None:

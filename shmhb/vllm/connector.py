@@ -37,18 +37,21 @@ from ..errors import InvalidConfig, ShmhbError
 from .adapters import adapter_for
 from .guard import WorkerGuard
 from .settings import ConnectorSettings
+from .stats import Counts, InnerPromMetrics, ShmhbKVConnectorStats
 from .verdict import may_hold_blocks, producer_verdict
-from .stats import Counts, ShmhbKVConnectorStats
 
 log = logging.getLogger(__name__)
 
 
-def _inner_config(vllm_config: Any, settings: ConnectorSettings) -> Any:
-    ktc = vllm_config.kv_transfer_config
-    cfg = copy.copy(vllm_config)
+def _inner_transfer_config(ktc: Any, settings: ConnectorSettings) -> KVTransferConfig:
     fields = {"kv_role": ktc.kv_role, "engine_id": ktc.engine_id}
     fields.update(settings.inner)
-    cfg.kv_transfer_config = KVTransferConfig(**fields)
+    return KVTransferConfig(**fields)
+
+
+def _inner_config(vllm_config: Any, settings: ConnectorSettings) -> Any:
+    cfg = copy.copy(vllm_config)
+    cfg.kv_transfer_config = _inner_transfer_config(vllm_config.kv_transfer_config, settings)
     return cfg
 
 
@@ -119,6 +122,26 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ShmhbKVConnectorStats:
         return ShmhbKVConnectorStats(data=data) if data else ShmhbKVConnectorStats()
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """(vLLM 0.33) What the inner connector says for its own config."""
+        inner = _inner_transfer_config(kv_transfer_config, ConnectorSettings.from_extra_config(
+            kv_transfer_config.kv_connector_extra_config))
+        fn = getattr(KVConnectorFactory.get_connector_class(inner), "supports_sleep_mode", None)
+        return True if fn is None else bool(fn(inner))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict[Any, Any],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> Any:
+        """The inner connector's Prometheus metrics (vLLM 0.33's Mooncake has them), fed
+        the inner part of this connector's stats."""
+        inner_cls, cfg = _inner_class(vllm_config)
+        inner = inner_cls.build_prom_metrics(cfg, metric_types, labelnames, per_engine_labelvalues)
+        if inner is None:
+            return None
+        return InnerPromMetrics(inner, vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- scheduler role ------------------------------------------------------------------------
 
@@ -288,6 +311,7 @@ _DELEGATED = (
     "update_connector_output", "register_finished_partial_tail", "take_events",
     "has_pending_block_frees", "has_pending_push_work", "get_finished_count",
     "set_xfer_handshake_metadata", "set_xfer_handshake_metadata_pp_aware", "reset_cache",
+    "unregister_kv_caches", "restore_kv_caches",  # vLLM 0.33: sleep mode
 )
 
 

@@ -157,6 +157,22 @@ class WorkerGuard:
         return [ld.req_id for ld in self.loads.end(req_ids, endpoint)
                 if ld.state is LoadState.ABANDONED]
 
+    def give_up(self, req_ids: list[str]) -> list[object]:
+        """On the inner's receiver loop: these requests failed at one producer worker
+        (fenced, or vetoed at the start), so their loads from the others cannot
+        complete them (one decode rank pulls a request from every producer rank it maps
+        to).  Give up those still WAITING, under the same rule as a drop (no grant after
+        this; GRANTED ones finish), and return the requests (tokens) that now carry only
+        given-up loads: the adapter cuts them on the loop it runs on."""
+        given_up = self.loads.abandon(req_ids=set(req_ids))
+        if not given_up:
+            return []
+        self.counts.add("failed_loads", len(given_up))
+        tokens = [tok for tok in {id(ld.token): ld.token for ld in given_up}.values()
+                  if all(ld.state is LoadState.ABANDONED for ld in self.loads.by_token(tok))]
+        self.counts.add("fenced_requests", len(tokens))
+        return tokens
+
     def request_extra(self) -> dict[str, Any] | None:
         if self.hb is None or self.fence_server is None:
             return None

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 
@@ -74,16 +74,19 @@ class LoadTable:
                     out.append(r)
         return out
 
-    def abandon(self, *, endpoint: str | None = None, engine_id: str | None = None) -> list[Load]:
+    def abandon(self, *, endpoint: str | None = None, engine_id: str | None = None,
+                req_ids: Collection[str] | None = None) -> list[Load]:
         """Give up the WAITING loads from ``endpoint`` (or from any worker of
-        ``engine_id``); returns them.  GRANTED loads are left to finish."""
+        ``engine_id``, or of the requests ``req_ids`` from any worker); returns them.
+        GRANTED loads are left to finish."""
         out = []
         with self._lock:
             for ld in self._loads.values():
                 if ld.state is not LoadState.WAITING:
                     continue
                 if (endpoint is not None and ld.endpoint == endpoint) or (
-                        engine_id is not None and ld.engine_id == engine_id):
+                        engine_id is not None and ld.engine_id == engine_id) or (
+                        req_ids is not None and ld.req_id in req_ids):
                     ld.state = LoadState.ABANDONED
                     out.append(ld)
         return out

@@ -7,7 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics, KVConnectorStats,
+)
 
 #: counter names; reasons are appended: "drops.dead", "vetoes.left", ...
 COUNTERS = ("failed_loads", "denied_writes", "freed_sends", "fenced_requests")
@@ -65,3 +67,17 @@ class ShmhbKVConnectorStats(KVConnectorStats):
         inner = self.data.get("inner")
         return {"shmhb": dict(self.data.get("shmhb", {})),
                 "inner": None if inner is None else inner.to_dict()}
+
+
+class InnerPromMetrics(KVConnectorPromMetrics):
+    """The inner connector's Prometheus metrics, fed the inner part of
+    ``ShmhbKVConnectorStats.to_dict()`` (``{"shmhb": ..., "inner": ...}``)."""
+
+    def __init__(self, inner: KVConnectorPromMetrics, *args: Any) -> None:
+        super().__init__(*args)
+        self.inner = inner
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        data = transfer_stats_data.get("inner") if isinstance(transfer_stats_data, dict) else None
+        if data:
+            self.inner.observe(data, engine_idx)

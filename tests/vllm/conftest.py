@@ -1,10 +1,10 @@
 """The vLLM stage: real vLLM, real Mooncake transfer engine (TCP), CPU only.
 
-Skipped when vLLM or Mooncake is absent.  To run them, make their venv (about 4 minutes
-and 6 GB; the second stage of .ci/run does exactly this):
+Skipped when vLLM or Mooncake is absent.  To run them, make their venv, one per supported
+vLLM release, 0.32.0 or 0.33.0 (the second stage of .ci/run does exactly this, for both):
 
     python3 -m venv .venv-vllm && . .venv-vllm/bin/activate
-    pip install vllm==0.32.0 mooncake-transfer-engine-non-cuda && pip uninstall -y torchvision torchaudio torchcodec
+    pip install vllm==0.33.0 mooncake-transfer-engine-non-cuda && pip uninstall -y torchvision torchaudio torchcodec
     apt-get install -y libibverbs1 librdmacm1 libnuma1
     pip install -e '.[test,vllm]' && python -m pytest -q tests/vllm
 """

@@ -2,12 +2,14 @@
 
     python -m tests.vllm.engine --role prefill|decode --ip 127.0.0.2 --board NAME
                                 [--wrapped] [--engine-id ID] [--bootstrap-port N]
+                                [--tp-size N --tp-rank R] [--kv-layout blocks|heads]
 
 What vLLM's engine core and model runner would do around a KV connector, reduced to
 what the connector sees: a real ``VllmConfig`` (a tiny llama-style ``config.json``, no
-weights, no tokenizer), a real gloo process group of size 1 (TP/PP lookups), real KV
-cache tensors on CPU registered with the connector, real ``Request`` and
-``KVCacheBlocks`` objects, and both roles of the connector (scheduler and worker) built
+weights, no tokenizer), a real gloo process group (TP/PP lookups: size 1, or one process
+per TP rank of the engine, ``--tp-size``/``--tp-rank``), real KV cache tensors on CPU
+(each rank holds its share of the KV heads) registered with the connector, real
+``Request`` and ``KVCacheBlocks`` objects, and both roles of the connector (scheduler and worker) built
 by ``KVConnectorFactory.create_connector`` in this one process.  A step loop stands in
 for the model runner: ``build_connector_meta`` -> ``bind_connector_metadata`` ->
 ``start_load_kv`` -> ``get_finished`` / ``get_block_ids_with_load_errors`` ->
@@ -84,6 +86,23 @@ def loopback_bootstrap_server() -> None:
     mc.MooncakeBootstrapServer = LoopbackBootstrapServer
 
 
+def kv_cache(layout: str, num_heads: int) -> tuple[Any, int]:
+    """One layer's KV cache, as the connector is given it: (blocks, K/V, ...) and the
+    bytes of one block's page in one region.
+
+    * ``blocks``: each block one contiguous page ``[K/V, tokens, heads, channels]``;
+    * ``heads``: vLLM's CPU layout (LBHNC): a K plane and a V plane, each block's page
+      in a plane ``[heads, tokens, channels]``.  Heads are outermost in a page, so a
+      rank holding some of the heads fills a contiguous part of a page of a rank
+      holding more: what Mooncake needs to move KV between different TP sizes."""
+    import torch
+    if layout == "blocks":
+        cache = torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, num_heads, HEAD_SIZE, dtype=torch.float32)
+        return cache, cache[0].nbytes
+    planes = torch.zeros(2, NUM_BLOCKS, num_heads, BLOCK_SIZE, HEAD_SIZE, dtype=torch.float32)
+    return planes.permute(1, 0, 2, 3, 4), planes[0, 0].nbytes
+
+
 def build(a: argparse.Namespace) -> Any:
     import torch
     from vllm.config import (
@@ -119,11 +138,13 @@ def build(a: argparse.Namespace) -> Any:
                                kv_connector_extra_config=inner["kv_connector_extra_config"], **policy)
     model = ModelConfig(model=tiny_model_dir(a.model_dir), skip_tokenizer_init=True,
                         dtype="float32", max_model_len=MAX_MODEL_LEN)
+    tp_size, tp_rank = getattr(a, "tp_size", 1), getattr(a, "tp_rank", 0)
     # No prefix caching: each request's KV comes from its load or its own compute.
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
     cache.num_gpu_blocks = NUM_BLOCKS
     cfg = VllmConfig(model_config=model, cache_config=cache,
-                     parallel_config=ParallelConfig(), device_config=DeviceConfig("cpu"),
+                     parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+                     device_config=DeviceConfig("cpu"),
                      scheduler_config=SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
                                                       disable_hybrid_kv_cache_manager=True),
                      kv_transfer_config=ktc)
@@ -131,16 +152,20 @@ def build(a: argparse.Namespace) -> Any:
     global _CONFIG_CTX
     _CONFIG_CTX = set_current_vllm_config(cfg)  # kept: the context lives as long as we do
     _CONFIG_CTX.__enter__()
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+    # one process per TP rank, all in one gloo group (rank 0 hosts its store)
+    init_distributed_environment(world_size=tp_size, rank=tp_rank, local_rank=tp_rank,
+                                 backend="gloo",
                                  distributed_init_method=f"tcp://{a.ip}:{a.dist_port}")
-    ensure_model_parallel_initialized(1, 1)
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+    ensure_model_parallel_initialized(tp_size, 1)
+    heads = NUM_KV_HEADS // tp_size  # this rank's share of the KV heads
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads,
                              head_size=HEAD_SIZE, dtype=torch.float32)
-    cache = torch.zeros(NUM_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, dtype=torch.float32)
+    cache, page = kv_cache(getattr(a, "kv_layout", "blocks"), heads)
+    nbytes = cache.untyped_storage().nbytes()
     kvc = KVCacheConfig(num_blocks=NUM_BLOCKS,
-                        kv_cache_tensors=[KVCacheTensor(size=cache.nbytes, layers=[LAYER],
-                                                        layer_stride=cache.nbytes,
-                                                        block_stride=cache[0].nbytes)],
+                        kv_cache_tensors=[KVCacheTensor(size=nbytes, layers=[LAYER],
+                                                        layer_stride=nbytes,
+                                                        block_stride=page)],
                         kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)])
     # With --scheduler, vLLM's own Scheduler builds the scheduler-role connector
     # (tests/vllm/scheduled.py); the worker's is built the way a vLLM worker builds it.
@@ -327,9 +352,16 @@ class Engine:
         self.worker.clear_connector_metadata()
         self.sched.update_connector_output(KVConnectorOutput(
             finished_sending=sending, finished_recving=recving, invalid_block_ids=bad))
+        # A load's blocks may be reported invalid in an earlier step than the load
+        # finishes (one decode rank pulling from several producer ranks: the first to
+        # fail reports them, the last to settle finishes it); vLLM's scheduler keeps
+        # them (failed_recving_kv_req_ids), so does this stand-in.
+        invalid = self.__dict__.setdefault("invalid", set())
+        invalid |= bad
         for rid in sorted(recving or ()):
             ids = self.blocks.get(rid, [])
-            failed = bool(bad & set(ids))
+            failed = bool(invalid & set(ids))
+            invalid -= set(ids)
             self.waiting.discard(rid)
             emit(ev="load_failed" if failed else "loaded", rid=rid,
                  digest=self.digest(ids) if ids else "")
@@ -407,6 +439,9 @@ def main() -> None:
                     help="vLLM's kv_load_failure_policy (default: vLLM's own)")
     ap.add_argument("--scheduler", action="store_true",
                     help="drive the connector through vLLM's real Scheduler (tests/vllm/scheduled.py)")
+    ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--tp-rank", type=int, default=0)
+    ap.add_argument("--kv-layout", choices=("blocks", "heads"), default="blocks")
     a = ap.parse_args()
     os.environ["VLLM_HOST_IP"] = a.ip
     os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with

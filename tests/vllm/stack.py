@@ -36,8 +36,13 @@ class EngineProc:
     def __init__(self, role: str, ip: str, board: str, engine_id: str, *, wrapped: bool,
                  bootstrap_port: int, log_dir: str, env: dict[str, str] | None = None,
                  on_dead_peer: str = "recompute", scheduler: bool = False,
-                 failure_policy: str | None = None) -> None:
+                 failure_policy: str | None = None, tp_size: int = 1, tp_rank: int = 0,
+                 dist_port: int | None = None, kv_layout: str = "blocks",
+                 wait: bool = True) -> None:
+        """``wait=False``: return once started; ``wait_ready()`` before use (the ranks of
+        one TP group start together: each waits for the others in the gloo group)."""
         self.role, self.ip, self.engine_id, self.wrapped = role, ip, engine_id, wrapped
+        self.tp_rank = tp_rank
         self.bootstrap = f"http://{ip}:{bootstrap_port}"
         e = dict(os.environ)
         e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
@@ -48,12 +53,15 @@ class EngineProc:
         e["PYTHONUNBUFFERED"] = "1"
         if env:
             e.update(env)
-        dist_port = free_port([ip])
-        self.log_path = os.path.join(log_dir, f"{role}-{engine_id}-{uuid.uuid4().hex[:6]}.log")
+        if dist_port is None:
+            dist_port = free_port([ip])
+        self.log_path = os.path.join(log_dir, f"{role}-{engine_id}-tp{tp_rank}-"
+                                              f"{uuid.uuid4().hex[:6]}.log")
         log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tests.vllm.engine", "--role", role, "--ip", ip,
                "--board", board, "--engine-id", engine_id, "--dist-port", str(dist_port),
-               "--model-dir", os.path.join(log_dir, "model"), "--on-dead-peer", on_dead_peer]
+               "--model-dir", os.path.join(log_dir, "model"), "--on-dead-peer", on_dead_peer,
+               "--tp-size", str(tp_size), "--tp-rank", str(tp_rank), "--kv-layout", kv_layout]
         if wrapped:
             cmd.append("--wrapped")
         if scheduler:
@@ -68,8 +76,13 @@ class EngineProc:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
-        self.ready = self.expect("ready", timeout_s=240)
         self.pid = self.p.pid
+        self.ready: dict[str, Any] = {}
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        self.ready = self.expect("ready", timeout_s=240)
 
     def _read(self) -> None:
         assert self.p.stdout is not None
@@ -185,6 +198,26 @@ class Stack:
                        env={**self.env, **kw.pop("env", {})}, **kw)
         self.engines.append(e)
         return e
+
+    def start_tp(self, role: str, tp_size: int, engine_id: str | None = None,
+                 **kw: Any) -> list[EngineProc]:
+        """One engine of ``tp_size`` rank processes (one gloo group, rank 0 runs the
+        bootstrap server), all on the role's host; returned in rank order."""
+        host = self.prefill_host if role == "prefill" else self.decode_host
+        eid = engine_id or f"{role}-{uuid.uuid4().hex[:8]}"
+        dist_port = free_port([host.ip])
+        ranks = []
+        for r in range(tp_size):
+            self._n += 1
+            e = EngineProc(role, host.ip, host.name, eid, wrapped=self.wrapped,
+                           bootstrap_port=self.bootstrap_port, log_dir=self.log_dir,
+                           env=self.env, tp_size=tp_size, tp_rank=r, dist_port=dist_port,
+                           wait=False, **kw)
+            self.engines.append(e)
+            ranks.append(e)
+        for e in ranks:
+            e.wait_ready()
+        return ranks
 
     def close(self) -> None:
         for e in self.engines:

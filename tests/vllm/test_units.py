@@ -146,3 +146,140 @@ def test_a_veto_names_the_engine_it_vetoes() -> None:
     assert producer_verdict(slot(long_id, Status.DEAD), long_id, False) == "dead"
     assert producer_verdict(slot(long_id, Status.ALIVE), "y" * 80, False) == "gone"
     assert may_hold_blocks("suspect") and not any(map(may_hold_blocks, ["dead", "left", "gone"]))
+
+# -- vLLM 0.33's hooks, forwarded; the adapter's version gate ---------------------------------
+
+def _outer_ktc(protocol: str) -> object:
+    from vllm.config import KVTransferConfig
+    return KVTransferConfig(
+        kv_connector="ShmhbConnector", kv_connector_module_path="shmhb.vllm",
+        kv_role="kv_consumer", kv_connector_extra_config={"inner": {
+            "kv_connector": "MooncakeConnector",
+            "kv_connector_extra_config": {"mooncake_protocol": protocol}}})
+
+
+def test_sleep_mode_hooks_reach_the_inner_connector() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
+        MooncakeConnector,
+    )
+
+    from shmhb.vllm.connector import ShmhbConnector
+    calls: list[str] = []
+
+    class Inner:
+        def unregister_kv_caches(self) -> None:
+            calls.append("unregister")
+
+        def restore_kv_caches(self) -> None:
+            calls.append("restore")
+    c = ShmhbConnector.__new__(ShmhbConnector)  # only the forwarding is under test
+    c.inner = Inner()  # type: ignore[assignment]
+    c.unregister_kv_caches()
+    c.restore_kv_caches()
+    assert calls == ["unregister", "restore"]  # (0.33's base class would answer None)
+    # Mooncake 0.33 supports sleep mode over RDMA only; the base class says yes to all.
+    if hasattr(MooncakeConnector, "supports_sleep_mode"):
+        assert ShmhbConnector.supports_sleep_mode(_outer_ktc("tcp")) is False
+        assert ShmhbConnector.supports_sleep_mode(_outer_ktc("rdma")) is True
+    else:  # 0.32: no such hook; the wrapper answers what the base class would
+        assert ShmhbConnector.supports_sleep_mode(_outer_ktc("tcp")) is True
+
+
+def test_prom_metrics_are_the_inner_connectors_fed_its_stats() -> None:
+    import functools
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
+        MooncakeConnector,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.stats import (
+        MooncakeKVConnectorStats,
+    )
+
+    from shmhb.vllm.connector import ShmhbConnector
+    from shmhb.vllm.stats import ShmhbKVConnectorStats
+    reg = CollectorRegistry()
+    types = {t: functools.partial(t, registry=reg) for t in (Counter, Gauge, Histogram)}
+    cfg = SimpleNamespace(kv_transfer_config=_outer_ktc("tcp"))
+    prom = ShmhbConnector.build_prom_metrics(cfg, types, ["model_name", "engine"], {0: ["m", "0"]})
+    if "build_prom_metrics" not in vars(MooncakeConnector):  # 0.32: Mooncake has none
+        assert prom is None
+        return
+    assert prom is not None
+    inner = MooncakeKVConnectorStats()
+    inner.record_failed_recv()
+    inner.record_failed_recv()
+    prom.observe(ShmhbKVConnectorStats(data={"shmhb": {"failed_loads": 2}, "inner": inner}).to_dict())
+    prom.observe(ShmhbKVConnectorStats(data={"shmhb": {"failed_loads": 1}, "inner": None}).to_dict())
+    got = {s.name: s.value for m in reg.collect() for s in m.samples
+           if "failed_recv" in s.name and s.name.endswith("_total")}
+    assert list(got.values()) == [2.0], got
+
+
+def test_adapter_refuses_a_vllm_it_was_not_written_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm
+
+    from shmhb.vllm.adapters import MooncakeAdapter
+    from shmhb.vllm.mooncake_pulls import vllm_release
+    assert vllm_release("0.33.0") == (0, 33) and vllm_release("0.32.1.dev3+gabc") == (0, 32)
+    assert vllm_release("dev") is None
+    worker = type("W", (), {"is_kv_producer": False, "is_kv_consumer": True})()
+    a = MooncakeAdapter(type("C", (), {"connector_worker": worker})())
+    with pytest.raises(TypeError, match="lacks"):  # this vLLM, but not its Mooncake worker
+        a.check()
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    with pytest.raises(TypeError, match="0.34.0"):
+        a.check()
+
+
+def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> None:
+    """vLLM 0.32's fields, 0.33's rule (the backport): a request pulled from two
+    producer workers is reported once, after both settled, its blocks invalid once."""
+    import queue
+    from types import SimpleNamespace
+
+    from shmhb.vllm.mooncake_pulls import Ledger, settles_per_peer
+
+    class Worker32:
+        def __init__(self) -> None:
+            self.finished_recving_reqs: set[str] = set()
+            self._invalid_block_ids: queue.Queue[set[int]] = queue.Queue()
+            self._failed_recv_reqs: queue.Queue[str] = queue.Queue()
+            self._is_hma_required = False
+            self.xfer_stats = SimpleNamespace(record_failed_recv=lambda: None)
+
+        def _handle_failed_recv(self, *a: object) -> None:
+            raise AssertionError("0.32's own settlement must not run")
+
+        def process_pulling_result(self, *a: object) -> None:
+            raise AssertionError("0.32's own settlement must not run")
+    w = Worker32()
+    assert not settles_per_peer(w)
+    ended: list[tuple[str, list[str]]] = []
+    ledger = Ledger(w, lambda ep, reqs: ended.append((ep, reqs)))
+    ledger.install()
+    pm = SimpleNamespace(pull_tasks_count=2, failed=False, local_block_ids=[[4, 5]], d_req_id="r")
+
+    async def worker(ep: str, ok: bool) -> list[str]:
+        task = asyncio.current_task()
+        mine = {"r": pm}
+        ledger.begin(task, ep)
+        if ok:  # this worker's write landed and it said so
+            w.process_pulling_result(SimpleNamespace(ok_reqs=["r"], err_reqs=None, err_msg=None), mine)
+            w.process_pulling_result(SimpleNamespace(ok_reqs=["r"], err_reqs=None, err_msg=None), mine)
+        left = ledger.finish(task, {"r": pm})  # then fenced: settle what it left
+        ledger.fail_now({"r": pm}, left, "fenced")
+        return left
+
+    async def run() -> tuple[list[str], set[str], list[str]]:
+        a = await worker("A", ok=True)
+        after_a = set(w.finished_recving_reqs)
+        b = await worker("B", ok=False)
+        return a, after_a, b
+    a, after_a, b = asyncio.run(run())
+    assert a == [] and b == ["r"]  # A settled by its result (once), B by the fence
+    assert after_a == set()  # not reported while B could still write
+    assert w.finished_recving_reqs == {"r"} and pm.pull_tasks_count == 0 and pm.failed
+    assert w._invalid_block_ids.get_nowait() == {4, 5} and w._invalid_block_ids.empty()
+    assert ended == [("A", ["r"])]
