@@ -154,6 +154,11 @@ class Feeder:
         self._threads: list[threading.Thread] = []
         self.failures = 0
 
+    def latest(self) -> list[Instance] | None:
+        """The instances the follower last read (None before its first read)."""
+        with self._cv:
+            return self._latest
+
     # -- the follower ---------------------------------------------------------------------
 
     def follow_once(self, last: tuple[int, int, list[Instance] | None]
