@@ -46,7 +46,7 @@ _ROLE = {"prefill": "prefill", "decode": "decode", "both": "regular"}
 
 
 class Action(NamedTuple):
-    op: str                 # "remove" or "add"
+    op: str                 # "remove", "add", or "cannot_add" (said once, nothing called)
     url: str
     role: str               # the router's worker_type
     bootstrap_port: int | None
@@ -62,6 +62,7 @@ class Memory:
     seen: dict[str, RouterWorker] = field(default_factory=dict)
     served_inc: dict[str, int] = field(default_factory=dict)
     pending: dict[str, tuple[RouterWorker, int]] = field(default_factory=dict)  # added, not listed yet
+    told: set[tuple[str, int]] = field(default_factory=set)  # (url, incarnation) said cannot_add
 
 
 def _url_of(inst: Instance, known: Iterable[RouterWorker]) -> str | None:
@@ -112,6 +113,11 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
                                           f"{newest.key} serves again"))
             elif can_add(role):
                 out.append(Action("add", url, role, bport, None, f"{newest.key} is alive"))
+            elif (url, newest.incarnation) not in mem.told:
+                mem.told.add((url, newest.incarnation))
+                out.append(Action("cannot_add", url, role, bport, None,
+                                  f"{newest.key} is alive but this router takes no {role} "
+                                  "worker over HTTP: restart the router to serve it again"))
         elif cur is not None and not unknown:
             worst = insts[0].status if len(insts) == 1 else "gone"
             out.append(Action("remove", url, cur.role, cur.bootstrap_port, cur,
@@ -204,12 +210,15 @@ class Feeder:
                 cur = [w for w in cur if w.url != a.url]
                 self.mem.served_inc.pop(a.url, None)
                 self.mem.pending.pop(a.url, None)
+            elif a.op == "cannot_add":
+                log.warning("shmhb feed: %s: %s", self.client.base, a.why)
             else:
                 ident = self.client.add(a.url, a.role, a.bootstrap_port) or a.url
                 w = RouterWorker(a.url, a.role, a.bootstrap_port, ident)
                 cur.append(w)
                 self.mem.pending[a.url] = (w, self.clock.monotonic_ns())
-            log.info("shmhb feed: %s %s %s (%s)", self.client.base, a.op, a.url, a.why)
+            if a.op != "cannot_add":
+                log.info("shmhb feed: %s %s %s (%s)", self.client.base, a.op, a.url, a.why)
             if self.on_action is not None:
                 self.on_action(a, self.clock.monotonic_ns())
         return cur

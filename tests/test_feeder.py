@@ -23,6 +23,7 @@ from shmhb.routerapi import RouterWorker, SglangRouter, client_for
 from shmhb.loopback import free_port
 
 from .conftest import Procs, wait_until
+from .hosts import Cluster, cluster_fixture
 from .test_instances import ENGINE
 
 A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN
@@ -63,7 +64,10 @@ def test_plan_adds_back_where_it_can_and_replaces_a_restarted_entry() -> None:
     # removed earlier (not listed now), alive again: added with the role and bootstrap port
     acts = plan([inst("e2", A, inc=2)], [], mem, lambda r: True)
     assert [(a.op, a.role, a.bootstrap_port) for a in acts] == [("add", "prefill", 8998)]
-    assert plan([inst("e2", A, inc=2)], [], mem, lambda r: False) == []  # the router cannot
+    mem_no = Memory(seen=dict(mem.seen))
+    said = plan([inst("e2", A, inc=2)], [], mem_no, lambda r: False)  # the router cannot
+    assert [a.op for a in said] == ["cannot_add"]  # said once per incarnation
+    assert plan([inst("e2", A, inc=2)], [], mem_no, lambda r: False) == []
     # restarted while listed (a death missed): its entry is stale, removed and added anew
     mem2 = Memory()
     plan([inst("e", A, inc=1)], [rw()], mem2, lambda r: True)
@@ -211,3 +215,33 @@ def test_feeder_follows_kill_and_restart_and_survives_a_failing_router(
         assert added and added[0]["worker_type"] == "prefill" and added[0]["bootstrap_port"] == 8998
     finally:
         f.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Any) -> Any:
+    yield from cluster_fixture(tmp_path)
+
+
+def test_feeder_on_one_host_follows_an_engine_on_another_through_the_pinger(
+        cluster: Cluster) -> None:
+    """The feeder reads only host A's board; the engine runs on host B, whose instance
+    slot reaches A in B's digest, and whose kill reaches A as a push."""
+    a, b = cluster.host(), cluster.host()
+    a.watch(b)
+    url = f"http://{b.ip}:8000"
+    router = FakeRouter([{"id": "p", "url": url, "worker_type": "prefill", "bootstrap_port": 8998}])
+    read, changes = reader([a.board], remote=True)
+    f = Feeder(read, changes, SglangRouter(f"http://127.0.0.1:{router.port}"),
+               FeederConfig(resync_s=0.3)).start()
+    try:
+        p = cluster.procs.python(ENGINE, b.name, "eng-r", "prefill", "1", b.ip)
+        wait_until(lambda: any(i.engine == "eng-r" and i.status is A and i.host
+                               for i in f.latest() or ()), 10, what="B's instance seen from A")
+        p.send_signal(signal.SIGKILL)
+        p.wait(5)
+        wait_until(lambda: url not in router.urls(), 10, what="B's dead engine removed")
+        cluster.procs.python(ENGINE, b.name, "eng-r2", "prefill", "1", b.ip)
+        wait_until(lambda: url in router.urls(), 10, what="B's restarted engine added back")
+    finally:
+        f.stop()
+        router.close()

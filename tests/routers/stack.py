@@ -82,13 +82,16 @@ class Instance:
     def url(self) -> str:
         return f"http://{self.ip}:{self.port}"
 
-    def served_since(self, t_ns: int) -> list[int]:
-        """Monotonic times of the requests it took at or after ``t_ns`` (from its log)."""
+    def served_since(self, t_ns: int, what: str | None = None) -> list[int]:
+        """Monotonic times of the requests it took at or after ``t_ns`` (from its log);
+        ``what``: only lines for that path (``/kv``: KV fetches it served)."""
         try:
             with open(self.log) as f:
-                return [t for t in (int(line.split()[0]) for line in f if line.strip()) if t >= t_ns]
+                rows = [line.split() for line in f if line.strip()]
         except FileNotFoundError:
             return []
+        return [int(r[0]) for r in rows if len(r) == 2 and int(r[0]) >= t_ns
+                and (what is None or r[1] == what) and (what is not None or r[1] != "/kv")]
 
 
 @dataclass

@@ -20,7 +20,8 @@ It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
 It registers on its host's board the way ``ShmhbConnector`` does: its rank slot
 ``vllm/<engine>/dp0/tp0/pp0`` and its instance slot (``shmhb.instances.register_instance``)
 with its serving and bootstrap addresses, then prints ``ready``.  Every request it
-takes is logged as a line ``<CLOCK_MONOTONIC ns> <path>`` to ``--log`` (the bench's
+takes is logged as a line ``<CLOCK_MONOTONIC ns> <path>`` to ``--log`` (a prefill also
+logs ``/kv`` for each KV fetch it served) (the bench's
 record of who served what, comparable across processes of one boot).
 """
 
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(a.compute_ms / 1000)
                 code, doc = (200, {"ok": True}) if want in ("", engine) else \
                     (404, {"error": f"engine {want} not here (this is {engine})"})
+                if code == 200:
+                    note("/kv")  # a decode got its KV from this engine: it served
             else:
                 code, doc = 404, {"error": u.path}
             out = json.dumps(doc).encode()
