@@ -74,8 +74,8 @@ class WorkerGuard:
         if self.fence_server is not None:
             self.fence_server.incarnation = hb.incarnation  # one int store: atomic
         self.hb = hb.start(self.settings.beat_interval_s)
-        register_engine_instance(self.board, hb, eps, (dp, tp, pp), a.connector.connector_worker,
-                                 self.engine_id, self.settings)  # for routers (shmhb.instances)
+        register_engine_instance(self.board, hb, eps, (dp, tp, pp), a.connector, self.engine_id,
+                                 self.settings)  # for routers (shmhb.instances)
         self.reaper = LinkReaper(self.board, self._on_drop, drop_suspect=self.settings.act_on_suspect)
         self.adapter.install(self)
         log.info("shmhb: %s registered on board %s (incarnation %d, endpoints %s)",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from ..instances import register_instance
 from .settings import ConnectorSettings, engine_prefix
@@ -30,13 +31,31 @@ def role_of(worker: Any) -> str:
     return "prefill" if producer else "decode"
 
 
+def routable_bootstrap(endpoints: dict[str, str]) -> str | None:
+    """The bootstrap endpoint as a router reaches it: vLLM reports the address its
+    server was told (often ``data_parallel_master_ip``, 127.0.0.1 on one node, or a
+    wildcard); a loopback or wildcard host is replaced by the rank's own host (its
+    transfer engine's), which is what a router's ``--prefill URL PORT`` names and what
+    a followed host's digest accepts."""
+    boot = endpoints.get("bootstrap")
+    engine = endpoints.get("engine")
+    if boot is None or engine is None:
+        return boot
+    host, port = parse_hostport(boot)
+    if host.startswith("127.") or host.strip("[]") in ("0.0.0.0", "::", "::1", "localhost"):
+        return format_hostport(parse_hostport(engine)[0], port)
+    return boot
+
+
 def register_engine_instance(board: Any, rank_hb: Any, endpoints: dict[str, str],
-                             rank: tuple[int, int, int], worker: Any, engine_id: str,
+                             rank: tuple[int, int, int], connector: Any, engine_id: str,
                              settings: ConnectorSettings) -> Any:
     """The instance slot's heartbeat, or None when this rank is not the one that
     registers it, or when it cannot be registered (logged: the rank itself is up and
-    the connector works without it; only routers fed by shmhb miss the instance)."""
-    bootstrap = endpoints.get("bootstrap")
+    the connector works without it; only routers fed by shmhb miss the instance).
+    ``connector``: the inner connector (its ``connector_worker`` has the role flags)."""
+    worker = getattr(connector, "connector_worker", connector)
+    bootstrap = routable_bootstrap(endpoints)
     if bootstrap is None and rank != (0, 0, 0):
         return None
     serving = settings.serving_url
