@@ -172,10 +172,19 @@ def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Names
     lines += table(runs, a.window_s)
     lines += ["", "Read with: vllm-router in PD mode takes no worker over HTTP, so fed by "
               "shmhb a restarted prefill stays out until the router restarts (`shmhb feed` "
-              "says so: `cannot_add`); at its defaults it keeps the restarted URL with the "
-              "dead engine's id, so requests sent there fail. A stopped instance accepts "
-              "connections and never answers: requests sent to it before it is taken out "
-              "wait for the client's timeout.", END]
+              "says so: `cannot_add`); at its defaults and tuned it keeps the restarted URL "
+              "with the dead engine's id, so requests sent there fail at the decode side "
+              "(*restart: failed*). sglang-router retries a failed request on another "
+              "worker, so a kill costs it no request even at its defaults; the restarted "
+              "instance is what its own health check did not give back within the window. "
+              "A stopped instance accepts connections and never answers: every request sent "
+              "to it before it is taken out waits for the client's timeout, so a stop costs "
+              "what arrives during the board's dead-after (2 s here; suspect-after, 1 s, "
+              "with `--act-on-suspect`).", "",
+              "Targets (issue 22), fed by shmhb: kill to the router's call within 50 ms; "
+              "stop to the call within dead-after + 1 s; failed requests at most those "
+              "inside the dead instance; a restarted instance serving within 1 s of its "
+              "registration (sglang-router; vllm-router's PD mode cannot take it back).", END]
     return "\n".join(lines) + "\n"
 
 
