@@ -32,6 +32,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -102,6 +103,50 @@ def run_setup(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
             return out
         finally:
             s.close()
+
+
+def feeder_cpu(seconds: float = 10.0) -> float:
+    """Percent of one core ``shmhb feed`` spends following 3 boards of 4 engines x 4
+    ranks (beating every 0.1 s) with nothing changing and its router unreachable."""
+    from shmhb.instances import register_instance
+    from shmhb.loopback import child_env
+    tag = os.urandom(3).hex()
+    boards = [shmhb.Board.create(f"shmhb-bench-feed-{tag}-{i}", slots=64) for i in range(3)]
+    hbs: list[Any] = []
+    p = None
+    try:
+        for i, b in enumerate(boards):
+            for e in range(4):
+                rk = [b.register(f"vllm/e{i}{e}/dp0/tp{t}/pp0", agent=False,
+                                 endpoints=(f"127.0.0.{2 + i}:{31000 + 10 * e + t}",)).start(0.1)
+                      for t in range(4)]
+                hbs += rk
+                hbs.append(register_instance(b, rk[0], "prefill", f"e{i}{e}",
+                                             serving=f"127.0.0.{2 + i}:{8000 + e}",
+                                             bootstrap=f"127.0.0.{2 + i}:{9000 + e}"))
+        cmd = [sys.executable, "-m", "shmhb", "feed", "--router", "sglang=http://127.0.0.1:1"]
+        for b in boards:
+            cmd += ["--board", b.name]
+        p = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(2)  # past its start-up
+
+        def cpu_s() -> float:
+            with open(f"/proc/{p.pid}/stat") as f:  # type: ignore[union-attr]
+                st = f.read().rsplit(")", 1)[1].split()
+            return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+        c0, t0 = cpu_s(), time.monotonic()
+        time.sleep(seconds)
+        return 100 * (cpu_s() - c0) / (time.monotonic() - t0)
+    finally:
+        if p is not None:
+            p.kill()
+            p.wait()
+        for h in hbs:
+            h.close()
+        for b in boards:
+            b.unlink()
+            b.close()
 
 
 def cell(vals: list[Any], fmt: str = "{:.0f}", none: str = "-") -> str:
@@ -217,7 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-hz", type=float, default=50.0)
     ap.add_argument("--kinds", nargs="+", default=["vllm", "sglang"], choices=["vllm", "sglang"])
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--feeder-cpu-only", action="store_true",
+                    help="only measure shmhb feed's own CPU while idle (no routers needed)")
     a = ap.parse_args(argv)
+    if a.feeder_cpu_only:
+        print(f"shmhb feed, 3 boards x 4 engines x 4 ranks, idle, router unreachable: "
+              f"{feeder_cpu():.1f} % of one core")
+        return 0
     for k in a.kinds:
         if router_binary(k) is None:
             print(f"{k}-router not installed: pip install '.[routers]'", file=sys.stderr)

@@ -114,6 +114,8 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
             elif can_add(role):
                 out.append(Action("add", url, role, bport, None, f"{newest.key} is alive"))
             elif (url, newest.incarnation) not in mem.told:
+                if len(mem.told) > 4096:
+                    mem.told.clear()  # bounded: at worst said once more
                 mem.told.add((url, newest.incarnation))
                 out.append(Action("cannot_add", url, role, bport, None,
                                   f"{newest.key} is alive but this router takes no {role} "
