@@ -6,10 +6,13 @@ serves HTTP at, its KV bootstrap address and its incarnation.  The rank that run
 engine's bootstrap server (or rank 0 of a decode engine) registers one more slot for
 the instance itself, keyed
 
-    inst/<role>/<fields>/<engine>
+    inst/<role>/<bootstrap port or ->/<engine>
 
-``<fields>`` says what the slot's endpoints are, in order: ``s`` the serving address,
-``b`` the bootstrap address (``sb``, ``s`` or ``b``).  The instance slot beats from the
+with the serving address (``host:port``) as its one endpoint, or none.  The bootstrap
+address is the bootstrap port on the host of the engine's ranks (their endpoints name
+it; else the serving address's).  The slot advertises no endpoint a rank advertises:
+lookups by endpoint (``Board.remote``, the LinkReaper) must keep finding the rank.
+An instance needs a serving address or a bootstrap port.  The instance slot beats from the
 same process as that rank and closes with it, so the pinger's digest carries it to
 other hosts like any worker.
 
@@ -27,7 +30,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .address import check_endpoint
+from .address import check_endpoint, format_address, parse_address
 from .errors import InvalidConfig
 from .ratelog import RateLimitedLog
 from .records import check_key
@@ -44,7 +47,6 @@ skipped = RateLimitedLog(log)
 INSTANCE_PREFIX = "inst/"
 RANK_PREFIX = "vllm/"
 ROLES = ("prefill", "decode", "both")
-_FIELDS = ("sb", "s", "b")
 #: the order of badness when an instance's rows disagree: the first that any row has wins
 _WORST = (Status.DEAD, Status.LEFT, Status.UNKNOWN, Status.SUSPECT)
 
@@ -75,29 +77,41 @@ class Instance(NamedTuple):
         }
 
 
-def instance_key(role: str, engine_token: str, *, serving: bool, bootstrap: bool) -> str:
-    """The board key of an instance slot; ``InvalidConfig`` for a role outside ``ROLES``
-    or neither address, ``InvalidKey`` if it does not fit a key."""
+def instance_key(role: str, engine_token: str, *, bootstrap_port: int | None,
+                 serving: bool = True) -> str:
+    """The board key of an instance slot; ``InvalidConfig`` for a role outside ``ROLES``,
+    a bad port, or neither a serving address nor a bootstrap port; ``InvalidKey`` if it
+    does not fit a key."""
     if role not in ROLES:
         raise InvalidConfig(f"an instance's role is one of {ROLES}, got {role!r}")
-    fields = ("s" if serving else "") + ("b" if bootstrap else "")
-    if not fields:
-        raise InvalidConfig("an instance needs a serving or a bootstrap address (or both)")
+    if bootstrap_port is not None and (isinstance(bootstrap_port, bool)
+                                       or not isinstance(bootstrap_port, int)
+                                       or not 0 < bootstrap_port < 65536):
+        raise InvalidConfig(f"a bootstrap port is in 1..65535, got {bootstrap_port!r}")
+    if bootstrap_port is None and not serving:
+        raise InvalidConfig("an instance needs a serving address or a bootstrap port (or both)")
     if not engine_token or "/" in engine_token:
         raise InvalidConfig(f"an engine token is non-empty and has no '/', got {engine_token!r}")
-    key = f"{INSTANCE_PREFIX}{role}/{fields}/{engine_token}"
+    port = "-" if bootstrap_port is None else str(bootstrap_port)
+    key = f"{INSTANCE_PREFIX}{role}/{port}/{engine_token}"
     check_key(key)
     return key
 
 
-def parse_instance_key(key: str) -> tuple[str, str, str] | None:
-    """(role, fields, engine token) of an instance key, or None if ``key`` is not one."""
+def parse_instance_key(key: str) -> tuple[str, int | None, str] | None:
+    """(role, bootstrap port or None, engine token) of an instance key, or None if
+    ``key`` is not one."""
     if not key.startswith(INSTANCE_PREFIX):
         return None
     parts = key[len(INSTANCE_PREFIX):].split("/")
-    if len(parts) != 3 or parts[0] not in ROLES or parts[1] not in _FIELDS or not parts[2]:
+    if len(parts) != 3 or parts[0] not in ROLES or not parts[2]:
         return None
-    return parts[0], parts[1], parts[2]
+    if parts[1] == "-":
+        return parts[0], None, parts[2]
+    p = parts[1]
+    if not p.isascii() or not p.isdigit() or p.startswith("0") or not 0 < int(p) < 65536:
+        return None
+    return parts[0], int(p), parts[2]
 
 
 def judge_instance(own: Status, ranks: Iterable[Status]) -> Status:
@@ -120,17 +134,22 @@ def instances_from(slots: Iterable[SlotStatus], host: str = "") -> list[Instance
         if not s.key.startswith(INSTANCE_PREFIX):
             continue
         parsed = parse_instance_key(s.key)
-        if parsed is None or len(s.endpoints) != len(parsed[1]):
+        if parsed is None or len(s.endpoints) > 1 or (parsed[1] is None and not s.endpoints):
             skipped.warn("instance", "skipping instance row %r on %s: key or endpoints %r do "
-                         "not fit inst/<role>/<fields>/<engine>", s.key, host or "this host",
-                         s.endpoints)
+                         "not fit inst/<role>/<bootstrap port>/<engine>", s.key,
+                         host or "this host", s.endpoints)
             continue
-        role, fields, token = parsed
-        eps = dict(zip(fields, s.endpoints))
+        role, bport, token = parsed
         prefix = f"{RANK_PREFIX}{token}/"
-        ranks = [r.status for r in rows if r.key.startswith(prefix)]
-        out.append(Instance(host, s.key, token, role, eps.get("s"), eps.get("b"),
-                            s.incarnation, judge_instance(s.status, ranks), len(ranks)))
+        mine = [r for r in rows if r.key.startswith(prefix)]
+        serving = s.endpoints[0] if s.endpoints else None
+        boot = None
+        if bport is not None:
+            where = next((r.endpoints[0] for r in mine if r.endpoints), serving)
+            if where is not None:
+                boot = format_address(parse_address(where).host, bport)
+        out.append(Instance(host, s.key, token, role, serving, boot, s.incarnation,
+                            judge_instance(s.status, [r.status for r in mine]), len(mine)))
     return out
 
 
@@ -150,10 +169,11 @@ def register_instance(board: Any, rank_hb: Any, role: str, engine_token: str, *,
     """Register the instance slot beside the rank whose heartbeat is ``rank_hb`` (same
     process): it beats every ``interval_s`` and closes when the rank's heartbeat closes,
     so a graceful shutdown reads LEFT and a crash DEAD.  Returns its ``Heartbeat``.
-    ``serving``/``bootstrap``: "host:port" (validated like every endpoint)."""
-    eps = tuple(check_endpoint(e) for e in (serving, bootstrap) if e is not None)
-    key = instance_key(role, engine_token, serving=serving is not None,
-                       bootstrap=bootstrap is not None)
+    ``serving``/``bootstrap``: "host:port" (validated like every endpoint); of the
+    bootstrap address only the port is stored, its host is the ranks'."""
+    eps = () if serving is None else (check_endpoint(serving),)
+    bport = None if bootstrap is None else parse_address(bootstrap, need_port=True).port
+    key = instance_key(role, engine_token, bootstrap_port=bport, serving=serving is not None)
     hb = board.register(key, endpoints=eps, agent=False).start(interval_s)
     rank_hb.on_close(hb.close)
     log.info("instance %s registered (incarnation %d, endpoints %s)", key, hb.incarnation, eps)

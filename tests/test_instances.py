@@ -14,6 +14,7 @@ from shmhb import Status
 from shmhb.errors import InvalidConfig, InvalidKey
 from shmhb.instances import (
     board_instances, instance_key, instances_from, judge_instance, parse_instance_key,
+    register_instance,
 )
 
 from .conftest import Procs, wait_until
@@ -44,26 +45,30 @@ ENGINE = """
 """
 
 
-def slot(key: str, st: Status, *eps: str, inc: int = 7) -> shmhb.SlotStatus:
+def slot(key: str, st: Status = A, *eps: str, inc: int = 7) -> shmhb.SlotStatus:
     return shmhb.SlotStatus(key, 1, inc, st, 0.0, eps)
 
 
 def test_key_format_round_trips_and_refuses_what_does_not_fit() -> None:
-    k = instance_key("prefill", "eng-1", serving=True, bootstrap=True)
-    assert k == "inst/prefill/sb/eng-1"
-    assert parse_instance_key(k) == ("prefill", "sb", "eng-1")
-    assert instance_key("decode", "e", serving=True, bootstrap=False) == "inst/decode/s/e"
-    for bad in ("inst/prefill/sb", "inst/router/s/e", "inst/prefill/x/e", "vllm/e/dp0/tp0/pp0",
-                "inst/prefill/s/e/f"):
-        assert parse_instance_key(bad) is None
+    k = instance_key("prefill", "eng-1", bootstrap_port=8998)
+    assert k == "inst/prefill/8998/eng-1"
+    assert parse_instance_key(k) == ("prefill", 8998, "eng-1")
+    assert instance_key("decode", "e", bootstrap_port=None) == "inst/decode/-/e"
+    assert parse_instance_key("inst/decode/-/e") == ("decode", None, "e")
+    for bad in ("inst/prefill/8998", "inst/router/-/e", "inst/prefill/x/e", "inst/prefill/0/e",
+                "inst/prefill/65536/e", "inst/prefill/08998/e", "vllm/e/dp0/tp0/pp0",
+                "inst/prefill/-/e/f"):
+        assert parse_instance_key(bad) is None, bad
     with pytest.raises(InvalidConfig):
-        instance_key("router", "e", serving=True, bootstrap=False)
+        instance_key("router", "e", bootstrap_port=None)
     with pytest.raises(InvalidConfig):
-        instance_key("decode", "e", serving=False, bootstrap=False)
+        instance_key("decode", "e", bootstrap_port=None, serving=False)
     with pytest.raises(InvalidConfig):
-        instance_key("decode", "a/b", serving=True, bootstrap=False)
+        instance_key("decode", "e", bootstrap_port=70000)
+    with pytest.raises(InvalidConfig):
+        instance_key("decode", "a/b", bootstrap_port=None)
     with pytest.raises(InvalidKey):
-        instance_key("decode", "x" * 60, serving=True, bootstrap=False)
+        instance_key("decode", "x" * 60, bootstrap_port=None)
 
 
 def test_an_instance_is_as_bad_as_its_worst_row() -> None:
@@ -77,18 +82,32 @@ def test_an_instance_is_as_bad_as_its_worst_row() -> None:
 
 
 def test_rows_become_instances_with_their_ranks_and_bad_rows_are_skipped() -> None:
-    rows = [slot("inst/prefill/sb/e1", A, "127.0.0.5:8000", "127.0.0.5:8998"),
+    rows = [slot("inst/prefill/8998/e1", A, "127.0.0.5:8000"),
             slot("vllm/e1/dp0/tp0/pp0", A, "127.0.0.5:31000"),
             slot("vllm/e1/dp0/tp1/pp0", D, "127.0.0.5:31001"),
-            slot("vllm/e10/dp0/tp0/pp0", A, "127.0.0.5:31002"),  # another engine's
-            slot("inst/decode/s/e2", A, "127.0.0.6:8000"),
-            slot("inst/decode/sb/e3", A, "127.0.0.6:8001")]  # two fields, one endpoint
+            slot("vllm/e10/dp0/tp0/pp0", A, "127.0.0.7:31002"),  # another engine's
+            slot("inst/decode/-/e2", A, "127.0.0.6:8000"),
+            slot("inst/prefill/8999/e4"),                        # no serving: the ranks' host
+            slot("vllm/e4/dp0/tp0/pp0", A, "127.0.0.8:8999"),
+            slot("inst/decode/-/e3", A),                         # neither address
+            slot("inst/decode/-/e5", A, "127.0.0.6:1", "127.0.0.6:2")]  # two endpoints
     got = {i.engine: i for i in instances_from(rows, "127.0.0.5")}
-    assert set(got) == {"e1", "e2"}
+    assert set(got) == {"e1", "e2", "e4"}
     assert got["e1"].status is D and got["e1"].ranks == 2
     assert (got["e1"].serving, got["e1"].bootstrap) == ("127.0.0.5:8000", "127.0.0.5:8998")
     assert got["e2"].status is A and got["e2"].bootstrap is None and got["e2"].ranks == 0
+    assert (got["e4"].serving, got["e4"].bootstrap) == (None, "127.0.0.8:8999")
     assert got["e1"].to_json()["url"] == "http://127.0.0.5:8000"
+
+
+def test_the_instance_slot_shares_no_endpoint_with_a_rank(board: shmhb.Board) -> None:
+    """Lookups by endpoint (Board.remote, the LinkReaper) must keep finding the rank."""
+    hb = board.register("vllm/e/dp0/tp0/pp0", endpoints=("127.0.0.5:8998",), agent=False)
+    inst = register_instance(board, hb, "prefill", "e", serving=None, bootstrap="127.0.0.5:8998")
+    assert inst.endpoints == ()
+    (i,) = board_instances(board)
+    assert i.bootstrap == "127.0.0.5:8998" and i.serving is None
+    hb.close()
 
 
 def engine(procs: Procs, board: shmhb.Board, eng: str, role: str = "prefill",

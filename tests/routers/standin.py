@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
     board = shmhb.Board.attach(a.board)
     boot = f"{a.host}:{a.bootstrap_port}" if a.role == "prefill" else None
-    rank_eps = (boot,) if boot else (f"{a.host}:{a.port}",)
+    # the rank's own endpoint (as vLLM's: its transfer engine), never the serving address
+    rank_eps = (boot,) if boot else (f"{a.host}:{a.port + 1}",)
     hb = board.register(f"vllm/{engine}/dp0/tp0/pp0", endpoints=rank_eps, agent=False).start(0.05)
     register_instance(board, hb, a.role, engine,
                       serving=None if a.no_serving_url else f"{a.host}:{a.port}",
