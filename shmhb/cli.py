@@ -319,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="host A's loopback address, B gets the next (default: "
                          "$SHMHB_LOOPBACK_BASE or 127.0.0.2; must be in 127.0.0.0/8)")
     sp.set_defaults(func=cmd_demo)
+    from .feedcli import add_parsers  # shmhb feed, shmhb instances (P/D routers)
+    add_parsers(sub)
     return p
 
 

@@ -28,6 +28,7 @@ from .board import Board
 from .config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
+from .instview import BoardInstances, with_instances
 from .status import Status
 from .view import View, read_view
 
@@ -283,8 +284,9 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)  # type: ignore[arg-type]
         server_cls = _Server6 if ":" in addr else _Server
-        self.httpd = make_server(addr, port, make_wsgi_app(self.registry), server_cls,
-                                 handler_class=_QuietHandler)
+        self.instances = BoardInstances(board)  # /instances beside /metrics (shmhb.instview)
+        app = with_instances(make_wsgi_app(self.registry), self.instances)
+        self.httpd = make_server(addr, port, app, server_cls, handler_class=_QuietHandler)
         self.addr = addr
         self.port = int(self.httpd.server_port)
         self._thread = threading.Thread(target=self.httpd.serve_forever,
@@ -306,6 +308,7 @@ class Exporter:
             self._thread.join(5)
         self.httpd.server_close()
         self.collector.close()
+        self.instances.close()
 
     def __enter__(self) -> Exporter:
         return self.start()

@@ -22,6 +22,7 @@ from ..status import Status
 from ..errors import ShmhbError
 from .adapters import InnerAdapter
 from .fence import FenceServer, ask_grant, parse_extra
+from .instance import register_engine_instance
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
 from .verdict import producer_verdict
@@ -74,6 +75,8 @@ class WorkerGuard:
         if self.fence_server is not None:
             self.fence_server.incarnation = hb.incarnation  # one int store: atomic
         self.hb = hb.start(self.settings.beat_interval_s)
+        register_engine_instance(self.board, hb, eps, (dp, tp, pp), a.connector, self.engine_id,
+                                 self.settings)  # for routers (shmhb.instances)
         self.reaper = LinkReaper(self.board, self._on_drop, drop_suspect=self.settings.act_on_suspect)
         self.adapter.install(self)
         log.info("shmhb: %s registered on board %s (incarnation %d, endpoints %s)",

@@ -8,7 +8,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidConfig
+from ..address import check_endpoint
+from ..errors import InvalidAddress, InvalidConfig
 from ..layout import KEY_BYTES
 
 #: what a consumer does with a request whose producer engine the board reports gone
@@ -23,7 +24,9 @@ class ConnectorSettings:
     computes the prompt locally) or "fail" (the load is started and failed at once, so
     vLLM's ``kv_load_failure_policy`` decides).  ``act_on_suspect``: treat SUSPECT as a
     drop (off by default: a flap must not fail requests).  ``grant_timeout_s``: how
-    long a producer waits for its consumer's go-ahead before it gives the write up."""
+    long a producer waits for its consumer's go-ahead before it gives the write up.
+    ``serving_url``: the engine's API server as routers reach it (``http://host:port``),
+    recorded in its instance slot for ``shmhb feed`` (shmhb.instances)."""
 
     inner: dict[str, Any]
     board: str | None = None
@@ -31,6 +34,7 @@ class ConnectorSettings:
     act_on_suspect: bool = False
     grant_timeout_s: float = 2.0
     beat_interval_s: float = 0.1
+    serving_url: str | None = None  # "host:port" the engine's API server serves at
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -54,7 +58,8 @@ class ConnectorSettings:
             raise InvalidConfig(f"act_on_suspect must be true or false, got {suspect!r}")
         grant = _seconds(extra, "grant_timeout_s", 2.0, 0.01, 60.0)
         beat = _seconds(extra, "beat_interval_s", 0.1, 0.005, 5.0)
-        return cls(inner, board, on_dead, suspect, grant, beat, extra)
+        serving = _serving(extra.get("serving_url"))
+        return cls(inner, board, on_dead, suspect, grant, beat, serving, extra)
 
 
 def _seconds(extra: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -62,6 +67,20 @@ def _seconds(extra: dict[str, Any], name: str, default: float, lo: float, hi: fl
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise InvalidConfig(f"{name} must be a number of seconds in [{lo}, {hi}], got {v!r}")
     return float(v)
+
+
+def _serving(v: object) -> str | None:
+    """``serving_url``: the engine's API server as routers reach it, ``http://host:port``
+    (or bare ``host:port``); kept as "host:port"."""
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise InvalidConfig(f"serving_url must be 'http://host:port', got {v!r}")
+    text = v[len("http://"):] if v.startswith("http://") else v
+    try:
+        return check_endpoint(text.rstrip("/"))
+    except InvalidAddress as e:
+        raise InvalidConfig(f"serving_url must be 'http://host:port': {e}") from None
 
 
 def rank_key(engine_id: str, dp_rank: int, tp_rank: int, pp_rank: int) -> str:

@@ -1,0 +1,87 @@
+"""shmhb feed in front of the real vllm-router and sglang-router, PD mode, on loopback.
+
+Three hosts (boards and agents on 127.0.0.2-4): prefills p1 and p2, decode d1.  A client
+sends a steady stream through the router while a prefill is killed, stopped or
+restarted under a new engine id.  What is asserted is what the feeder must do (remove
+the dead instance from the router's list, add a restarted one back where the API
+allows, match by bootstrap port); how fast is measured by bench/routers.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from .conftest import require_router
+from .stack import Client, PdStack, wait_for
+
+KINDS = ("vllm", "sglang")
+
+
+def up(stack: PdStack, kind: str, *, serving_url: bool = True) -> None:
+    require_router(kind)
+    stack.add_instance("p1", "prefill", 0, serving_url=serving_url)
+    stack.add_instance("p2", "prefill", 1, serving_url=serving_url)
+    stack.add_instance("d1", "decode", 2)
+    stack.start_router(kind)
+    stack.start_feeder(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_killed_prefill_leaves_the_rotation_and_a_restarted_one_returns_where_it_can(
+        stack: PdStack, kind: str) -> None:
+    up(stack, kind)
+    p1 = stack.instances["p1"]
+    c = Client(stack.router_port, rate_hz=40).start()
+    try:
+        wait_for(lambda: len(p1.served_since(0)) >= 5, 20, "p1 serving")
+        t_kill = stack.kill("p1")
+        wait_for(lambda: not stack.listed(p1.url, healthy_only=False), 10, "p1 out of the router")
+        removes = [a for a in stack.feed_actions() if a["event"] == "remove" and a["url"] == p1.url]
+        assert removes and removes[0]["t_ns"] > t_kill
+        # after its removal, every request is served (by p2): none fails for long
+        t_out = removes[0]["t_ns"]
+        wait_for(lambda: len([r for r in c.results if r.t_send > t_out + 200_000_000
+                              and r.status == 200]) >= 10, 20, "requests served after removal")
+        t_restart = time.monotonic_ns()
+        stack.start("p1")
+        if kind == "sglang":
+            wait_for(lambda: len(p1.served_since(t_restart)) >= 3, 20, "restarted p1 serving")
+            adds = [a for a in stack.feed_actions() if a["event"] == "add" and a["url"] == p1.url]
+            assert adds and adds[0]["t_ns"] > t_restart
+        else:
+            # vllm-router's PD mode takes no worker over HTTP: p1 stays out, and the feeder
+            # says so instead of trying (it would be refused)
+            wait_for(lambda: [a for a in stack.feed_actions() if a["event"] == "cannot_add"
+                              and a["url"] == p1.url and a["t_ns"] > t_restart], 10,
+                     "the feeder saying it cannot add p1 back")
+            assert not stack.listed(p1.url, healthy_only=False)
+            assert not [a for a in stack.feed_actions() if a["event"] == "add"]
+            assert p1.served_since(t_restart) == []
+    finally:
+        res = c.stop()
+    late = [r for r in res if r.status != 200 and r.t_send > t_out + 200_000_000]
+    assert late == [], f"{len(late)} requests failed well after the removal"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stopped_prefill_leaves_after_dead_after(stack: PdStack, kind: str) -> None:
+    up(stack, kind)
+    p2 = stack.instances["p2"]
+    t_stop = stack.kill("p2", signal.SIGSTOP)
+    wait_for(lambda: not stack.listed(p2.url, healthy_only=False), 10, "p2 out of the router")
+    removes = [a for a in stack.feed_actions() if a["event"] == "remove" and a["url"] == p2.url]
+    dead_after_ns = int(stack.policy.dead_after_s * 1e9)
+    assert removes and removes[0]["t_ns"] - t_stop >= dead_after_ns * 0.9  # not before the verdict
+
+
+def test_vllm_router_workers_are_matched_by_bootstrap_port(stack: PdStack) -> None:
+    """Instances registered without a serving address: the feeder finds the router's
+    worker by host and bootstrap port."""
+    up(stack, "vllm", serving_url=False)
+    p1, p2 = stack.instances["p1"], stack.instances["p2"]
+    stack.kill("p1")
+    wait_for(lambda: not stack.listed(p1.url, healthy_only=False), 10, "p1 out of the router")
+    assert stack.listed(p2.url)
