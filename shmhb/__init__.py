@@ -13,7 +13,8 @@ from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerCo
 from .errors import (
     BoardCorrupt, BoardExists, BoardFull, BoardNotFound, BoardPermissionError,
     BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidAddress, InvalidConfig, InvalidKey,
-    InvalidName, KeyInUse, KeyNotFound, LockTimeout, ProtocolError, ShmhbError, StaleBoard,
+    InvalidName, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch, ProtocolError, ShmhbError,
+    StaleBoard,
     WatchTableFull,
 )
 from .heartbeat import Heartbeat
@@ -29,6 +30,7 @@ __all__ = [
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
     "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "KeyNotFound",
     "LockTimeout", "MonotonicClock", "NetworkStatus", "PeerStatus", "PingerConfig", "Policy",
+    "PolicyMismatch",
     "ProtocolError", "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull",
     "__version__", "get_include", "native",
 ]

@@ -178,7 +178,9 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 def cmd_pinger(args: argparse.Namespace) -> int:
     from .agent import Agent
 
-    Board.open(args.board).close()
+    from .boardopts import open_board
+
+    open_board(args).close()  # the policy flags: checked against an existing board
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
         from .netconfig import configure_from_args
         configure_from_args(args)  # stored in the board: any holder of the role applies them
@@ -269,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_pinger)
     from .netconfig import add_pinger_args
     add_pinger_args(sp)
+    from .boardopts import add_board_args
+    add_board_args(sp)
 
     sp = sub.add_parser("monitor", help="live full-screen view of the board (Ctrl-C quits)")
     board_arg(sp)
@@ -345,6 +349,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "pinger":
         PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                      secret_file=args.secret_file, curve_keys=args.curve_keys)
+        from .boardopts import asked_policy
+        asked_policy(args)
 
 
 #: Exit statuses of every command (README, "Exit statuses").

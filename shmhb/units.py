@@ -208,6 +208,11 @@ SHMHB_BOARD={s.board}
 #   SHMHB_PINGER_ARGS=--listen 10.0.0.1:45645 --peer 10.0.0.2 --secret-file /etc/shmhb/secret
 # The secret must be readable by the account above and by nobody else (mode 0600):
 #   (umask 077; head -c 32 /dev/urandom | base64 > /etc/shmhb/secret)
+# The board's policy is set here too, and only here: the pinger starts before the
+# workers and creates the board with it (a worker's Board.open(policy=...) cannot change
+# an existing board's and logs a warning naming both), e.g.
+#   --suspect-after-s 2 --dead-after-s 10 --peer-suspect-after-s 1 --peer-dead-after-s 5
+# A board that exists with another policy makes the pinger refuse to start, naming both.
 SHMHB_PINGER_ARGS=
 #
 # `shmhb exporter` options. Loopback only by default; --addr 0.0.0.0 (or this host's
