@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -28,7 +28,7 @@ from .board import Board
 from .config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
-from .status import Status
+from .status import PeerStatus, Status
 from .view import View, read_view
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,21 @@ MESSAGE_COUNTERS = {
     "pushes_received": ("shmhb_pushes_received", "Digest pushes this pinger received."),
 }
 
+
+def _peer_auth_metrics(peers: Sequence[PeerStatus]) -> Iterator[Metric]:
+    """Frames from each followed host that failed authentication, and whether it fails
+    now (a secret that differs between two hosts reads as a dead host otherwise)."""
+    c = CounterMetricFamily("shmhb_peer_bad_auth_frames", "Frames from each followed remote "
+                            "host (acks to our pings, its own pings) that failed "
+                            "authentication.", labels=["peer"])
+    g = GaugeMetricFamily("shmhb_peer_auth_failing", "1 while the last frame from a followed "
+                          "remote host failed authentication (the secrets differ).",
+                          labels=["peer"])
+    for p in peers:
+        c.add_metric([p.address], p.auth_failures)
+        g.add_metric([p.address], 1 if p.auth_failing else 0)
+    yield c
+    yield g
 
 class BoardCollector:
     """Collects one board's metrics; safe to call from concurrent scrapes.
@@ -220,6 +235,7 @@ class BoardCollector:
                     rst.add_metric([p.address, s.key, x.value], 1 if s.status is x else 0)
                 rinc.add_metric([p.address, s.key], s.incarnation)
         yield from (pst, rtt, ack, rst, rinc)
+        yield from _peer_auth_metrics(view.peers)
 
         # counters
         stats = view.stats

@@ -117,7 +117,8 @@ class NetworkHalf(Following):
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
-                                   self._bad, self._rate_log, self._inbound_evidence)
+                                   self._bad, self._rate_log, self._inbound_evidence,
+                                   self._bad_auth_ping)
         log.info("pinger settings applied: listen %s, interval %.3f s, budget %g pings/s, auth %s",
                  cfg.listen, cfg.interval_s, cfg.ping_budget_pps,
                  "hmac" if self.secret else "curve" if cfg.curve_keys else "none")
@@ -130,6 +131,8 @@ class NetworkHalf(Following):
         if t is None:
             return
         authenticated = self.secret is not None or bool(self.cfg.curve_keys)
+        if authenticated:
+            self.rows.peer_auth(t.row, t.gen, False)  # its ping passed authentication
         if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
                                   last_nonce=t.evidence_nonce, me=self.identity,
                                   my_gen=self.responder.digest.gen,
@@ -266,6 +269,7 @@ class NetworkHalf(Following):
             self._bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
+        self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
                 log.info("pinger: %s has a new board (rebooted or recreated): its slots are new peers",
@@ -366,8 +370,41 @@ class NetworkHalf(Following):
     # -- bad input --------------------------------------------------------------------------
 
     def _bad(self, reason: str, source: str) -> None:
+        """Count and log a dropped frame; ``source``: the followed host's address (a
+        frame on our connection to it) or which socket it came in on."""
         self.w.count(f"bad_{reason}")
+        t = self.targets.get(source) if reason == "auth" else None
+        if t is not None:
+            self._auth_failed(t)
+            return
         self._rate_log(reason, "pinger: dropped a bad frame from %s (%s)", source, reason)
+
+    def _bad_auth_ping(self, source: str | None, claimed: str | None) -> None:
+        """A ping to us failed authentication.  Named after the followed host its
+        connection comes from; failing that (pings leave from any local address, e.g.
+        127.0.0.1 on loopback), after the host it claims to be, but only while that
+        host is not ALIVE: an unauthenticated claim may explain a silence, never
+        contradict a host that answers us (a forger cannot flag a healthy peer)."""
+        self.w.count("bad_auth")
+        t = None
+        if source is not None:
+            t = next((x for x in self.targets.values() if from_host(source, x.ip)), None)
+        if t is None and claimed is not None:
+            c = self.targets.get(claimed)
+            if c is not None and c.state.status is not Status.ALIVE:
+                t = c
+        if t is not None:
+            self._auth_failed(t)
+        else:
+            self._rate_log("auth", "pinger: dropped a ping from %s that failed authentication",
+                           source or "an unknown address")
+
+    def _auth_failed(self, t: Target) -> None:
+        # Named in its row: to `status`, a host whose frames fail authentication is a
+        # configuration problem, not a death (its silence follows from it).
+        self.rows.peer_auth(t.row, t.gen, True)
+        self._rate_log(f"auth {t.address}", "pinger: frames from %s fail authentication: give "
+                       "both hosts the same --secret-file", t.address)
 
     def _rate_log(self, what: str, msg: str, *args: object) -> None:
         now = time.monotonic_ns()

@@ -87,6 +87,12 @@ class View:
             why = n.reason or "unknown reason"
             problems.append((EXIT_NETWORK, f"the network half is degraded ({why})"
                              + (f": {n.error}" if n.error else "")))
+        for p in self.peers:
+            if p.auth_failing:
+                problems.append((EXIT_NETWORK, f"host {p.address}: authentication fails "
+                                 f"({p.auth_failures} frame(s) refused), so it reads "
+                                 f"{p.status.value} whether or not it runs: give both hosts "
+                                 "the same --secret-file (or each the other's CURVE key)"))
         bad = self.unhealthy()
         if bad:
             problems.append((EXIT_SLOTS, f"{len(bad)} local slot(s) not healthy: "

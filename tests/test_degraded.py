@@ -399,3 +399,40 @@ def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster
     with board.registry():
         board._hb[i] = 0
         board._records[i]["checksum"] = 0
+
+
+# -- a secret that differs between two hosts: named, not read as a death (issue 24) --------
+
+def test_a_secret_mismatch_names_the_host_and_fails_status(cluster: Cluster, tmp_path: Any) -> None:
+    from shmhb.exporter import BoardCollector
+
+    good = write_secret(os.path.join(str(tmp_path), "s1"), SECRET)
+    other = write_secret(os.path.join(str(tmp_path), "s2"), b"another-secret-0123456789abcdef!")
+    b = cluster.host(secret_file=other, start=False)
+    a = cluster.host(secret_file=good, peers=(b.ip,))
+    b.peers = (a.ip,)
+    b.start_pinger()
+    for h, o in ((a, b), (b, a)):  # each reads the other's frames as failing authentication
+        wait_until(lambda h=h, o=o: (p := h.peer(o)) is not None and p.auth_failing
+                   and p.auth_failures >= 2, timeout_s=20, what=f"{h} names {o} auth failing")
+    rc, doc = status(a)
+    assert rc == 4, doc["health"]
+    named = [m for m in doc["health"]["problems"] if b.ip in m and "authentication fails" in m]
+    assert named and "--secret-file" in named[0], doc["health"]
+    peer = next(p for p in doc["peers"] if p["address"].startswith(b.ip))
+    assert peer["auth_failing"] is True and peer["auth_failures"] >= 2
+    text = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", a.name],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert text.returncode == 4 and "(auth fails)" in text.stdout
+    assert f"problem: host {b.ip}" in text.stdout, text.stdout
+    fams = {m.name: m for m in BoardCollector(a.name).collect()}
+    bad = [s for s in fams["shmhb_peer_bad_auth_frames"].samples if s.name.endswith("_total")]
+    assert bad and bad[0].labels["peer"].startswith(b.ip) and bad[0].value >= 2
+    assert [s.value for s in fams["shmhb_peer_auth_failing"].samples] == [1]
+    # the same secret on both: the flag clears (the count stays), status is healthy again
+    b.kill_pinger()
+    b.secret_file = good
+    b.start_pinger()
+    wait_until(lambda: (p := a.peer(b)) is not None and p.status is Status.ALIVE
+               and not p.auth_failing, timeout_s=20, what="a reads b alive, auth passing")
+    wait_until(lambda: status(a)[0] == 0, timeout_s=20, what="a healthy again")

@@ -111,6 +111,7 @@ extern "C" {
 #define SHMHB_PEER_BOOT_ID 32
 #define SHMHB_PEER_ADDRESS 48
 #define SHMHB_PEER_CHECKSUM 112
+#define SHMHB_PEER_AUTH 120 /* gen:20 | failing:1 | count:43: frames failing authentication */
 
 /* remote row at remote_off + i * SHMHB_REMOTE_BYTES (written by the agent) */
 #define SHMHB_REMOTE_BYTES 384
