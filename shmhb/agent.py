@@ -213,7 +213,9 @@ class Agent:
         the watchdog gave the role up: then those words are the next holder's), and
         release the lock."""
         try:
-            loop.close()
+            # a stop asked for (SIGTERM, the last heartbeat closed), not a crash or the
+            # watchdog: the hosts that watch us are told (a goodbye), not left to guess
+            loop.close(leaving=not deposed and self._stop.is_set())
             if not deposed:
                 loop.w.left(self.clock.monotonic_ns())
             log.info("board %s: agent role released (pid %d)", self.board_name, os.getpid())

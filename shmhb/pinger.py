@@ -38,7 +38,7 @@ from .config import PingerConfig, parse_hostport
 from .errors import InvalidConfig
 from .netconfig import configure_from_args, load_config, read_secret, store_config  # re-exported
 from .netstate import AgentWords, NetDown, NetReason
-from .exchange import OutstandingPings, ReplayGuard
+from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
     MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
@@ -97,6 +97,7 @@ class NetworkHalf(Following):
         self.pollables_gen = 0  # moves whenever the set of sockets to poll changes
         self._intake_ns = 0  # time spent on incoming frames since the last tick
         self._muted = False
+        self._linger_ms = 0  # a goodbye was sent: let close() flush it (see leave)
         self.targets: dict[str, Target] = {}
         self.skipped: dict[str, tuple[NetReason, str]] = {}  # address -> (reason, why)
         self._by_rid: dict[bytes, Target] = {}
@@ -337,6 +338,13 @@ class NetworkHalf(Following):
             self._bad("replay", t.address)
             return
         self.w.count("pushes_received")
+        if is_goodbye(p):
+            old = self.suspicion.on_leave(t.state)
+            if old is not None:
+                log.info("pinger: host %s %s -> left (it said goodbye)", t.address, old.value)
+                self.rows.peer_status(t.row, t.gen, Status.LEFT, t.state.last_ack_ns)
+                self.w.changed()
+            return
         changed = unlisted = ask = False
         for e in p.entries:
             held = t.remotes.get(e.key)
@@ -413,10 +421,24 @@ class NetworkHalf(Following):
             self._last_log[what] = now
             log.warning(msg + " [further ones logged at most every 10 s]", *args)
 
+    def leave(self, now_ns: int) -> None:
+        """The agent stops gracefully: say goodbye to the hosts that watch us, so they
+        read this host LEFT instead of convicting it by silence -- unless a local worker
+        lives (it takes the role over at once, and the host is not gone)."""
+        live = [s.key for s in self.b.slots() if s.status in (Status.ALIVE, Status.SUSPECT)]
+        if live:
+            log.info("pinger: stopping with %d live local worker(s): no goodbye (one of "
+                     "them takes the agent role over)", len(live))
+            return
+        told = self.responder.goodbye(now_ns)
+        if told:
+            self._linger_ms = 250  # let it go out; close() waits for at most that
+            log.info("pinger: said goodbye to %d watching host(s)", told)
+
     def close(self) -> None:
-        """Close every socket; never blocks."""
+        """Close every socket; never blocks (but for a goodbye: at most 250 ms)."""
         self.router = self.client = None
-        self.net.close()
+        self.net.close(self._linger_ms)
 
 
 __all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args", "load_config",

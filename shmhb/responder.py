@@ -19,7 +19,7 @@ import zmq
 from .board import Board
 from .clock import Clock
 from .digest import LocalDigest
-from .exchange import ReplayGuard, claimed_ping_address, wants_full_digest
+from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
 from .protocol import (
     MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
     encode_push,
@@ -143,6 +143,30 @@ class Responder:
         self._last_push_ns = now_ns
         entries, self._unpushed = list(self._unpushed.values()), {}
         self._push(entries)
+
+    def goodbye(self, now_ns: int) -> int:
+        """Tell every host that pinged us recently that this pinger stops: the changes
+        still held back by the push gap first, then a goodbye (``exchange.GOODBYE_GEN``).
+        Returns how many watchers it was sent to."""
+        for e in self.digest.rebuild(now_ns):
+            self._unpushed[e.key] = e
+        if not self.watchers:
+            return 0
+        if self._unpushed:
+            entries, self._unpushed = list(self._unpushed.values()), {}
+            self._push(entries)
+        self._push_seq = max(self._push_seq + 1, time.time_ns())
+        frame = encode_push(Push(self.identity, self.address, self._push_seq, GOODBYE_GEN, ()),
+                            self.secret)
+        told = 0
+        for rid in list(self.watchers):
+            try:
+                self.router.send(rid, _MORE)
+                self.router.send(frame, _NOBLOCK)
+                told += 1
+            except zmq.ZMQError:
+                pass  # that connection is gone: its host finds out by silence
+        return told
 
     def _push(self, entries: list[DigestEntry]) -> None:
         r = self.router

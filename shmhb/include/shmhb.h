@@ -292,6 +292,7 @@ static inline int shmhb_judge_row(uint64_t word, uint64_t gen, int agent_ok, uin
 static inline int shmhb_combine_remote(int reported, int host) {
     if (host == SHMHB_STATUS_UNKNOWN || host == SHMHB_STATUS_DEAD) return host;
     if (reported == SHMHB_STATUS_LEFT || reported == SHMHB_STATUS_DEAD) return reported;
+    if (host == SHMHB_STATUS_LEFT) return SHMHB_STATUS_LEFT; /* it said goodbye */
     if (host == SHMHB_STATUS_SUSPECT) return SHMHB_STATUS_SUSPECT;
     return reported;
 }
