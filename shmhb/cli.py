@@ -250,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"""exit status (the first that applies, in this order):
   {EXIT_ERROR}  the command failed (no such board, bad options)
   {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
-     left; deaths are not detected at once and remote verdicts read unknown
+     left; deaths are not detected at once and remote verdicts read unknown (not
+     while no worker is registered or all left and the agent never ran or left cleanly)
   {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
      cannot listen, secret or keys unreadable, hosts skipped, restarting
   {EXIT_SLOTS}  a local slot is suspect, dead or unknown

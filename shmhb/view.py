@@ -23,6 +23,8 @@ NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
 NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
 
 #: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 1, 0).
+#: EXIT_OK also when no worker is registered or every one left and no agent runs because
+#: none ever ran or it left cleanly: an empty board is not an error.
 EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
 EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
 EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli)
@@ -71,7 +73,13 @@ class View:
         first.  The one place that decides it, for the text and the JSON alike."""
         problems: list[tuple[int, str]] = []
         a = self.agent
-        if a.status is Status.UNKNOWN:
+        # No worker, or every one left: nothing to watch, so a board whose agent never
+        # ran or left cleanly is not unhealthy (an agent that died or stalled still is).
+        quiet = all(s.status is Status.LEFT for s in self.slots)
+        if quiet and (a.status is Status.UNKNOWN
+                      or (a.status is Status.LEFT and not self.agent_held)):
+            pass
+        elif a.status is Status.UNKNOWN:
             problems.append((EXIT_NO_OBSERVER, "no agent has run on this board: deaths are "
                              "not detected; start `shmhb pinger` or register a worker"))
         elif a.status is Status.LEFT:

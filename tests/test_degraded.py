@@ -282,8 +282,14 @@ def test_no_listen_address_means_no_network_half_and_no_pings(cluster: Cluster,
 
 def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
     a = cluster.host(start=False)
+    assert status(a)[0] == 0  # an empty board is not an error
+    w = cluster.procs.worker(a.name, "w0", agent=False)  # a worker, and nobody watches it
     rc, doc = status(a)
     assert rc == 3 and "no agent has run" in doc["health"]["problems"][0]
+    w.terminate()
+    assert w.wait(10) == 0
+    assert status(a)[0] == 0  # every worker left: nothing to watch
+    w = cluster.procs.worker(a.name, "w1", agent=False)
     p = a.start_pinger()
     assert status(a)[0] == 0
     p.send_signal(signal.SIGSTOP)
@@ -296,7 +302,28 @@ def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
     rc, doc = status(a)
-    assert rc == 3 and "left" in doc["health"]["problems"][0]
+    assert rc == 3 and "left" in doc["health"]["problems"][0]  # w1 lives, unwatched
+    w.terminate()
+    assert w.wait(10) == 0
+    assert status(a)[0] == 0  # the agent left cleanly and so did every worker
+    p = a.start_pinger()
+    p.kill()  # an agent that died is a problem even with nothing registered
+    p.wait(10)
+    wait_until(lambda: a.board.agent().status is not Status.ALIVE, what="agent stale")
+    assert status(a)[0] == 3
+
+
+def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluster) -> None:
+    a = cluster.host(start=False)
+    w = cluster.procs.worker(a.name, "only", agent=True)  # holds the role embedded
+    wait_until(lambda: a.board.agent().pid == w.pid and a.board.agent().status is Status.ALIVE,
+               what="the worker holds the role")
+    assert status(a)[0] == 0
+    w.terminate()
+    assert w.wait(10) == 0
+    wait_until(lambda: a.board.agent().status is Status.LEFT, what="the agent left")
+    rc, doc = status(a)
+    assert rc == 0, doc["health"]
 
 
 def test_status_help_documents_every_exit_code() -> None:
