@@ -212,8 +212,11 @@ def cmd_units(args: argparse.Namespace) -> int:
     from .units import UnitSettings, account, next_steps, running_command, write_units
 
     user, group = account(args.user, args.group)
+    if args.board_group is not None:
+        account(user, args.board_group)  # the group must exist on this host
     settings = UnitSettings(command=running_command(), user=user, group=group,
-                            board=board_name(args.board), env_path=args.env_path)
+                            board=board_name(args.board), env_path=args.env_path,
+                            board_mode=args.board_mode, board_group=args.board_group)
     paths = write_units(args.out, settings)
     for p in paths:
         print(f"wrote {p}")
@@ -311,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--group", default=None, help="group (default: the user's primary group)")
     sp.add_argument("--env-path", default="/etc/default/shmhb",
                     help="where the units read their settings (default /etc/default/shmhb)")
+    sp.add_argument("--board-mode", default=None, metavar="MODE",
+                    help="the board's mode for the pinger to set (e.g. 0660; default 0600)")
+    sp.add_argument("--board-group", default=None, metavar="GROUP",
+                    help="the board's group for the pinger to set (e.g. the Prometheus "
+                         "account's group, with --board-mode 0660)")
     sp.set_defaults(func=cmd_units)
 
     sp = sub.add_parser("forget", help="clear a dead or left slot, so probes recover after a crash")
@@ -350,8 +358,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "pinger":
         PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                      secret_file=args.secret_file, curve_keys=args.curve_keys)
-        from .boardopts import asked_policy
+        from .boardopts import asked_policy, check_access_args
         asked_policy(args)
+        check_access_args(args)
 
 
 #: Exit statuses of every command (README, "Exit statuses").

@@ -49,6 +49,10 @@ class UnitSettings:
     group: str
     board: str = DEFAULT_BOARD
     env_path: str = DEFAULT_ENV_PATH
+    #: who else may open the board: the pinger's --board-mode / --board-group, prefilled
+    #: into SHMHB_PINGER_ARGS (None: the owner only, mode 0600)
+    board_mode: str | None = None
+    board_group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -62,6 +66,11 @@ class UnitSettings:
             if not _SAFE_ACCOUNT.match(name):
                 raise InvalidConfig(f"invalid {what} name {name!r}")
         board_name(self.board)  # raises InvalidName with the rule
+        if self.board_mode is not None and not re.match(r"^0?[67][0-7][0-7]$", self.board_mode):
+            raise InvalidConfig(f"invalid board mode {self.board_mode!r}: octal bits that let "
+                                "the owner read and write, e.g. 0660")
+        if self.board_group is not None and not _SAFE_ACCOUNT.match(self.board_group):
+            raise InvalidConfig(f"invalid board group name {self.board_group!r}")
         if not _SAFE_PATH.match(self.env_path):
             raise InvalidConfig(f"invalid environment file path {self.env_path!r}: use an absolute "
                                 "path of letters, digits and / . _ -")
@@ -69,6 +78,16 @@ class UnitSettings:
     @property
     def exec(self) -> str:
         return " ".join(self.command)
+
+    @property
+    def pinger_args(self) -> str:
+        """The initial SHMHB_PINGER_ARGS: the board's access, if any was asked for."""
+        out = []
+        if self.board_mode is not None:
+            out += ["--board-mode", self.board_mode]
+        if self.board_group is not None:
+            out += ["--board-group", self.board_group]
+        return " ".join(out)
 
 
 #: The example values the files in packaging/systemd/ are rendered with.
@@ -213,7 +232,10 @@ SHMHB_BOARD={s.board}
 # an existing board's and logs a warning naming both), e.g.
 #   --suspect-after-s 2 --dead-after-s 10 --peer-suspect-after-s 1 --peer-dead-after-s 5
 # A board that exists with another policy makes the pinger refuse to start, naming both.
-SHMHB_PINGER_ARGS=
+# Who else may open the board (mode 0600 by default: the owner only), e.g. an exporter
+# running as the prometheus account, a member of the group:
+#   --board-mode 0660 --board-group prometheus   (`shmhb units --board-mode/--board-group`)
+SHMHB_PINGER_ARGS={s.pinger_args}
 #
 # `shmhb exporter` options. Loopback only by default; --addr 0.0.0.0 (or this host's
 # address) to be scraped from another host.

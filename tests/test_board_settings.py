@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -104,3 +105,79 @@ def test_policy_flags_are_checked_before_any_board_is_touched(name: str) -> None
     assert out.returncode == 2 and "dead_after_s must be >= suspect_after_s" in out.stderr
     with pytest.raises(shmhb.BoardNotFound):
         shmhb.Board.attach(name)
+
+
+# -- who else may open the board: --board-mode and --board-group (issue 24, item 7) ------
+
+def _group() -> tuple[str, int]:
+    """A group this account may give a file other than its own primary one where it can
+    (root: any; others: a supplementary group), so the change is visible."""
+    import grp
+    import os
+
+    if os.geteuid() == 0:
+        others = [g for g in grp.getgrall() if g.gr_gid != 0]
+        if others:
+            return others[0].gr_name, others[0].gr_gid
+    gids = [g for g in os.getgroups() if g != os.getegid()] or [os.getegid()]
+    return grp.getgrgid(gids[0]).gr_name, gids[0]
+
+
+def _wait_held(name: str, p: subprocess.Popen[str]) -> None:
+    def up() -> bool:
+        assert p.poll() is None, _stop(p)
+        try:
+            with shmhb.Board.attach(name) as b:
+                return b.agent().status is Status.ALIVE
+        except shmhb.BoardNotFound:
+            return False
+    wait_until(up, timeout_s=20, what="the pinger holds the role")
+
+
+def test_the_pinger_creates_the_board_for_a_group(name: str) -> None:
+    import os
+    import stat
+
+    gname, gid = _group()
+    p = _pinger(name, "--board-mode", "0660", "--board-group", gname)
+    try:
+        _wait_held(name, p)
+        st = os.stat(f"/dev/shm/{name}")
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == gid
+    finally:
+        _stop(p)
+
+
+def test_the_pinger_widens_an_existing_board_and_refuses_bad_modes(name: str) -> None:
+    import os
+    import stat
+
+    with shmhb.Board.create(name):
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o600
+        p = _pinger(name, "--board-mode", "0640")
+        try:
+            _wait_held(name, p)
+            assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o640
+        finally:
+            _stop(p)
+        for bad in ("0400", "660x", "01660"):
+            out = subprocess.run([sys.executable, "-m", "shmhb", "pinger", "--board", name,
+                                  "--board-mode", bad], env=child_env(), capture_output=True,
+                                 text=True, timeout=30)
+            assert out.returncode == 2 and "--board-mode" in out.stderr, (bad, out.stderr)
+        out = subprocess.run([sys.executable, "-m", "shmhb", "pinger", "--board", name,
+                              "--board-group", "no-such-group-xyz"], env=child_env(),
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 2 and "no group 'no-such-group-xyz'" in out.stderr
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o640  # untouched
+
+
+def test_the_units_carry_the_boards_mode_and_group(tmp_path: Any) -> None:
+    gname, _ = _group()
+    out = subprocess.run([sys.executable, "-m", "shmhb", "units", "--out", str(tmp_path),
+                          "--board-mode", "0660", "--board-group", gname],
+                         env=child_env(), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    env = (tmp_path / "shmhb.env").read_text()
+    assert f"\nSHMHB_PINGER_ARGS=--board-mode 0660 --board-group {gname}\n" in env
+
