@@ -37,6 +37,8 @@ EXPORTER_NOFILE = 4096
 # What may appear unquoted in a unit file's ExecStart= and User=: no whitespace, no
 # quotes, no '%' (a systemd specifier), no '$' (an environment expansion), no '\'.
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@:=,-]*$")
+#: what PrivateTmp=yes (in the units' hardening) hides from the service
+_PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp")
 _SAFE_ACCOUNT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 
 
@@ -62,6 +64,11 @@ class UnitSettings:
                 raise InvalidConfig(
                     f"cannot put {part!r} into a unit's ExecStart=: install shmhb under a path "
                     "of letters, digits and / . _ - only (no spaces, quotes, % or $)")
+            if any(part == d or part.startswith(d + "/") for d in _PRIVATE_TMP_DIRS):
+                raise InvalidConfig(
+                    f"{part!r} is under /tmp or /var/tmp, which the units' PrivateTmp=yes "
+                    "replaces with an empty directory: the service could not start it. "
+                    "Install shmhb elsewhere (e.g. python3 -m venv /opt/shmhb)")
         for what, name in (("user", self.user), ("group", self.group)):
             if not _SAFE_ACCOUNT.match(name):
                 raise InvalidConfig(f"invalid {what} name {name!r}")

@@ -91,6 +91,14 @@ def test_shipped_files_are_the_template() -> None:
         assert path.read_text() == text, f"{path} differs from `shmhb units` (regenerate it)"
 
 
+def test_a_command_under_private_tmp_is_refused() -> None:
+    # PrivateTmp=yes gives the service an empty /tmp: a venv there could never start
+    for cmd in (("/tmp/venv/bin/shmhb",), ("/var/tmp/v/bin/python", "-m", "shmhb")):
+        with pytest.raises(InvalidConfig, match="PrivateTmp"):
+            units.UnitSettings(command=cmd, user="shmhb", group="shmhb")
+    units.UnitSettings(command=("/tmpfoo/bin/shmhb",), user="shmhb", group="shmhb")  # not /tmp
+
+
 def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
     r = run_units("--out", str(tmp_path), "--user", "no-such-user-shmhb")
     assert r.returncode == 2
