@@ -76,7 +76,7 @@ def test_written_units_verify(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_verify_catches_a_missing_executable(tmp_path: Path) -> None:
     """The verify test can fail: a unit naming a command that does not exist is refused."""
-    s = units.UnitSettings(command=(str(tmp_path / "no-such-shmhb"),), user=ME, group=ME)
+    s = units.UnitSettings(command=("/nonexistent-shmhb-test/no-such-shmhb",), user=ME, group=ME)
     (tmp_path / units.PINGER_UNIT).write_text(units.pinger_unit(s))
     v = subprocess.run(["systemd-analyze", "verify", str(tmp_path / units.PINGER_UNIT)],
                        capture_output=True, text=True, timeout=60)
