@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .version import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
-from .errors import InvalidConfig, ShmhbError
+from .errors import BoardNotFound, InvalidConfig, ShmhbError
 from .stopsignal import stop_on_signals
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
 
@@ -135,9 +135,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from .screen import Columns
 
     boards = list_boards(args.names or None)
+    # Exit statuses as for every command (README): 2 for a board named that does not
+    # exist, 1 when nothing was removed, 0 when something was
+    missing = sorted(set(args.names or ()) - {b.name for b in boards})
+    if missing:
+        raise BoardNotFound(f"no board {', '.join(map(repr, missing))} in /dev/shm "
+                            "(`shmhb gc` with no name lists every board)")
     if not boards:
-        print("no shmhb boards on this host" if not args.names else "no such board")
-        return 0
+        print("no shmhb boards on this host: nothing to remove")
+        return EXIT_UNHEALTHY
     t = Columns(None, [("NAME", "left"), ("SIZE", "right"), ("STATE", "left"),
                        ("DETAIL", "left"), ("ACTION", "left")])
     for b in boards:
@@ -148,7 +154,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     doomed = [b for b in boards if b.removable]
     if not doomed:
         print("nothing to remove: every board is in use")
-        return 0
+        return EXIT_UNHEALTHY
     if not args.yes:
         names = ", ".join(b.name for b in doomed)
         print(f"remove {len(doomed)} unused board(s): {names}? [y/N] ", end="", flush=True)
