@@ -142,6 +142,9 @@ class NetworkHalf(Following):
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")
         old = self.suspicion.on_evidence(t.state, now_ns)
+        if old is not None:  # as in _on_ack: pings sent before it was back measure nothing
+            t.rtt_from_nonce = self._nonce + 1
+            self.rows.clear_rtt(t.row)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         self.plan.evidence(t.address, now_ns)
         if old is not None:
@@ -290,7 +293,14 @@ class NetworkHalf(Following):
         # take a remote worker's age from its host's last ack (remotereads._remote_age).
         old = self.suspicion.on_ack(t.state, now_ns, now_ns - sent)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
-        self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
+        if old is not None:
+            # Back (or first heard): the pings still unanswered were sent while it was
+            # down or restarting and waited for it (1.5 s "rtt" after a restart): none
+            # of their acks is a round trip.  Readers see no rtt until one is.
+            t.rtt_from_nonce = self._nonce + 1
+            self.rows.clear_rtt(t.row)
+        elif a.nonce >= t.rtt_from_nonce:
+            self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
         if old is not None:
             log.info("pinger: host %s %s -> alive", t.address, old.value)
             self.w.changed()
@@ -388,19 +398,15 @@ class NetworkHalf(Following):
         self._rate_log(reason, "pinger: dropped a bad frame from %s (%s)", source, reason)
 
     def _bad_auth_ping(self, source: str | None, claimed: str | None) -> None:
-        """A ping to us failed authentication.  Named after the followed host its
-        connection comes from; failing that (pings leave from any local address, e.g.
-        127.0.0.1 on loopback), after the host it claims to be, but only while that
-        host is not ALIVE: an unauthenticated claim may explain a silence, never
-        contradict a host that answers us (a forger cannot flag a healthy peer)."""
+        """A ping to us failed authentication: named after the followed host its
+        connection comes from, else (pings leave from any local address, 127.0.0.1 on
+        loopback) the one it claims to be while that one is not ALIVE: an unauthenticated
+        claim may explain a silence, never contradict a host that answers us."""
         self.w.count("bad_auth")
-        t = None
-        if source is not None:
-            t = next((x for x in self.targets.values() if from_host(source, x.ip)), None)
-        if t is None and claimed is not None:
-            c = self.targets.get(claimed)
-            if c is not None and c.state.status is not Status.ALIVE:
-                t = c
+        t = next((x for x in self.targets.values() if from_host(source, x.ip)), None)
+        c = self.targets.get(claimed) if t is None and claimed is not None else None
+        if c is not None and c.state.status is not Status.ALIVE:
+            t = c
         if t is not None:
             self._auth_failed(t)
         else:
@@ -422,9 +428,8 @@ class NetworkHalf(Following):
             log.warning(msg + " [further ones logged at most every 10 s]", *args)
 
     def leave(self, now_ns: int) -> None:
-        """The agent stops gracefully: say goodbye to the hosts that watch us, so they
-        read this host LEFT instead of convicting it by silence -- unless a local worker
-        lives (it takes the role over at once, and the host is not gone)."""
+        """A graceful stop: say goodbye to the hosts that watch us (they read us LEFT),
+        unless a local worker lives (it takes the role over at once)."""
         live = [s.key for s in self.b.slots() if s.status in (Status.ALIVE, Status.SUSPECT)]
         if live:
             log.info("pinger: stopping with %d live local worker(s): no goodbye (one of "

@@ -112,6 +112,10 @@ class RowWriter:
     def peer_rtt(self, i: int, gen: int, rtt_ns: int) -> None:
         self._q[self._peer0 + i * _PEER_WORDS + 1] = pack_rtt(gen, max(1, rtt_ns // 1000))
 
+    def clear_rtt(self, i: int) -> None:
+        """No round trip measured (yet): readers read rtt None."""
+        self._q[self._peer0 + i * _PEER_WORDS + 1] = 0
+
     def peer_auth(self, i: int, gen: int, failing: bool) -> None:
         """A frame from that host failed authentication (``failing``: count it), or one
         passed (clear the flag, keep the count).  One word, written by the agent only."""
