@@ -246,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmhb", description="Shared-memory liveness board.")
     p.add_argument("--version", action="version", version=f"shmhb {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    # -v after the subcommand too (`shmhb status -v`): every subparser takes it from this
+    # parent; SUPPRESS keeps the count given before the subcommand when none comes after
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="more logging (-vv: debug)")
     sub = p.add_subparsers(dest="command", required=True)
 
     def board_arg(sp: argparse.ArgumentParser) -> None:
@@ -253,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"board name (default: ${BOARD_ENV} or {DEFAULT_BOARD!r})")
 
     sp = sub.add_parser(
-        "status", help="show the board; the exit status says whether the host is healthy",
+        "status", parents=[common], help="show the board; the exit status says whether the host is healthy",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Show the board: the agent, its network half, local slots, remote hosts.",
         epilog=f"""exit status (the first that applies, in this order):
@@ -271,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser("pinger", help="hold the host agent role in the foreground")
+    sp = sub.add_parser("pinger", parents=[common], help="hold the host agent role in the foreground")
     board_arg(sp)
     sp.add_argument("--tick-s", type=float, default=AgentConfig().tick_s,
                     help=f"agent loop period (default {AgentConfig().tick_s:g})")
@@ -284,13 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .boardopts import add_board_args
     add_board_args(sp)
 
-    sp = sub.add_parser("monitor", help="live full-screen view of the board (Ctrl-C quits)")
+    sp = sub.add_parser("monitor", parents=[common], help="live full-screen view of the board (Ctrl-C quits)")
     board_arg(sp)
     sp.add_argument("--refresh-hz", type=float, default=4.0,
                     help="screen refreshes per second (default 4)")
     sp.set_defaults(func=cmd_monitor)
 
-    sp = sub.add_parser("events", help="what changes on the board, one line per event")
+    sp = sub.add_parser("events", parents=[common], help="what changes on the board, one line per event")
     board_arg(sp)
     sp.add_argument("--follow", "-f", action="store_true",
                     help="keep printing events as they happen (default: print the state and exit)")
@@ -299,20 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --follow: how often to read the board (default 0.1)")
     sp.set_defaults(func=cmd_events)
 
-    sp = sub.add_parser("exporter", help="serve Prometheus metrics of the board over HTTP")
+    sp = sub.add_parser("exporter", parents=[common], help="serve Prometheus metrics of the board over HTTP")
     board_arg(sp)
     sp.add_argument("--port", type=int, default=9645, help="TCP port (default 9645; 0: any free)")
     sp.add_argument("--addr", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     sp.set_defaults(func=cmd_exporter)
 
-    sp = sub.add_parser("gc", help="remove boards that no live process uses")
+    sp = sub.add_parser("gc", parents=[common], help="remove boards that no live process uses")
     sp.add_argument("names", nargs="*", metavar="NAME",
                     help="only these boards (default: every board in /dev/shm)")
     sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     sp.set_defaults(func=cmd_gc)
 
-    sp = sub.add_parser("units", help="write systemd units (pinger, exporter) and their settings file")
+    sp = sub.add_parser("units", parents=[common], help="write systemd units (pinger, exporter) and their settings file")
     board_arg(sp)
     sp.add_argument("--out", default="shmhb-units", help="directory to write into (default ./shmhb-units)")
     sp.add_argument("--user", default=None,
@@ -327,12 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "account's group, with --board-mode 0660)")
     sp.set_defaults(func=cmd_units)
 
-    sp = sub.add_parser("forget", help="clear a dead or left slot, so probes recover after a crash")
+    sp = sub.add_parser("forget", parents=[common], help="clear a dead or left slot, so probes recover after a crash")
     board_arg(sp)
     sp.add_argument("key", metavar="KEY", help="the key of the slot (see `shmhb status`)")
     sp.set_defaults(func=cmd_forget)
 
-    sp = sub.add_parser("demo", help="a self-contained tour: kill, hang and restart workers")
+    sp = sub.add_parser("demo", parents=[common], help="a self-contained tour: kill, hang and restart workers")
     sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")
     sp.add_argument("--base-addr", default=None, metavar="ADDR",
                     help="host A's loopback address, B gets the next (default: "
