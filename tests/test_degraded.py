@@ -324,6 +324,11 @@ def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluste
     wait_until(lambda: a.board.agent().status is Status.LEFT, what="the agent left")
     rc, doc = status(a)
     assert rc == 0, doc["health"]
+    # no pinger settings were ever stored: as the README says, whether anyone holds the role
+    assert doc["network"]["state"] == "not configured", doc["network"]
+    text = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", a.name],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert "network not configured" in text.stdout, text.stdout
 
 
 def test_status_help_documents_every_exit_code() -> None:
