@@ -5,9 +5,8 @@ board lock-free to learn whether a worker (local or on a followed remote host) i
 alive, suspect, dead, left, or unknown, and which incarnation it is.
 """
 
-from __future__ import annotations
-
-from .board import Board, set_register_hook
+from .board import Board
+from .board import set_register_hook as _set_register_hook
 from .clock import FakeClock, MonotonicClock
 from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
 from .errors import (
@@ -47,7 +46,7 @@ def _join_embedded_agent(board: Board, hb: Heartbeat) -> None:
     embedded_register(board, hb)
 
 
-set_register_hook(_join_embedded_agent)
+_set_register_hook(_join_embedded_agent)
 
 
 def get_include() -> str:
