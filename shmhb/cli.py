@@ -53,6 +53,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     with Board.attach(args.board) as board:
         view = read_view(board)
         native = board.native
+    if args.agent_only:  # a liveness probe of the host's agent, nothing else
+        why = view.agent_problem()
+        print(f"problem: {why}" if why else f"agent pid {view.agent.pid} alive")
+        return EXIT_OK if why is None else EXIT_NO_OBSERVER
     code, problems = view.health()
     if args.json:
         json.dump(_status_doc(view, native), sys.stdout, indent=2)
@@ -274,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
 --json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.""")
     board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--agent-only", action="store_true",
+                    help=f"check only that an agent runs and holds the role: exit {EXIT_OK} or "
+                         f"{EXIT_NO_OBSERVER} (a liveness probe for the pinger's container)")
     sp.set_defaults(func=cmd_status)
 
     sp = sub.add_parser("pinger", parents=[common], help="hold the host agent role in the foreground")

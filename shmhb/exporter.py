@@ -50,6 +50,20 @@ MESSAGE_COUNTERS = {
 }
 
 
+def _build_info(native: bool) -> Metric:
+    """``shmhb_build_info``: 1, labelled with what this exporter runs (the Prometheus
+    convention for a build's version)."""
+    import platform
+
+    from .version import __version__
+
+    g = GaugeMetricFamily("shmhb_build_info", "Always 1; the labels say which shmhb runs: "
+                          "its version, whether the C hot path is active, the Python version.",
+                          labels=["version", "native", "python"])
+    g.add_metric([__version__, "true" if native else "false", platform.python_version()], 1)
+    return g
+
+
 def _peer_auth_metrics(peers: Sequence[PeerStatus]) -> Iterator[Metric]:
     """Frames from each followed host that failed authentication, and whether it fails
     now (a secret that differs between two hosts reads as a dead host otherwise)."""
@@ -109,6 +123,10 @@ class BoardCollector:
         self._board, self._ino = board, ino
         return board
 
+    def _native(self) -> bool:
+        from .native import native
+        return bool(native)
+
     def close(self) -> None:
         with self._lock:
             if self._board is not None:
@@ -117,7 +135,21 @@ class BoardCollector:
 
     # -- the scrape ------------------------------------------------------------------------
 
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for ``/readyz``: the board exists and an agent observes it."""
+        with self._lock:
+            try:
+                board = self._current()
+                view = None if board is None else read_view(board)
+            except ShmhbError as e:
+                return False, f"board {self.name!r} cannot be read: {e}"
+        if view is None:
+            return False, f"no board {self.name!r} on this host"
+        why = view.agent_problem()
+        return (why is None), (why or f"board {self.name}: agent pid {view.agent.pid} alive")
+
     def collect(self) -> Iterator[Metric]:
+        yield _build_info(self._native())
         with self._lock:
             up = GaugeMetricFamily("shmhb_board_up",
                                    "1 if the board exists and was read by this scrape.")
@@ -288,8 +320,31 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("%s - " + format, self.address_string(), *args)
 
 
+def probes_app(collector: BoardCollector, metrics: Any) -> Any:
+    """The exporter's WSGI app: ``/metrics`` (Prometheus), ``/healthz`` (200 while this
+    exporter serves: its own liveness), ``/readyz`` (200 when the board exists and an
+    agent observes it, 503 with the reason otherwise), 404 for anything else."""
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            code, body = "200 OK", "ok"
+        elif path == "/readyz":
+            ready, why = collector.readiness()
+            code, body = ("200 OK" if ready else "503 Service Unavailable"), why
+        else:
+            code, body = "404 Not Found", "not found: /metrics, /healthz, /readyz"
+        data = (body + "\n").encode()
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8"),
+                              ("Content-Length", str(len(data)))])
+        return [data]
+    return app
+
+
 class Exporter:
-    """An HTTP server with ``/metrics`` for one board, serving from a daemon thread."""
+    """An HTTP server with ``/metrics``, ``/healthz`` and ``/readyz`` for one board,
+    serving from a daemon thread."""
 
     def __init__(self, board: str | None = None, *, addr: str = "127.0.0.1",
                  port: int = DEFAULT_PORT) -> None:
@@ -297,8 +352,9 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)  # type: ignore[arg-type]
         server_cls = _Server6 if ":" in addr else _Server
-        self.httpd = make_server(addr, port, make_wsgi_app(self.registry), server_cls,
-                                 handler_class=_QuietHandler)
+        self.httpd = make_server(addr, port,
+                                 probes_app(self.collector, make_wsgi_app(self.registry)),
+                                 server_cls, handler_class=_QuietHandler)
         self.addr = addr
         self.port = int(self.httpd.server_port)
         self._thread = threading.Thread(target=self.httpd.serve_forever,

@@ -68,6 +68,24 @@ class View:
         """Local slots that are neither alive nor left (what makes ``status`` exit 1)."""
         return [s for s in self.slots if s.status not in (Status.ALIVE, Status.LEFT)]
 
+    def agent_problem(self) -> str | None:
+        """Why no agent observes this board now (None: one runs and holds the role).
+        The agent part of ``health``, and all that ``status --agent-only`` (the pinger's
+        liveness probe) and the exporter's ``/readyz`` ask."""
+        a = self.agent
+        if a.status is Status.UNKNOWN:
+            return ("no agent has run on this board: deaths are not detected; start "
+                    "`shmhb pinger` or register a worker")
+        if a.status is Status.LEFT:
+            return ("the agent left and no process holds the role" if not self.agent_held
+                    else "the agent role is changing hands")
+        if a.status is not Status.ALIVE:
+            return ("the agent is stalled (role still held)" if self.agent_held
+                    else "the agent is gone; no standby took over")
+        if not self.agent_held:
+            return "the agent is gone (role not held)"
+        return None
+
     def health(self) -> tuple[int, list[str]]:
         """``shmhb status``'s exit code (``EXIT_*``) and the problems behind it, worst
         first.  The one place that decides it, for the text and the JSON alike."""
@@ -76,20 +94,10 @@ class View:
         # No worker, or every one left: nothing to watch, so a board whose agent never
         # ran or left cleanly is not unhealthy (an agent that died or stalled still is).
         quiet = all(s.status is Status.LEFT for s in self.slots)
-        if quiet and (a.status is Status.UNKNOWN
-                      or (a.status is Status.LEFT and not self.agent_held)):
-            pass
-        elif a.status is Status.UNKNOWN:
-            problems.append((EXIT_NO_OBSERVER, "no agent has run on this board: deaths are "
-                             "not detected; start `shmhb pinger` or register a worker"))
-        elif a.status is Status.LEFT:
-            problems.append((EXIT_NO_OBSERVER, "the agent left and no process holds the role"
-                             if not self.agent_held else "the agent role is changing hands"))
-        elif a.status is not Status.ALIVE:
-            problems.append((EXIT_NO_OBSERVER, "the agent is stalled (role still held)"
-                             if self.agent_held else "the agent is gone; no standby took over"))
-        elif not self.agent_held:
-            problems.append((EXIT_NO_OBSERVER, "the agent is gone (role not held)"))
+        agent = self.agent_problem()
+        if agent is not None and not (quiet and (a.status is Status.UNKNOWN or (
+                a.status is Status.LEFT and not self.agent_held))):
+            problems.append((EXIT_NO_OBSERVER, agent))
         n = self.network
         if not n.working:
             why = n.reason or "unknown reason"
