@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from .version import __version__
@@ -202,11 +203,27 @@ def cmd_pinger(args: argparse.Namespace) -> int:
         log.info("signal %d: stopping", signum)
         agent.stop(timeout_s=0)
 
+    from . import sdnotify
+
     stop_on_signals(stop, (signal.SIGTERM, signal.SIGINT), _stop)
     agent.start()
     log.info("pinger for board %s started (pid %d); waiting for the agent role",
-             board_name(args.board), __import__("os").getpid())
-    while not stop.wait(0.5):
+             board_name(args.board), os.getpid())
+    # Type=notify: ready once the agent's thread runs (holding the role, or a standby
+    # for it); WatchdogSec=: fed while that thread makes progress, so a pinger whose
+    # agent loop is stuck is restarted by systemd even if its main thread is fine.
+    sdnotify.notify("READY=1\nSTATUS=agent started; holding or waiting for the role")
+    wd_s = sdnotify.watchdog_interval_s()
+    period_s = 0.5 if wd_s is None else min(0.5, wd_s / 4)
+    holding = False
+    while not stop.wait(period_s):
+        now = time.monotonic_ns()
+        if wd_s is not None and now - agent.last_progress_ns() < wd_s * 1e9 / 2:
+            sdnotify.notify("WATCHDOG=1")
+        if agent.holding.is_set() != holding:
+            holding = agent.holding.is_set()
+            sdnotify.notify("STATUS=" + ("holding the agent role" if holding else
+                                         "standby: waiting for the agent role"))
         if agent.deposed.is_set():
             log.error("the agent loop was stuck and gave the role up: exiting so that a "
                       "supervisor restarts this pinger")
@@ -214,6 +231,7 @@ def cmd_pinger(args: argparse.Namespace) -> int:
         if not agent.is_running():
             log.error("the agent loop ended unexpectedly")
             return 1
+    sdnotify.notify("STOPPING=1")
     agent.stop()
     return 0
 

@@ -163,7 +163,13 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
-Type=simple
+# The pinger says READY=1 once its agent runs (holding the role or waiting for it) and
+# feeds systemd's watchdog while the agent's thread makes progress: a pinger whose
+# agent loop is stuck for WatchdogSec is killed (SIGABRT) and restarted, on top of the
+# agent's own 10 s watchdog, which gives the role up and exits 1.
+Type=notify
+NotifyAccess=main
+WatchdogSec=30
 # The account the workers run as: boards are created with mode 0600, and only their
 # owner can register, watch or hold the agent role.
 User={s.user}
