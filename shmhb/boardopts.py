@@ -51,7 +51,7 @@ def add_board_args(sp: argparse.ArgumentParser) -> None:
     a.add_argument("--board-mode", default=None, metavar="MODE",
                    help="permission bits in octal, e.g. 0660 to share with --board-group")
     a.add_argument("--board-group", default=None, metavar="GROUP",
-                   help="group of the board (this account must be a member); with mode 0660 "
+                   help="group (name or gid) of the board (this account must be a member); with mode 0660 "
                         "its members may open it")
     d = Policy()
     for flag, f in POLICY_FLAGS:
@@ -84,9 +84,12 @@ def board_mode(text: str | None) -> int | None:
 
 
 def board_gid(name: str | None) -> int | None:
-    """``--board-group`` as a gid; ``InvalidConfig`` if no such group exists."""
+    """``--board-group`` (a name, or a numeric gid as containers often have no group
+    database entry) as a gid; ``InvalidConfig`` if no such group exists."""
     if name is None:
         return None
+    if name.isdigit():
+        return int(name)
     try:
         return grp.getgrnam(name).gr_gid
     except KeyError:

@@ -169,6 +169,14 @@ def test_the_pinger_widens_an_existing_board_and_refuses_bad_modes(name: str) ->
                               "--board-group", "no-such-group-xyz"], env=child_env(),
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 2 and "no group 'no-such-group-xyz'" in out.stderr
+        import grp
+        gid = grp.getgrall()[-1].gr_gid  # a numeric gid, as in a container with no /etc/group
+        p = _pinger(name, "--board-group", str(gid))
+        try:
+            _wait_held(name, p)
+            assert os.stat(f"/dev/shm/{name}").st_gid == gid
+        finally:
+            _stop(p)
         assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o640  # untouched
 
 
