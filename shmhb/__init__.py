@@ -5,15 +5,15 @@ board lock-free to learn whether a worker (local or on a followed remote host) i
 alive, suspect, dead, left, or unknown, and which incarnation it is.
 """
 
-from __future__ import annotations
-
-from .board import Board, set_register_hook
+from .board import Board
+from .board import set_register_hook as _set_register_hook
 from .clock import FakeClock, MonotonicClock
 from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
 from .errors import (
     BoardCorrupt, BoardExists, BoardFull, BoardNotFound, BoardPermissionError,
     BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidAddress, InvalidConfig, InvalidKey,
-    InvalidName, KeyInUse, KeyNotFound, LockTimeout, ProtocolError, ShmhbError, StaleBoard,
+    InvalidName, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch, ProtocolError, ShmhbError,
+    StaleBoard,
     WatchTableFull,
 )
 from .heartbeat import Heartbeat
@@ -29,6 +29,7 @@ __all__ = [
     "Capacity", "DEFAULT_BOARD", "DEFAULT_PORT", "FakeClock", "Heartbeat", "HeartbeatClosed",
     "InvalidAddress", "InvalidConfig", "InvalidKey", "InvalidName", "KeyInUse", "KeyNotFound",
     "LockTimeout", "MonotonicClock", "NetworkStatus", "PeerStatus", "PingerConfig", "Policy",
+    "PolicyMismatch",
     "ProtocolError", "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull",
     "__version__", "get_include", "native",
 ]
@@ -45,7 +46,7 @@ def _join_embedded_agent(board: Board, hb: Heartbeat) -> None:
     embedded_register(board, hb)
 
 
-set_register_hook(_join_embedded_agent)
+_set_register_hook(_join_embedded_agent)
 
 
 def get_include() -> str:

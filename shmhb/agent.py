@@ -91,6 +91,12 @@ class Agent:
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
 
+    def last_progress_ns(self) -> int:
+        """When the agent's thread last made progress (CLOCK_MONOTONIC ns): a step of
+        the loop while it holds the role, an election poll while it waits as a standby;
+        0 before the first.  What feeds systemd's watchdog (``shmhb pinger``)."""
+        return self._progress_ns
+
     def is_running(self) -> bool:
         """Whether the agent's thread (started by ``start``) is still running."""
         return self._thread is not None and self._thread.is_alive()
@@ -99,6 +105,7 @@ class Agent:
         board = Board.attach(self.board_name, clock=self.clock)
         try:
             while not self._stop.is_set():
+                self._progress_ns = time.monotonic_ns()  # a standby's poll is progress too
                 loop = self.elect(board)
                 if loop is not None:
                     self._hold(board, loop)
@@ -213,7 +220,9 @@ class Agent:
         the watchdog gave the role up: then those words are the next holder's), and
         release the lock."""
         try:
-            loop.close()
+            # a stop asked for (SIGTERM, the last heartbeat closed), not a crash or the
+            # watchdog: the hosts that watch us are told (a goodbye), not left to guess
+            loop.close(leaving=not deposed and self._stop.is_set())
             if not deposed:
                 loop.w.left(self.clock.monotonic_ns())
             log.info("board %s: agent role released (pid %d)", self.board_name, os.getpid())

@@ -44,6 +44,7 @@ class NetComponent(Component, Protocol):
     errors the loop's poll meets on its sockets."""
 
     def failed(self, e: BaseException) -> None: ...
+    def leave(self) -> None: ...
 
 
 def _no_check() -> None:
@@ -172,7 +173,10 @@ class AgentLoop:
             self.w.lateness(self._worst_late // 1000)
             self._worst_late, self._window_end = 0, t + _WINDOW_NS
 
-    def close(self) -> None:
-        """Close every component, the local watch first."""
+    def close(self, *, leaving: bool = False) -> None:
+        """Close every component, the local watch first.  ``leaving``: a graceful stop,
+        so the network half says goodbye first (``NetworkHalf.leave``)."""
+        if leaving and self.net is not None:
+            self.net.leave()
         for c in self.comps:
             c.close()

@@ -36,8 +36,11 @@ import numpy as np
 from . import locks, segment
 from .boardcore import REGISTRY_TIMEOUT_S, UNIT_S
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy, board_name
-from .errors import BoardFull, BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, StaleBoard
+from .config import Capacity, Policy, board_name, policy_differences
+from .errors import (
+    BoardFull, BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch,
+    StaleBoard,
+)
 from .heartbeat import Heartbeat
 from .layout import (
     FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC,
@@ -72,6 +75,25 @@ def set_register_hook(hook: RegisterHook | None) -> RegisterHook | None:
     return prev
 
 
+_POLICY_KWARGS = ("policy", "suspect_after_s", "dead_after_s", "forget_after_s")
+
+
+def _asked_policy(policy: Policy | None, suspect_after_s: float | None,
+                  dead_after_s: float | None, forget_after_s: float | None) -> Policy:
+    """The policy that ``create``'s (and ``open``'s) arguments ask for."""
+    pol = policy or Policy()
+    if not isinstance(pol, Policy):
+        raise InvalidConfig(f"policy must be a shmhb.Policy, got {pol!r}")
+    if suspect_after_s is not None or dead_after_s is not None or forget_after_s is not None:
+        pol = dataclasses.replace(
+            pol,
+            suspect_after_s=pol.suspect_after_s if suspect_after_s is None else suspect_after_s,
+            dead_after_s=pol.dead_after_s if dead_after_s is None else dead_after_s,
+            forget_after_s=pol.forget_after_s if forget_after_s is None else forget_after_s,
+        )
+    return pol
+
+
 class Board(LocalReads, WatchTable, RemoteReads):
     """A handle on one host's board.  Create, attach or open it with the classmethods."""
 
@@ -99,16 +121,7 @@ class Board(LocalReads, WatchTable, RemoteReads):
     ) -> Board:
         """Create a new board; ``BoardExists`` if the name is taken."""
         name = board_name(name)
-        pol = policy or Policy()
-        if not isinstance(pol, Policy):
-            raise InvalidConfig(f"policy must be a shmhb.Policy, got {pol!r}")
-        if suspect_after_s is not None or dead_after_s is not None or forget_after_s is not None:
-            pol = dataclasses.replace(
-                pol,
-                suspect_after_s=pol.suspect_after_s if suspect_after_s is None else suspect_after_s,
-                dead_after_s=pol.dead_after_s if dead_after_s is None else dead_after_s,
-                forget_after_s=pol.forget_after_s if forget_after_s is None else forget_after_s,
-            )
+        pol = _asked_policy(policy, suspect_after_s, dead_after_s, forget_after_s)
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777 \
                 or mode & 0o600 != 0o600:
             raise InvalidConfig(
@@ -162,14 +175,29 @@ class Board(LocalReads, WatchTable, RemoteReads):
         return cls(segment.Segment.attach(board_name(name)), clock)
 
     @classmethod
-    def open(cls, name: str | None = None, **create_kwargs: Any) -> Board:
+    def open(cls, name: str | None = None, *, strict_policy: bool = False,
+             **create_kwargs: Any) -> Board:
         """Attach to the board, creating it if absent.  A board left by an earlier boot or
-        by a creator that crashed before finishing it is removed and created anew."""
+        by a creator that crashed before finishing it is removed and created anew.
+
+        A policy asked for (``policy=``, ``suspect_after_s=``, ...) applies only to a board
+        this call creates; an existing board keeps its own, and one that differs is
+        named in a logged warning (``strict_policy=True``: ``PolicyMismatch`` instead)."""
         name = board_name(name)
         clock = create_kwargs.get("clock", MONOTONIC)
+        asked = None
+        if any(create_kwargs.get(k) is not None for k in _POLICY_KWARGS):
+            asked = _asked_policy(*(create_kwargs.get(k) for k in _POLICY_KWARGS))
         for _ in range(5):
             try:
-                return cls.attach(name, clock=clock)
+                b = cls.attach(name, clock=clock)
+                if asked is not None:
+                    try:
+                        b.check_policy(asked, strict=strict_policy)
+                    except PolicyMismatch:
+                        b.close()
+                        raise
+                return b
             except BoardNotFound:
                 pass
             except StaleBoard as e:
@@ -182,6 +210,26 @@ class Board(LocalReads, WatchTable, RemoteReads):
             except segment.BoardExists:
                 continue  # another process created it first: attach to theirs
         raise BoardNotFound(f"board {name!r} kept appearing and vanishing; is something removing it?")
+
+    def check_policy(self, asked: Policy, *, strict: bool = False) -> list[str]:
+        """Compare ``asked`` with this board's policy, which is the one that applies (a
+        policy is fixed at creation, invariant 6).  If they differ: ``strict`` raises
+        ``PolicyMismatch``, otherwise a warning naming both is logged.  Returns the
+        differences (``config.policy_differences``)."""
+        diff = policy_differences(self.policy, asked)
+        if not diff:
+            return diff
+        where = ("set the policy where the board is created: `shmhb pinger "
+                 "--suspect-after-s/--dead-after-s/...` (the units' settings file, the "
+                 "DaemonSet's args), started before the workers")
+        if strict:
+            raise PolicyMismatch(
+                f"board {self.name!r} exists with another policy than asked for "
+                f"({'; '.join(diff)}): a board's policy is fixed when it is created. Stop "
+                f"every process using it and remove it (`shmhb gc`), or {where}")
+        log.warning("board %s exists with another policy than this process asked for; the "
+                    "board's applies (%s): %s", self.name, "; ".join(diff), where)
+        return diff
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -13,12 +13,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from .version import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
-from .errors import InvalidConfig, ShmhbError
+from .errors import BoardNotFound, InvalidConfig, ShmhbError
 from .stopsignal import stop_on_signals
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
 
@@ -53,6 +54,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     with Board.attach(args.board) as board:
         view = read_view(board)
         native = board.native
+    if args.agent_only:  # a liveness probe of the host's agent, nothing else
+        why = view.agent_problem()
+        print(f"problem: {why}" if why else f"agent pid {view.agent.pid} alive")
+        return EXIT_OK if why is None else EXIT_NO_OBSERVER
     code, problems = view.health()
     if args.json:
         json.dump(_status_doc(view, native), sys.stdout, indent=2)
@@ -135,9 +140,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from .screen import Columns
 
     boards = list_boards(args.names or None)
+    # Exit statuses as for every command (README): 2 for a board named that does not
+    # exist, 1 when nothing was removed, 0 when something was
+    missing = sorted(set(args.names or ()) - {b.name for b in boards})
+    if missing:
+        raise BoardNotFound(f"no board {', '.join(map(repr, missing))} in /dev/shm "
+                            "(`shmhb gc` with no name lists every board)")
     if not boards:
-        print("no shmhb boards on this host" if not args.names else "no such board")
-        return 0
+        print("no shmhb boards on this host: nothing to remove")
+        return EXIT_UNHEALTHY
     t = Columns(None, [("NAME", "left"), ("SIZE", "right"), ("STATE", "left"),
                        ("DETAIL", "left"), ("ACTION", "left")])
     for b in boards:
@@ -148,7 +159,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     doomed = [b for b in boards if b.removable]
     if not doomed:
         print("nothing to remove: every board is in use")
-        return 0
+        return EXIT_UNHEALTHY
     if not args.yes:
         names = ", ".join(b.name for b in doomed)
         print(f"remove {len(doomed)} unused board(s): {names}? [y/N] ", end="", flush=True)
@@ -178,7 +189,9 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 def cmd_pinger(args: argparse.Namespace) -> int:
     from .agent import Agent
 
-    Board.open(args.board).close()
+    from .boardopts import open_board
+
+    open_board(args).close()  # the policy flags: checked against an existing board
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
         from .netconfig import configure_from_args
         configure_from_args(args)  # stored in the board: any holder of the role applies them
@@ -190,11 +203,27 @@ def cmd_pinger(args: argparse.Namespace) -> int:
         log.info("signal %d: stopping", signum)
         agent.stop(timeout_s=0)
 
+    from . import sdnotify
+
     stop_on_signals(stop, (signal.SIGTERM, signal.SIGINT), _stop)
     agent.start()
     log.info("pinger for board %s started (pid %d); waiting for the agent role",
-             board_name(args.board), __import__("os").getpid())
-    while not stop.wait(0.5):
+             board_name(args.board), os.getpid())
+    # Type=notify: ready once the agent's thread runs (holding the role, or a standby
+    # for it); WatchdogSec=: fed while that thread makes progress, so a pinger whose
+    # agent loop is stuck is restarted by systemd even if its main thread is fine.
+    sdnotify.notify("READY=1\nSTATUS=agent started; holding or waiting for the role")
+    wd_s = sdnotify.watchdog_interval_s()
+    period_s = 0.5 if wd_s is None else min(0.5, wd_s / 4)
+    holding = False
+    while not stop.wait(period_s):
+        now = time.monotonic_ns()
+        if wd_s is not None and now - agent.last_progress_ns() < wd_s * 1e9 / 2:
+            sdnotify.notify("WATCHDOG=1")
+        if agent.holding.is_set() != holding:
+            holding = agent.holding.is_set()
+            sdnotify.notify("STATUS=" + ("holding the agent role" if holding else
+                                         "standby: waiting for the agent role"))
         if agent.deposed.is_set():
             log.error("the agent loop was stuck and gave the role up: exiting so that a "
                       "supervisor restarts this pinger")
@@ -202,6 +231,7 @@ def cmd_pinger(args: argparse.Namespace) -> int:
         if not agent.is_running():
             log.error("the agent loop ended unexpectedly")
             return 1
+    sdnotify.notify("STOPPING=1")
     agent.stop()
     return 0
 
@@ -210,8 +240,11 @@ def cmd_units(args: argparse.Namespace) -> int:
     from .units import UnitSettings, account, next_steps, running_command, write_units
 
     user, group = account(args.user, args.group)
+    if args.board_group is not None:
+        account(user, args.board_group)  # the group must exist on this host
     settings = UnitSettings(command=running_command(), user=user, group=group,
-                            board=board_name(args.board), env_path=args.env_path)
+                            board=board_name(args.board), env_path=args.env_path,
+                            board_mode=args.board_mode, board_group=args.board_group)
     paths = write_units(args.out, settings)
     for p in paths:
         print(f"wrote {p}")
@@ -235,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmhb", description="Shared-memory liveness board.")
     p.add_argument("--version", action="version", version=f"shmhb {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    # -v after the subcommand too (`shmhb status -v`): every subparser takes it from this
+    # parent; SUPPRESS keeps the count given before the subcommand when none comes after
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="more logging (-vv: debug)")
     sub = p.add_subparsers(dest="command", required=True)
 
     def board_arg(sp: argparse.ArgumentParser) -> None:
@@ -242,13 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"board name (default: ${BOARD_ENV} or {DEFAULT_BOARD!r})")
 
     sp = sub.add_parser(
-        "status", help="show the board; the exit status says whether the host is healthy",
+        "status", parents=[common], help="show the board; the exit status says whether the host is healthy",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Show the board: the agent, its network half, local slots, remote hosts.",
         epilog=f"""exit status (the first that applies, in this order):
   {EXIT_ERROR}  the command failed (no such board, bad options)
   {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
-     left; deaths are not detected at once and remote verdicts read unknown
+     left; deaths are not detected at once and remote verdicts read unknown (not
+     while no worker is registered or all left and the agent never ran or left cleanly)
   {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
      cannot listen, secret or keys unreadable, hosts skipped, restarting
   {EXIT_SLOTS}  a local slot is suspect, dead or unknown
@@ -257,9 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
 --json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.""")
     board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--agent-only", action="store_true",
+                    help=f"check only that an agent runs and holds the role: exit {EXIT_OK} or "
+                         f"{EXIT_NO_OBSERVER} (a liveness probe for the pinger's container)")
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser("pinger", help="hold the host agent role in the foreground")
+    sp = sub.add_parser("pinger", parents=[common], help="hold the host agent role in the foreground")
     board_arg(sp)
     sp.add_argument("--tick-s", type=float, default=AgentConfig().tick_s,
                     help=f"agent loop period (default {AgentConfig().tick_s:g})")
@@ -269,14 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_pinger)
     from .netconfig import add_pinger_args
     add_pinger_args(sp)
+    from .boardopts import add_board_args
+    add_board_args(sp)
 
-    sp = sub.add_parser("monitor", help="live full-screen view of the board (Ctrl-C quits)")
+    sp = sub.add_parser("monitor", parents=[common], help="live full-screen view of the board (Ctrl-C quits)")
     board_arg(sp)
     sp.add_argument("--refresh-hz", type=float, default=4.0,
                     help="screen refreshes per second (default 4)")
     sp.set_defaults(func=cmd_monitor)
 
-    sp = sub.add_parser("events", help="what changes on the board, one line per event")
+    sp = sub.add_parser("events", parents=[common], help="what changes on the board, one line per event")
     board_arg(sp)
     sp.add_argument("--follow", "-f", action="store_true",
                     help="keep printing events as they happen (default: print the state and exit)")
@@ -285,20 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --follow: how often to read the board (default 0.1)")
     sp.set_defaults(func=cmd_events)
 
-    sp = sub.add_parser("exporter", help="serve Prometheus metrics of the board over HTTP")
+    sp = sub.add_parser("exporter", parents=[common], help="serve Prometheus metrics of the board over HTTP")
     board_arg(sp)
     sp.add_argument("--port", type=int, default=9645, help="TCP port (default 9645; 0: any free)")
     sp.add_argument("--addr", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     sp.set_defaults(func=cmd_exporter)
 
-    sp = sub.add_parser("gc", help="remove boards that no live process uses")
+    sp = sub.add_parser("gc", parents=[common], help="remove boards that no live process uses")
     sp.add_argument("names", nargs="*", metavar="NAME",
                     help="only these boards (default: every board in /dev/shm)")
     sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     sp.set_defaults(func=cmd_gc)
 
-    sp = sub.add_parser("units", help="write systemd units (pinger, exporter) and their settings file")
+    sp = sub.add_parser("units", parents=[common], help="write systemd units (pinger, exporter) and their settings file")
     board_arg(sp)
     sp.add_argument("--out", default="shmhb-units", help="directory to write into (default ./shmhb-units)")
     sp.add_argument("--user", default=None,
@@ -306,14 +350,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--group", default=None, help="group (default: the user's primary group)")
     sp.add_argument("--env-path", default="/etc/default/shmhb",
                     help="where the units read their settings (default /etc/default/shmhb)")
+    sp.add_argument("--board-mode", default=None, metavar="MODE",
+                    help="the board's mode for the pinger to set (e.g. 0660; default 0600)")
+    sp.add_argument("--board-group", default=None, metavar="GROUP",
+                    help="the board's group for the pinger to set (e.g. the Prometheus "
+                         "account's group, with --board-mode 0660)")
     sp.set_defaults(func=cmd_units)
 
-    sp = sub.add_parser("forget", help="clear a dead or left slot, so probes recover after a crash")
+    sp = sub.add_parser("forget", parents=[common], help="clear a dead or left slot, so probes recover after a crash")
     board_arg(sp)
     sp.add_argument("key", metavar="KEY", help="the key of the slot (see `shmhb status`)")
     sp.set_defaults(func=cmd_forget)
 
-    sp = sub.add_parser("demo", help="a self-contained tour: kill, hang and restart workers")
+    sp = sub.add_parser("demo", parents=[common], help="a self-contained tour: kill, hang and restart workers")
     sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")
     sp.add_argument("--base-addr", default=None, metavar="ADDR",
                     help="host A's loopback address, B gets the next (default: "
@@ -347,6 +396,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "pinger":
         PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                      secret_file=args.secret_file, curve_keys=args.curve_keys)
+        from .boardopts import asked_policy, check_access_args
+        asked_policy(args)
+        check_access_args(args)
 
 
 #: Exit statuses of every command (README, "Exit statuses").

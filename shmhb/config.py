@@ -19,7 +19,7 @@ __all__ = [
     "BOARD_ENV", "DEFAULT_BOARD", "DEFAULT_PORT", "MAX_ADDRESS_TEXT", "Address", "AgentConfig",
     "Capacity", "PingerConfig", "Policy", "board_name", "check_endpoint", "check_host",
     "format_address", "format_hostport", "has_port", "is_canonical", "is_endpoint",
-    "parse_address", "parse_hostport", "positive_seconds",
+    "parse_address", "parse_hostport", "policy_differences", "positive_seconds",
 ]
 
 DEFAULT_BOARD = "shmhb"
@@ -97,6 +97,24 @@ class Policy:
             raise InvalidConfig("peer_dead_after_s must be >= peer_suspect_after_s")
         if self.forget_after_s is not None:
             _policy_time("forget_after_s", self.forget_after_s)
+
+
+_POLICY_FIELDS = ("suspect_after_s", "dead_after_s", "agent_stale_s", "peer_suspect_after_s",
+                  "peer_dead_after_s", "forget_after_s")
+
+
+def policy_differences(have: Policy, want: Policy) -> list[str]:
+    """What differs between a board's policy and the one asked for, as
+    ``"dead_after_s: board 10, asked 30"`` lines (empty: the same).  Times are compared
+    in the board's time unit: a board stores them in nanoseconds, so a value that reads
+    back a few ns apart is the same policy."""
+    out = []
+    for f in _POLICY_FIELDS:
+        a, b = getattr(have, f), getattr(want, f)
+        if (a is None) != (b is None) or (a is not None and abs(a - b) >= UNIT_S / 2):
+            out.append(f"{f}: board {'off' if a is None else format(a, 'g')}, "
+                       f"asked {'off' if b is None else format(b, 'g')}")
+    return out
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,11 @@ class InvalidConfig(ShmhbError, ValueError):
     """A configuration value out of its valid range."""
 
 
+class PolicyMismatch(InvalidConfig):
+    """The board exists with another policy than the one asked for.  A board's policy is
+    fixed when it is created (every reader judges by it), so it cannot change in place."""
+
+
 class BoardNotFound(ShmhbError, FileNotFoundError):
     """No board of that name exists on this host."""
 

@@ -14,7 +14,35 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from shmhb.errors import InvalidConfig
-from shmhb.protocol import FrameRejected, Identity, Ping
+from shmhb.protocol import FLAG_AUTH, TAG_BYTES, FrameRejected, Identity, Ping, Push, decode
+
+_FLAGS_AT = 6  # the flags byte of a frame's header (shmhb.protocol)
+
+
+def claimed_ping_address(frame: bytes) -> str | None:
+    """The listen address a ping that failed authentication *claims* to come from, or
+    None if it is no well-formed ping.  Unauthenticated: use it only to explain a
+    silence (which host's pings fail authentication), never as evidence of anything."""
+    if len(frame) <= _FLAGS_AT:
+        return None
+    flags = frame[_FLAGS_AT]
+    body = frame[:len(frame) - TAG_BYTES] if flags & FLAG_AUTH else frame
+    try:
+        msg = decode(body[:_FLAGS_AT] + bytes([flags & ~FLAG_AUTH]) + body[_FLAGS_AT + 1:])
+    except FrameRejected:
+        return None
+    return msg.address if isinstance(msg, Ping) else None
+
+
+#: The generation a goodbye names: a PUSH of generation 0 with no entries says that the
+#: sender's pinger stops and no worker of its host lives (docs/PROTOCOL.md, "Goodbye").
+#: A digest's generation is never 0 (``shmhb.digest``), so no other push looks like it,
+#: and a receiver that predates the goodbye applies it as an empty push: nothing.
+GOODBYE_GEN = 0
+
+
+def is_goodbye(push: Push) -> bool:
+    return push.gen == GOODBYE_GEN and not push.entries
 
 
 def wants_full_digest(ping: Ping, identity: Identity, gen: int) -> bool:

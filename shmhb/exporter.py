@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -29,7 +29,7 @@ from .config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
 from .instview import BoardInstances, with_instances
-from .status import Status
+from .status import PeerStatus, Status
 from .view import View, read_view
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,35 @@ MESSAGE_COUNTERS = {
                       "change only an ack may confirm (a new registration, ALIVE again)."),
 }
 
+
+def _build_info(native: bool) -> Metric:
+    """``shmhb_build_info``: 1, labelled with what this exporter runs (the Prometheus
+    convention for a build's version)."""
+    import platform
+
+    from .version import __version__
+
+    g = GaugeMetricFamily("shmhb_build_info", "Always 1; the labels say which shmhb runs: "
+                          "its version, whether the C hot path is active, the Python version.",
+                          labels=["version", "native", "python"])
+    g.add_metric([__version__, "true" if native else "false", platform.python_version()], 1)
+    return g
+
+
+def _peer_auth_metrics(peers: Sequence[PeerStatus]) -> Iterator[Metric]:
+    """Frames from each followed host that failed authentication, and whether it fails
+    now (a secret that differs between two hosts reads as a dead host otherwise)."""
+    c = CounterMetricFamily("shmhb_peer_bad_auth_frames", "Frames from each followed remote "
+                            "host (acks to our pings, its own pings) that failed "
+                            "authentication.", labels=["peer"])
+    g = GaugeMetricFamily("shmhb_peer_auth_failing", "1 while the last frame from a followed "
+                          "remote host failed authentication (the secrets differ).",
+                          labels=["peer"])
+    for p in peers:
+        c.add_metric([p.address], p.auth_failures)
+        g.add_metric([p.address], 1 if p.auth_failing else 0)
+    yield c
+    yield g
 
 class BoardCollector:
     """Collects one board's metrics; safe to call from concurrent scrapes.
@@ -97,6 +126,10 @@ class BoardCollector:
         self._board, self._ino = board, ino
         return board
 
+    def _native(self) -> bool:
+        from .native import native
+        return bool(native)
+
     def close(self) -> None:
         with self._lock:
             if self._board is not None:
@@ -105,7 +138,21 @@ class BoardCollector:
 
     # -- the scrape ------------------------------------------------------------------------
 
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for ``/readyz``: the board exists and an agent observes it."""
+        with self._lock:
+            try:
+                board = self._current()
+                view = None if board is None else read_view(board)
+            except ShmhbError as e:
+                return False, f"board {self.name!r} cannot be read: {e}"
+        if view is None:
+            return False, f"no board {self.name!r} on this host"
+        why = view.agent_problem()
+        return (why is None), (why or f"board {self.name}: agent pid {view.agent.pid} alive")
+
     def collect(self) -> Iterator[Metric]:
+        yield _build_info(self._native())
         with self._lock:
             up = GaugeMetricFamily("shmhb_board_up",
                                    "1 if the board exists and was read by this scrape.")
@@ -223,6 +270,7 @@ class BoardCollector:
                     rst.add_metric([p.address, s.key, x.value], 1 if s.status is x else 0)
                 rinc.add_metric([p.address, s.key], s.incarnation)
         yield from (pst, rtt, ack, rst, rinc)
+        yield from _peer_auth_metrics(view.peers)
 
         # counters
         stats = view.stats
@@ -275,8 +323,31 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("%s - " + format, self.address_string(), *args)
 
 
+def probes_app(collector: BoardCollector, metrics: Any) -> Any:
+    """The exporter's WSGI app: ``/metrics`` (Prometheus), ``/healthz`` (200 while this
+    exporter serves: its own liveness), ``/readyz`` (200 when the board exists and an
+    agent observes it, 503 with the reason otherwise), 404 for anything else."""
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            code, body = "200 OK", "ok"
+        elif path == "/readyz":
+            ready, why = collector.readiness()
+            code, body = ("200 OK" if ready else "503 Service Unavailable"), why
+        else:
+            code, body = "404 Not Found", "not found: /metrics, /healthz, /readyz"
+        data = (body + "\n").encode()
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8"),
+                              ("Content-Length", str(len(data)))])
+        return [data]
+    return app
+
+
 class Exporter:
-    """An HTTP server with ``/metrics`` for one board, serving from a daemon thread."""
+    """An HTTP server with ``/metrics``, ``/healthz`` and ``/readyz`` for one board,
+    serving from a daemon thread."""
 
     def __init__(self, board: str | None = None, *, addr: str = "127.0.0.1",
                  port: int = DEFAULT_PORT) -> None:
@@ -285,7 +356,7 @@ class Exporter:
         self.registry.register(self.collector)  # type: ignore[arg-type]
         server_cls = _Server6 if ":" in addr else _Server
         self.instances = BoardInstances(board)  # /instances beside /metrics (shmhb.instview)
-        app = with_instances(make_wsgi_app(self.registry), self.instances)
+        app = with_instances(probes_app(self.collector, make_wsgi_app(self.registry)), self.instances)
         self.httpd = make_server(addr, port, app, server_cls, handler_class=_QuietHandler)
         self.addr = addr
         self.port = int(self.httpd.server_port)

@@ -231,8 +231,8 @@ class FakeTransport(Transport):
         super().disconnect(endpoint)
         self.network.unlink(endpoint)
 
-    def close(self) -> None:
-        super().close()
+    def close(self, linger_ms: int = 0) -> None:
+        super().close(linger_ms)
         self.network.unlink_all(self)
         if self._listening is not None:
             self.network.release(self._listening)

@@ -37,6 +37,9 @@ class Target:
     next_ping_ns: int  # retries while its connection is down (turns: the ping plan)
     reachable: bool = True
     evidence_nonce: int = 0  # highest nonce of its pings that counted as evidence
+    #: acks to pings from this nonce on measure a round trip; earlier ones were sent
+    #: while the host was not answering and waited for it to come back (see _on_ack)
+    rtt_from_nonce: int = 0
     identity: Identity | None = None
     digest_gen: int = 0
     remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)

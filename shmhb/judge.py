@@ -87,13 +87,16 @@ def judge_row(word: int, gen: int, agent_ok: bool, now: int) -> tuple[Status, in
 def combine_remote(reported: Status, host: Status) -> Status:
     """A remote worker's status: what its host reported, bounded by the host's own.
 
-    A dead host takes its workers with it; a suspect host makes an alive worker suspect;
+    A dead host takes its workers with it; a host that left, its live ones with it (as
+    left); a suspect host makes an alive worker suspect;
     UNKNOWN (no observer here) hides everything.
     """
     if host is UNKNOWN or host is DEAD:
         return host
     if reported is LEFT or reported is DEAD:
         return reported
+    if host is LEFT:  # it said goodbye with none of its workers alive
+        return LEFT
     if host is SUSPECT:
         return SUSPECT
     return reported

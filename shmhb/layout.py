@@ -48,6 +48,7 @@ Word maps (bit 63 on the left)::
     peer/remote row status word
               | gen:20 | code:4 | ts:40         |      agent; code is a Status code
     rtt word  | gen:20 | rtt_us:44              |      agent
+    auth word | gen:20 | failing:1 | count:43   |      agent; frames from that host failing auth
     net_state | term:24 | state:4 | auth:2 | listening:1 | reason:8 | errno:16 | skipped:9 |
                                                    agent; the network half (see netstate.py)
     net_gen   | term:24 | cfg_gen:40             |      agent; the settings generation applied
@@ -116,6 +117,25 @@ def pack_row(gen: int, code: int, ts: int) -> int:
 def unpack_row(word: int) -> tuple[int, int, int]:
     """(gen, code, ts) of a peer or remote row word."""
     return (word >> GEN_SHIFT) & GEN_MASK, (word >> CODE_SHIFT) & CODE_MASK, word & TS40_MASK
+
+
+AUTH_FAILING_BIT: Final = 1 << 43
+AUTH_COUNT_MASK: Final = AUTH_FAILING_BIT - 1
+
+
+def pack_auth(gen: int, failing: bool, count: int) -> int:
+    """A peer row's auth word ``gen:20 | failing:1 | count:43``: frames from that host
+    that failed authentication (saturating), and whether the last word from it did."""
+    return (((gen & GEN_MASK) << GEN_SHIFT) | (AUTH_FAILING_BIT if failing else 0)
+            | min(count, AUTH_COUNT_MASK))
+
+
+def unpack_auth(word: int, gen: int) -> tuple[bool, int]:
+    """(failing, count) of an auth word of record generation ``gen``; (False, 0) for a
+    word of another generation (or 0: never written)."""
+    if (word >> GEN_SHIFT) & GEN_MASK != gen & GEN_MASK:
+        return False, 0
+    return bool(word & AUTH_FAILING_BIT), word & AUTH_COUNT_MASK
 
 
 def pack_rtt(gen: int, rtt_us: int) -> int:
@@ -300,10 +320,11 @@ SLOT_RECORD_DTYPE: Final = np.dtype(
 
 PEER_ROW_DTYPE: Final = np.dtype(
     {
-        # status: gen|code|ts(last ack, local clock); rtt: gen|rtt_us
-        "names": ["status", "rtt", "gen", "board_inc", "boot_id", "address", "checksum"],
-        "formats": ["<u8", "<u8", "<u8", "<u8", "S16", f"S{ADDR_BYTES}", "<u8"],
-        "offsets": [0, 8, 16, 24, 32, 48, 112],
+        # status: gen|code|ts(last ack, local clock); rtt: gen|rtt_us;
+        # auth: gen|failing|count (see pack_auth); a board of an earlier version holds 0
+        "names": ["status", "rtt", "gen", "board_inc", "boot_id", "address", "checksum", "auth"],
+        "formats": ["<u8", "<u8", "<u8", "<u8", "S16", f"S{ADDR_BYTES}", "<u8", "<u8"],
+        "offsets": [0, 8, 16, 24, 32, 48, 112, 120],
         "itemsize": 128,
     }
 )

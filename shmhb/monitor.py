@@ -117,7 +117,10 @@ def _local_cells(s: SlotStatus) -> list[Text]:
 
 
 def _host_cells(p: PeerStatus) -> list[Text]:
-    return [Text(f"@{p.address}", style="bold"), status_text(p.status), Text(""), Text(""),
+    st = status_text(p.status)
+    if p.auth_failing:  # its silence is no sign of death: the secrets differ
+        st.append(" (auth fails)", style="bold red")
+    return [Text(f"@{p.address}", style="bold"), st, Text(""), Text(""),
             Text(fmt_age(p.age_s)), Text(fmt_rtt(p.rtt_ms)), Text(_workers(len(p.slots)), style="dim")]
 
 

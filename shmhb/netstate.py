@@ -131,6 +131,11 @@ def decode_network(head: object, agent_term: int, agent_running: bool) -> Networ
         state = NetState(code)
     except ValueError:
         state = NetState.NONE
+    if int(h["cfg_gen"]) == 0 and (not agent_running or state in (NetState.NONE, NetState.OFF)):  # type: ignore[index]
+        # No pinger settings were ever stored: there is no network half whoever holds
+        # the role, or whether anyone does (README: "network not configured").
+        return NetworkStatus(NetState.OFF.label, True, False, None, "none", None, 0, None, 0,
+                             None, agent_term)
     if not agent_running or word == 0 or term != agent_term & INC_MASK or state is NetState.NONE:
         # No running holder, or one that has not written its state yet: nothing is
         # claimed either way (``status`` reports a missing agent on its own).

@@ -104,6 +104,11 @@ class NetSupervisor:
                 self.backoff.reset()
         self._publish()
 
+    def leave(self) -> None:
+        """A graceful stop of the agent: the half says goodbye (``NetworkHalf.leave``)."""
+        if self.half is not None:
+            self._guard(self.half.leave, self.clock.monotonic_ns())
+
     def close(self) -> None:
         self._stop()
 

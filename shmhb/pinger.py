@@ -38,7 +38,7 @@ from .config import PingerConfig, parse_hostport
 from .errors import InvalidConfig
 from .netconfig import configure_from_args, load_config, read_secret, store_config  # re-exported
 from .netstate import AgentWords, NetDown, NetReason
-from .exchange import OutstandingPings, ReplayGuard
+from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
     MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
@@ -101,6 +101,7 @@ class NetworkHalf(Following):
         self.pollables_gen = 0  # moves whenever the set of sockets to poll changes
         self._intake_ns = 0  # time spent on incoming frames since the last tick
         self._muted = False
+        self._linger_ms = 0  # a goodbye was sent: let close() flush it (see leave)
         self.targets: dict[str, Target] = {}
         self.skipped: dict[str, tuple[NetReason, str]] = {}  # address -> (reason, why)
         self._by_rid: dict[bytes, Target] = {}
@@ -121,7 +122,8 @@ class NetworkHalf(Following):
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
-                                   self._bad, self._rate_log, self._inbound_evidence)
+                                   self._bad, self._rate_log, self._inbound_evidence,
+                                   self._bad_auth_ping)
         log.info("pinger settings applied: listen %s, interval %.3f s, budget %g pings/s, auth %s",
                  cfg.listen, cfg.interval_s, cfg.ping_budget_pps,
                  "hmac" if self.secret else "curve" if cfg.curve_keys else "none")
@@ -134,6 +136,8 @@ class NetworkHalf(Following):
         if t is None:
             return
         authenticated = self.secret is not None or bool(self.cfg.curve_keys)
+        if authenticated:
+            self.rows.peer_auth(t.row, t.gen, False)  # its ping passed authentication
         if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
                                   last_nonce=t.evidence_nonce, me=self.identity,
                                   my_gen=self.responder.digest.gen,
@@ -142,6 +146,9 @@ class NetworkHalf(Following):
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")
         old = self.suspicion.on_evidence(t.state, now_ns)
+        if old is not None:  # as in _on_ack: pings sent before it was back measure nothing
+            t.rtt_from_nonce = self._nonce + 1
+            self.rows.clear_rtt(t.row)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         self.plan.evidence(t.address, now_ns)
         if old is not None:
@@ -270,6 +277,7 @@ class NetworkHalf(Following):
             self._bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
+        self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
                 log.info("pinger: %s has a new board (rebooted or recreated): its slots are new peers",
@@ -289,7 +297,14 @@ class NetworkHalf(Following):
         # take a remote worker's age from its host's last ack (remotereads._remote_age).
         old = self.suspicion.on_ack(t.state, now_ns, now_ns - sent)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
-        self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
+        if old is not None:
+            # Back (or first heard): the pings still unanswered were sent while it was
+            # down or restarting and waited for it (1.5 s "rtt" after a restart): none
+            # of their acks is a round trip.  Readers see no rtt until one is.
+            t.rtt_from_nonce = self._nonce + 1
+            self.rows.clear_rtt(t.row)
+        elif a.nonce >= t.rtt_from_nonce:
+            self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
         if old is not None:
             log.info("pinger: host %s %s -> alive", t.address, old.value)
             self.w.changed()
@@ -337,6 +352,13 @@ class NetworkHalf(Following):
             self._bad("replay", t.address)
             return
         self.w.count("pushes_received")
+        if is_goodbye(p):
+            old = self.suspicion.on_leave(t.state)
+            if old is not None:
+                log.info("pinger: host %s %s -> left (it said goodbye)", t.address, old.value)
+                self.rows.peer_status(t.row, t.gen, Status.LEFT, t.state.last_ack_ns)
+                self.w.changed()
+            return
         changed = unlisted = ask = False
         for e in p.entries:
             held = t.remotes.get(e.key)
@@ -379,8 +401,37 @@ class NetworkHalf(Following):
     # -- bad input --------------------------------------------------------------------------
 
     def _bad(self, reason: str, source: str) -> None:
+        """Count and log a dropped frame; ``source``: the followed host's address (a
+        frame on our connection to it) or which socket it came in on."""
         self.w.count(f"bad_{reason}")
+        t = self.targets.get(source) if reason == "auth" else None
+        if t is not None:
+            self._auth_failed(t)
+            return
         self._rate_log(reason, "pinger: dropped a bad frame from %s (%s)", source, reason)
+
+    def _bad_auth_ping(self, source: str | None, claimed: str | None) -> None:
+        """A ping to us failed authentication: named after the followed host its
+        connection comes from, else (pings leave from any local address, 127.0.0.1 on
+        loopback) the one it claims to be while that one is not ALIVE: an unauthenticated
+        claim may explain a silence, never contradict a host that answers us."""
+        self.w.count("bad_auth")
+        t = next((x for x in self.targets.values() if from_host(source, x.ip)), None)
+        c = self.targets.get(claimed) if t is None and claimed is not None else None
+        if c is not None and c.state.status is not Status.ALIVE:
+            t = c
+        if t is not None:
+            self._auth_failed(t)
+        else:
+            self._rate_log("auth", "pinger: dropped a ping from %s that failed authentication",
+                           source or "an unknown address")
+
+    def _auth_failed(self, t: Target) -> None:
+        # Named in its row: to `status`, a host whose frames fail authentication is a
+        # configuration problem, not a death (its silence follows from it).
+        self.rows.peer_auth(t.row, t.gen, True)
+        self._rate_log(f"auth {t.address}", "pinger: frames from %s fail authentication: give "
+                       "both hosts the same --secret-file", t.address)
 
     def _rate_log(self, what: str, msg: str, *args: object) -> None:
         now = time.monotonic_ns()
@@ -389,10 +440,23 @@ class NetworkHalf(Following):
             self._last_log[what] = now
             log.warning(msg + " [further ones logged at most every 10 s]", *args)
 
+    def leave(self, now_ns: int) -> None:
+        """A graceful stop: say goodbye to the hosts that watch us (they read us LEFT),
+        unless a local worker lives (it takes the role over at once)."""
+        live = [s.key for s in self.b.slots() if s.status in (Status.ALIVE, Status.SUSPECT)]
+        if live:
+            log.info("pinger: stopping with %d live local worker(s): no goodbye (one of "
+                     "them takes the agent role over)", len(live))
+            return
+        told = self.responder.goodbye(now_ns)
+        if told:
+            self._linger_ms = 250  # let it go out; close() waits for at most that
+            log.info("pinger: said goodbye to %d watching host(s)", told)
+
     def close(self) -> None:
-        """Close every socket; never blocks."""
+        """Close every socket; never blocks (but for a goodbye: at most 250 ms)."""
         self.router = self.client = None
-        self.net.close()
+        self.net.close(self._linger_ms)
 
 
 __all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args", "load_config",

@@ -66,6 +66,9 @@ class Link:
     incarnation: int
     local: bool
     payload: Any = field(default=None, compare=False)
+    #: when it was tracked (the board's clock); a remote endpoint that its ALIVE host's
+    #: reports never name for a peer dead-after window from then is GONE
+    tracked_ns: int = field(default=0, compare=False)
 
 
 OnDrop = Callable[[Link, DropReason], None]
@@ -95,6 +98,11 @@ class LinkReaper:
         self._stale_units = board.thresholds.suspect if drop_suspect else board.thresholds.dead
         self._ticker = Periodic("shmhb-reaper")
         self._unwatch_due: list[str] = []  # watches of links that went, not given back yet
+        # a link no report named yet is GONE once its ALIVE host reported for this long
+        # after the handshake without naming it; the earliest such deadline, re-judged
+        # then even if nothing changed (0: none)
+        self._gone_after_ns = int(board.policy.peer_dead_after_s * 1e9)
+        self._gone_due_ns = 0
         self._unwatch_logged = False
 
     # -- tracking -------------------------------------------------------------------------
@@ -123,7 +131,7 @@ class LinkReaper:
                 # the key comes from a report about this very incarnation, or later from
                 # the first report that names it (see _judge_remote)
                 key = r.key if r is not None and r.incarnation == inc else None
-                link = Link(endpoint, key, inc, False, payload)
+                link = Link(endpoint, key, inc, False, payload, self.board.now_ns())
         # Follow the peer's host before the link counts, and not under our lock: watch()
         # waits for the registry lock, which a stopped process may hold for seconds (it
         # then raises LockTimeout and nothing is tracked), and polls on other threads
@@ -224,8 +232,10 @@ class LinkReaper:
         with self._lock:
             changes = b.changes()
             if (changes == self._seen_changes and not self._dirty and not self._maybe_stale()
-                    and not (self._wait_agent and b.agent_fresh())):
+                    and not (self._wait_agent and b.agent_fresh())
+                    and not (self._gone_due_ns and b.now_ns() >= self._gone_due_ns)):
                 return []
+            self._gone_due_ns = 0  # recomputed by this judge
             # Pending links wait for a change: a remote verdict is a pure function of
             # words the agent writes (each write moves changes()) and of whether the
             # agent is fresh; the one time-driven input, local staleness, is checked
@@ -298,10 +308,12 @@ class LinkReaper:
             s = view.by_endpoint.get(link.endpoint)
             if s is None or s.status not in (Status.ALIVE, Status.SUSPECT):
                 # no live report names the peer yet; if its host is dead, so is it
-                return link, host_dead
+                return link, host_dead if host_dead is not _PENDING else self._unnamed(link, host)
             link = Link(link.endpoint, s.key, s.incarnation, False, link.payload)
         elif link.key is None:  # incarnation known, but no report named the peer yet
             s = view.by_endpoint.get(link.endpoint)
+            if s is None and host_dead is _PENDING:
+                return link, self._unnamed(link, host)
             if s is None or s.incarnation < link.incarnation:
                 return link, host_dead
             if s.incarnation > link.incarnation:
@@ -315,6 +327,19 @@ class LinkReaper:
         if s.incarnation < link.incarnation:
             return link, host_dead  # the report predates our handshake: wait for a newer one
         return link, self._verdict(link, s)
+
+    def _unnamed(self, link: Link, host: PeerStatus) -> DropReason | object:
+        """A link whose endpoint no report of its host named yet: GONE once the host,
+        ALIVE, has reported for a peer dead-after window after the handshake without
+        naming it (no live slot serves it); pending before, re-judged at that time."""
+        if host.status is not Status.ALIVE or host.age_s is None:
+            return _PENDING
+        now = self.board.now_ns()
+        due = link.tracked_ns + self._gone_after_ns
+        if now - int(host.age_s * 1e9) >= due:
+            return DropReason.GONE
+        self._gone_due_ns = due if not self._gone_due_ns else min(due, self._gone_due_ns)
+        return _PENDING
 
     def _verdict(self, link: Link, s: SlotStatus) -> DropReason | object | None:
         """The link against the current holder of its key, local or remote alike."""

@@ -14,12 +14,15 @@ import numpy as np
 from .boardcore import RETRIES, UNIT_S, BoardCore
 from .config import parse_address
 from .judge import combine_remote, judge_row
-from .layout import PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS_SHIFT, peer_checksum, remote_checksum
+from .layout import (
+    PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS_SHIFT, peer_checksum, remote_checksum, unpack_auth,
+)
 from .records import stored_address, stored_endpoints, stored_key
 from .status import PeerStatus, SlotStatus, Status
 
-#: a peer row as read: (address, generation, status, rtt in ms, age in s)
-PeerRow = tuple[str, int, Status, float | None, float | None]
+#: a peer row as read: (address, generation, status, rtt in ms, age in s,
+#: (authentication failing, frames that failed it))
+PeerRow = tuple[str, int, Status, float | None, float | None, tuple[bool, int]]
 
 
 class RemoteReads(BoardCore):
@@ -44,7 +47,8 @@ class RemoteReads(BoardCore):
             addr = stored_address(bytes(row["address"]), "peer row", i)
             if addr is None:
                 return None
-            return (addr, gen, st, rtt_ms, age * UNIT_S if last else None)
+            return (addr, gen, st, rtt_ms, age * UNIT_S if last else None,
+                    unpack_auth(int(row["auth"]), gen))
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
@@ -89,7 +93,8 @@ class RemoteReads(BoardCore):
         slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
         for p, s in self._remote_rows(now, ok, host_status=hosts):
             slots[p].append(s)
-        return [PeerStatus(pr[0], pr[2], pr[3], pr[4], sorted(slots[i], key=lambda s: s.key))
+        return [PeerStatus(pr[0], pr[2], pr[3], pr[4], sorted(slots[i], key=lambda s: s.key),
+                           *pr[5])
                 for i, pr in sorted(heads.items(), key=lambda kv: kv[1][0])]
 
     def peer(self, address: str) -> PeerStatus | None:

@@ -19,7 +19,7 @@ import zmq
 from .board import Board
 from .clock import Clock
 from .digest import LocalDigest
-from .exchange import ReplayGuard, wants_full_digest
+from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
 from .protocol import (
     MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
     encode_push,
@@ -51,7 +51,8 @@ class Responder:
                  address: str, secret: bytes | None, suspicion: Suspicion, clock: Clock,
                  count: Callable[..., None], bad: Callable[[str, str], None],
                  rate_log: Callable[..., None],
-                 on_ping: Callable[[Ping, int, str | None], None] | None = None) -> None:
+                 on_ping: Callable[[Ping, int, str | None], None] | None = None,
+                 on_bad_auth: Callable[[str | None, str | None], None] | None = None) -> None:
         self.b = board
         self.router = router
         self.identity = identity
@@ -63,6 +64,9 @@ class Responder:
         # a ping that passed, and the address its connection comes from: the pinger
         # weighs it as evidence
         self._on_ping = on_ping
+        # a ping that failed authentication: (its connection's address, the address it
+        # claims); the pinger counts it and names the host it comes from
+        self._on_bad_auth = on_bad_auth
         # Replay protection for pings only with a secret: without one a ping's identity
         # is anyone's to claim, and a guard keyed by it lets a forger lock a host's real
         # pings out (one ping as A with nonce 2**64-1 and B refused A for good).
@@ -91,7 +95,11 @@ class Responder:
             try:
                 msg = decode(frame, self.secret)
             except FrameRejected as e:
-                self._bad(e.reason, "router")
+                if e.reason == "auth" and self._on_bad_auth is not None:
+                    # which followed host's pings fail it: see NetworkHalf._bad_auth_ping
+                    self._on_bad_auth(source, claimed_ping_address(frame))
+                else:
+                    self._bad(e.reason, "router")
                 continue
             if not isinstance(msg, Ping):
                 self._bad("type", "router")
@@ -135,6 +143,30 @@ class Responder:
         self._last_push_ns = now_ns
         entries, self._unpushed = list(self._unpushed.values()), {}
         self._push(entries)
+
+    def goodbye(self, now_ns: int) -> int:
+        """Tell every host that pinged us recently that this pinger stops: the changes
+        still held back by the push gap first, then a goodbye (``exchange.GOODBYE_GEN``).
+        Returns how many watchers it was sent to."""
+        for e in self.digest.rebuild(now_ns):
+            self._unpushed[e.key] = e
+        if not self.watchers:
+            return 0
+        if self._unpushed:
+            entries, self._unpushed = list(self._unpushed.values()), {}
+            self._push(entries)
+        self._push_seq = max(self._push_seq + 1, time.time_ns())
+        frame = encode_push(Push(self.identity, self.address, self._push_seq, GOODBYE_GEN, ()),
+                            self.secret)
+        told = 0
+        for rid in list(self.watchers):
+            try:
+                self.router.send(rid, _MORE)
+                self.router.send(frame, _NOBLOCK)
+                told += 1
+            except zmq.ZMQError:
+                pass  # that connection is gone: its host finds out by silence
+        return told
 
     def _push(self, entries: list[DigestEntry]) -> None:
         r = self.router

@@ -17,7 +17,8 @@ import numpy as np
 from .board import Board
 from .layout import (
     ENDPOINTS_BYTES, GEN_MASK, GEN_SHIFT, KEY_BYTES, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS40_MASK,
-    TS_SHIFT, encode_endpoints, pack_row, pack_rtt, peer_checksum, remote_checksum,
+    TS_SHIFT, encode_endpoints, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
+    unpack_auth,
 )
 from .protocol import DigestEntry, Identity
 from .status import Status
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _PEER_WORDS = PEER_ROW_DTYPE.itemsize // 8
 _REMOTE_WORDS = REMOTE_ROW_DTYPE.itemsize // 8
+_AUTH_WORD = PEER_ROW_DTYPE.fields["auth"][1] // 8  # type: ignore[index]
 
 
 class RowWriter:
@@ -90,6 +92,7 @@ class RowWriter:
         row["board_inc"] = 0
         row["boot_id"] = bytes(16)
         row["rtt"] = 0
+        row["auth"] = 0
         row["checksum"] = peer_checksum(row)
         self._q[self._peer0 + i * _PEER_WORDS] = pack_row(gen, Status.UNKNOWN.code, 0)
         return i, gen
@@ -108,6 +111,18 @@ class RowWriter:
 
     def peer_rtt(self, i: int, gen: int, rtt_ns: int) -> None:
         self._q[self._peer0 + i * _PEER_WORDS + 1] = pack_rtt(gen, max(1, rtt_ns // 1000))
+
+    def clear_rtt(self, i: int) -> None:
+        """No round trip measured (yet): readers read rtt None."""
+        self._q[self._peer0 + i * _PEER_WORDS + 1] = 0
+
+    def peer_auth(self, i: int, gen: int, failing: bool) -> None:
+        """A frame from that host failed authentication (``failing``: count it), or one
+        passed (clear the flag, keep the count).  One word, written by the agent only."""
+        wi = self._peer0 + i * _PEER_WORDS + _AUTH_WORD
+        was_failing, count = unpack_auth(int(self._q[wi]), gen)
+        if failing or was_failing:
+            self._q[wi] = pack_auth(gen, failing, count + 1 if failing else count)
 
     def free_peer(self, i: int) -> None:
         self.b.peer_table[i]["checksum"] = 0

@@ -66,7 +66,9 @@ def _open_error(name: str, e: Exception) -> Exception:
         )
     if isinstance(e, posix_ipc.PermissionsError):
         return BoardPermissionError(
-            f"no permission to open board {name!r}: run as its owner, or create it with a wider mode"
+            f"no permission to open board {name!r} (mode 0600 by default: its owner only): run "
+            "as its owner, or let a group in where the board is created: `shmhb pinger "
+            "--board-mode 0660 --board-group GROUP`, with this account in GROUP"
         )
     if isinstance(e, OSError) and e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENOTDIR):
         return BoardOpenError(e.errno, f"cannot open board {name!r}: {e.strerror or e} "

@@ -62,13 +62,20 @@ class SlotStatus(NamedTuple):
 
 
 class PeerStatus(NamedTuple):
-    """A remote host as this host's pinger sees it.  ``age_s``: since its last ack."""
+    """A remote host as this host's pinger sees it.  ``age_s``: since its last ack.
+
+    ``auth_failing``: the last frame from that host (an ack on our connection to it, or
+    a ping from its address) failed authentication and none has passed since: the two
+    hosts do not share a secret (or CURVE keys), so its silence is no sign of death.
+    ``auth_failures``: frames from it that failed authentication, ever (this row)."""
 
     address: str
     status: Status
     rtt_ms: float | None
     age_s: float | None
     slots: list[SlotStatus]
+    auth_failing: bool = False
+    auth_failures: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -76,6 +83,8 @@ class PeerStatus(NamedTuple):
             "status": self.status.value,
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "age_s": None if self.age_s is None else round(self.age_s, 3),
+            "auth_failing": self.auth_failing,
+            "auth_failures": self.auth_failures,
             "slots": [s.to_json() for s in self.slots],
         }
 

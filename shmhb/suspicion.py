@@ -22,6 +22,8 @@ clock.  The rule, and why:
   ``MISSED_IN_A_ROW`` the verdict waits for.
 * A host never heard from reads UNKNOWN, not ALIVE, until its first ack; it can still
   be convicted by silence.
+* A host that said goodbye (its pinger stopped gracefully with no live worker) is LEFT
+  and stays LEFT, silent, until an ack makes it ALIVE again (``on_leave``).
 * An ack (to one of our own pings) makes a host ALIVE.  So does its own ping to us,
   authenticated or from its own address, once an ack established its identity
   (``on_evidence``; the rules that make it unforgeable are the pinger's, see
@@ -95,15 +97,28 @@ class Suspicion:
             return old
         return None
 
+    @staticmethod
+    def on_leave(p: PeerState) -> Status | None:
+        """``p`` said goodbye (its pinger stops, none of its workers lives): LEFT, and
+        it stays LEFT through the silence that follows until evidence of a running
+        pinger (an ack) makes it ALIVE again.  Returns the old status if it changed."""
+        p.unanswered = 0
+        p.silent_ns = 0
+        if p.status is Status.LEFT:
+            return None
+        old, p.status = p.status, Status.LEFT
+        return old
+
     def doubting_self(self, peers: list[PeerState], now_ns: int) -> bool:
         suspect_ns = self.th.peer_suspect << TS_SHIFT
         if self._last_late_ns is not None and now_ns - self._last_late_ns < suspect_ns:
             return True
-        if len(peers) < 2:
+        active = [p for p in peers if p.status is not Status.LEFT]  # silent by their word
+        if len(active) < 2:
             return False
         if self._last_inbound_ns is not None and now_ns - self._last_inbound_ns < suspect_ns:
             return False
-        return all(p.silent_ns >= suspect_ns and p.unanswered > MISSED_IN_A_ROW for p in peers)
+        return all(p.silent_ns >= suspect_ns and p.unanswered > MISSED_IN_A_ROW for p in active)
 
     def tick(self, peers: list[PeerState], now_ns: int) -> list[tuple[PeerState, Status, Status]]:
         """Accrue silence since the last tick and return the transitions it caused."""
@@ -119,8 +134,10 @@ class Suspicion:
                 p.silent_ns += elapsed
         doubt: bool | None = None  # computed once, and only if some host missed pings
         changes = []
-        alive, unknown = Status.ALIVE, Status.UNKNOWN
+        alive, unknown, left = Status.ALIVE, Status.UNKNOWN, Status.LEFT
         for p in peers:
+            if p.status is left:
+                continue  # it said goodbye: its silence is no evidence (on_evidence ends it)
             if p.unanswered > MISSED_IN_A_ROW:  # the latest ping may still be answered
                 if doubt is None:
                     doubt = self.doubting_self(peers, now_ns)

@@ -155,15 +155,16 @@ class Transport:
             except zmq.ZMQError:
                 pass  # never connected (ENOENT): nothing to undo
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
         """Close every socket and the context; never blocks (LINGER 0 everywhere, the
-        authenticator's thread stopped first)."""
+        authenticator's thread stopped first) -- except that ``linger_ms`` lets what the
+        listening socket has queued (a goodbye) go out for at most that long."""
         if self._closed:
             return
         self._closed = True
-        for s in (self.client, self.router):
+        for s, linger in ((self.client, 0), (self.router, linger_ms)):
             if s is not None:
-                s.close(0)
+                s.close(linger)
         self.client = self.router = None
         auth = self._auth
         if auth is not None:

@@ -37,6 +37,8 @@ EXPORTER_NOFILE = 4096
 # What may appear unquoted in a unit file's ExecStart= and User=: no whitespace, no
 # quotes, no '%' (a systemd specifier), no '$' (an environment expansion), no '\'.
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@:=,-]*$")
+#: what PrivateTmp=yes (in the units' hardening) hides from the service
+_PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp")
 _SAFE_ACCOUNT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 
 
@@ -49,6 +51,10 @@ class UnitSettings:
     group: str
     board: str = DEFAULT_BOARD
     env_path: str = DEFAULT_ENV_PATH
+    #: who else may open the board: the pinger's --board-mode / --board-group, prefilled
+    #: into SHMHB_PINGER_ARGS (None: the owner only, mode 0600)
+    board_mode: str | None = None
+    board_group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -58,10 +64,20 @@ class UnitSettings:
                 raise InvalidConfig(
                     f"cannot put {part!r} into a unit's ExecStart=: install shmhb under a path "
                     "of letters, digits and / . _ - only (no spaces, quotes, % or $)")
+            if any(part == d or part.startswith(d + "/") for d in _PRIVATE_TMP_DIRS):
+                raise InvalidConfig(
+                    f"{part!r} is under /tmp or /var/tmp, which the units' PrivateTmp=yes "
+                    "replaces with an empty directory: the service could not start it. "
+                    "Install shmhb elsewhere (e.g. python3 -m venv /opt/shmhb)")
         for what, name in (("user", self.user), ("group", self.group)):
             if not _SAFE_ACCOUNT.match(name):
                 raise InvalidConfig(f"invalid {what} name {name!r}")
         board_name(self.board)  # raises InvalidName with the rule
+        if self.board_mode is not None and not re.match(r"^0?[67][0-7][0-7]$", self.board_mode):
+            raise InvalidConfig(f"invalid board mode {self.board_mode!r}: octal bits that let "
+                                "the owner read and write, e.g. 0660")
+        if self.board_group is not None and not _SAFE_ACCOUNT.match(self.board_group):
+            raise InvalidConfig(f"invalid board group name {self.board_group!r}")
         if not _SAFE_PATH.match(self.env_path):
             raise InvalidConfig(f"invalid environment file path {self.env_path!r}: use an absolute "
                                 "path of letters, digits and / . _ -")
@@ -69,6 +85,16 @@ class UnitSettings:
     @property
     def exec(self) -> str:
         return " ".join(self.command)
+
+    @property
+    def pinger_args(self) -> str:
+        """The initial SHMHB_PINGER_ARGS: the board's access, if any was asked for."""
+        out = []
+        if self.board_mode is not None:
+            out += ["--board-mode", self.board_mode]
+        if self.board_group is not None:
+            out += ["--board-group", self.board_group]
+        return " ".join(out)
 
 
 #: The example values the files in packaging/systemd/ are rendered with.
@@ -137,7 +163,13 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
-Type=simple
+# The pinger says READY=1 once its agent runs (holding the role or waiting for it) and
+# feeds systemd's watchdog while the agent's thread makes progress: a pinger whose
+# agent loop is stuck for WatchdogSec is killed (SIGABRT) and restarted, on top of the
+# agent's own 10 s watchdog, which gives the role up and exits 1.
+Type=notify
+NotifyAccess=main
+WatchdogSec=30
 # The account the workers run as: boards are created with mode 0600, and only their
 # owner can register, watch or hold the agent role.
 User={s.user}
@@ -208,7 +240,15 @@ SHMHB_BOARD={s.board}
 #   SHMHB_PINGER_ARGS=--listen 10.0.0.1:45645 --peer 10.0.0.2 --secret-file /etc/shmhb/secret
 # The secret must be readable by the account above and by nobody else (mode 0600):
 #   (umask 077; head -c 32 /dev/urandom | base64 > /etc/shmhb/secret)
-SHMHB_PINGER_ARGS=
+# The board's policy is set here too, and only here: the pinger starts before the
+# workers and creates the board with it (a worker's Board.open(policy=...) cannot change
+# an existing board's and logs a warning naming both), e.g.
+#   --suspect-after-s 2 --dead-after-s 10 --peer-suspect-after-s 1 --peer-dead-after-s 5
+# A board that exists with another policy makes the pinger refuse to start, naming both.
+# Who else may open the board (mode 0600 by default: the owner only), e.g. an exporter
+# running as the prometheus account, a member of the group:
+#   --board-mode 0660 --board-group prometheus   (`shmhb units --board-mode/--board-group`)
+SHMHB_PINGER_ARGS={s.pinger_args}
 #
 # `shmhb exporter` options. Loopback only by default; --addr 0.0.0.0 (or this host's
 # address) to be scraped from another host.

@@ -23,6 +23,8 @@ NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
 NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
 
 #: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 1, 0).
+#: EXIT_OK also when no worker is registered or every one left and no agent runs because
+#: none ever ran or it left cleanly: an empty board is not an error.
 EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
 EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
 EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli)
@@ -66,27 +68,47 @@ class View:
         """Local slots that are neither alive nor left (what makes ``status`` exit 1)."""
         return [s for s in self.slots if s.status not in (Status.ALIVE, Status.LEFT)]
 
+    def agent_problem(self) -> str | None:
+        """Why no agent observes this board now (None: one runs and holds the role).
+        The agent part of ``health``, and all that ``status --agent-only`` (the pinger's
+        liveness probe) and the exporter's ``/readyz`` ask."""
+        a = self.agent
+        if a.status is Status.UNKNOWN:
+            return ("no agent has run on this board: deaths are not detected; start "
+                    "`shmhb pinger` or register a worker")
+        if a.status is Status.LEFT:
+            return ("the agent left and no process holds the role" if not self.agent_held
+                    else "the agent role is changing hands")
+        if a.status is not Status.ALIVE:
+            return ("the agent is stalled (role still held)" if self.agent_held
+                    else "the agent is gone; no standby took over")
+        if not self.agent_held:
+            return "the agent is gone (role not held)"
+        return None
+
     def health(self) -> tuple[int, list[str]]:
         """``shmhb status``'s exit code (``EXIT_*``) and the problems behind it, worst
         first.  The one place that decides it, for the text and the JSON alike."""
         problems: list[tuple[int, str]] = []
         a = self.agent
-        if a.status is Status.UNKNOWN:
-            problems.append((EXIT_NO_OBSERVER, "no agent has run on this board: deaths are "
-                             "not detected; start `shmhb pinger` or register a worker"))
-        elif a.status is Status.LEFT:
-            problems.append((EXIT_NO_OBSERVER, "the agent left and no process holds the role"
-                             if not self.agent_held else "the agent role is changing hands"))
-        elif a.status is not Status.ALIVE:
-            problems.append((EXIT_NO_OBSERVER, "the agent is stalled (role still held)"
-                             if self.agent_held else "the agent is gone; no standby took over"))
-        elif not self.agent_held:
-            problems.append((EXIT_NO_OBSERVER, "the agent is gone (role not held)"))
+        # No worker, or every one left: nothing to watch, so a board whose agent never
+        # ran or left cleanly is not unhealthy (an agent that died or stalled still is).
+        quiet = all(s.status is Status.LEFT for s in self.slots)
+        agent = self.agent_problem()
+        if agent is not None and not (quiet and (a.status is Status.UNKNOWN or (
+                a.status is Status.LEFT and not self.agent_held))):
+            problems.append((EXIT_NO_OBSERVER, agent))
         n = self.network
         if not n.working:
             why = n.reason or "unknown reason"
             problems.append((EXIT_NETWORK, f"the network half is degraded ({why})"
                              + (f": {n.error}" if n.error else "")))
+        for p in self.peers:
+            if p.auth_failing:
+                problems.append((EXIT_NETWORK, f"host {p.address}: authentication fails "
+                                 f"({p.auth_failures} frame(s) refused), so it reads "
+                                 f"{p.status.value} whether or not it runs: give both hosts "
+                                 "the same --secret-file (or each the other's CURVE key)"))
         bad = self.unhealthy()
         if bad:
             problems.append((EXIT_SLOTS, f"{len(bad)} local slot(s) not healthy: "

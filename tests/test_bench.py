@@ -48,3 +48,37 @@ def test_bench_smoke_run_completes_and_writes_every_table(tmp_path: Path) -> Non
         assert all((plots / m).stat().st_size > 10_000 for m in made)
     left = [n for n in os.listdir("/dev/shm") if n.startswith(f"shmhb-bench-{p.pid}-")]
     assert not left, left
+
+
+def test_the_readme_benchmark_table_is_generated_from_the_results_file() -> None:
+    from bench import headline
+
+    readme = (Path(ROOT) / "README.md").read_text()
+    results = (Path(ROOT) / "bench" / "RESULTS.md").read_text()
+    assert headline.update(readme, results) == readme, \
+        "README.md's benchmark table differs from bench/RESULTS.md: run `python -m bench.headline`"
+    block = readme.split(headline.BEGIN)[1].split(headline.END)[0]
+    # the figures are the results file's: each quoted row's cells occur there
+    for fig in ("90.3 ns", "130 ns", "0.467 ms", "3.40 ms", "5.72 ms", "120/s", "1.97 %"):
+        assert fig in block and fig in results, fig
+
+
+def test_the_headline_refuses_a_short_run(tmp_path: Path) -> None:
+    import pytest
+
+    from bench import headline
+
+    results = (Path(ROOT) / "bench" / "RESULTS.md").read_text()
+    quick = results.replace("`python -m bench`, run", "`python -m bench --quick`, run", 1)
+    with pytest.raises(headline.ResultsFormatError, match="not a full one"):
+        headline.render(quick)
+
+
+def test_quick_runs_write_beside_the_committed_results() -> None:
+    from bench import suite
+
+    out, plots = suite.default_paths(quick=True)
+    full_out, full_plots = suite.default_paths(quick=False)
+    assert (full_out, full_plots) == (Path(ROOT) / "bench" / "RESULTS.md", Path(ROOT) / "bench" / "plots")
+    assert out.parent == plots.parent == Path(ROOT) / "bench" / "quick"
+    assert "bench/quick/" in (Path(ROOT) / ".gitignore").read_text().split()

@@ -282,8 +282,14 @@ def test_no_listen_address_means_no_network_half_and_no_pings(cluster: Cluster,
 
 def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
     a = cluster.host(start=False)
+    assert status(a)[0] == 0  # an empty board is not an error
+    w = cluster.procs.worker(a.name, "w0", agent=False)  # a worker, and nobody watches it
     rc, doc = status(a)
     assert rc == 3 and "no agent has run" in doc["health"]["problems"][0]
+    w.terminate()
+    assert w.wait(10) == 0
+    assert status(a)[0] == 0  # every worker left: nothing to watch
+    w = cluster.procs.worker(a.name, "w1", agent=False)
     p = a.start_pinger()
     assert status(a)[0] == 0
     p.send_signal(signal.SIGSTOP)
@@ -296,7 +302,33 @@ def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
     rc, doc = status(a)
-    assert rc == 3 and "left" in doc["health"]["problems"][0]
+    assert rc == 3 and "left" in doc["health"]["problems"][0]  # w1 lives, unwatched
+    w.terminate()
+    assert w.wait(10) == 0
+    assert status(a)[0] == 0  # the agent left cleanly and so did every worker
+    p = a.start_pinger()
+    p.kill()  # an agent that died is a problem even with nothing registered
+    p.wait(10)
+    wait_until(lambda: a.board.agent().status is not Status.ALIVE, what="agent stale")
+    assert status(a)[0] == 3
+
+
+def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluster) -> None:
+    a = cluster.host(start=False)
+    w = cluster.procs.worker(a.name, "only", agent=True)  # holds the role embedded
+    wait_until(lambda: a.board.agent().pid == w.pid and a.board.agent().status is Status.ALIVE,
+               what="the worker holds the role")
+    assert status(a)[0] == 0
+    w.terminate()
+    assert w.wait(10) == 0
+    wait_until(lambda: a.board.agent().status is Status.LEFT, what="the agent left")
+    rc, doc = status(a)
+    assert rc == 0, doc["health"]
+    # no pinger settings were ever stored: as the README says, whether anyone holds the role
+    assert doc["network"]["state"] == "not configured", doc["network"]
+    text = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", a.name],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert "network not configured" in text.stdout, text.stdout
 
 
 def test_status_help_documents_every_exit_code() -> None:
@@ -399,3 +431,40 @@ def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster
     with board.registry():
         board._hb[i] = 0
         board._records[i]["checksum"] = 0
+
+
+# -- a secret that differs between two hosts: named, not read as a death (issue 24) --------
+
+def test_a_secret_mismatch_names_the_host_and_fails_status(cluster: Cluster, tmp_path: Any) -> None:
+    from shmhb.exporter import BoardCollector
+
+    good = write_secret(os.path.join(str(tmp_path), "s1"), SECRET)
+    other = write_secret(os.path.join(str(tmp_path), "s2"), b"another-secret-0123456789abcdef!")
+    b = cluster.host(secret_file=other, start=False)
+    a = cluster.host(secret_file=good, peers=(b.ip,))
+    b.peers = (a.ip,)
+    b.start_pinger()
+    for h, o in ((a, b), (b, a)):  # each reads the other's frames as failing authentication
+        wait_until(lambda h=h, o=o: (p := h.peer(o)) is not None and p.auth_failing
+                   and p.auth_failures >= 2, timeout_s=20, what=f"{h} names {o} auth failing")
+    rc, doc = status(a)
+    assert rc == 4, doc["health"]
+    named = [m for m in doc["health"]["problems"] if b.ip in m and "authentication fails" in m]
+    assert named and "--secret-file" in named[0], doc["health"]
+    peer = next(p for p in doc["peers"] if p["address"].startswith(b.ip))
+    assert peer["auth_failing"] is True and peer["auth_failures"] >= 2
+    text = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", a.name],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert text.returncode == 4 and "(auth fails)" in text.stdout
+    assert f"problem: host {b.ip}" in text.stdout, text.stdout
+    fams = {m.name: m for m in BoardCollector(a.name).collect()}
+    bad = [s for s in fams["shmhb_peer_bad_auth_frames"].samples if s.name.endswith("_total")]
+    assert bad and bad[0].labels["peer"].startswith(b.ip) and bad[0].value >= 2
+    assert [s.value for s in fams["shmhb_peer_auth_failing"].samples] == [1]
+    # the same secret on both: the flag clears (the count stays), status is healthy again
+    b.kill_pinger()
+    b.secret_file = good
+    b.start_pinger()
+    wait_until(lambda: (p := a.peer(b)) is not None and p.status is Status.ALIVE
+               and not p.auth_failing, timeout_s=20, what="a reads b alive, auth passing")
+    wait_until(lambda: status(a)[0] == 0, timeout_s=20, what="a healthy again")

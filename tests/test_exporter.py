@@ -118,6 +118,54 @@ def test_one_scrape_has_every_metric(board: shmhb.Board, procs: Procs, local_age
     assert types["shmhb_slot_status"] == "gauge"
 
 
+def test_probes_beside_metrics(board: shmhb.Board, exporter: Exporter) -> None:
+    base = exporter.url.rsplit("/", 1)[0]
+
+    def get_path(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(base + path, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    assert get_path("/healthz") == (200, "ok\n")
+    code, body = get_path("/readyz")  # no agent has run on this board
+    assert code == 503 and "no agent has run" in body, body
+    assert get_path("/")[0] == 404 and get_path("/metricsx")[0] == 404
+    a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
+    try:
+        assert a.holding.wait(5)
+        code, body = get_path("/readyz")
+        assert code == 200 and "alive" in body, body
+    finally:
+        a.stop()
+    code, body = get_path("/readyz")
+    assert code == 503 and "left" in body, body
+    samples, _ = scrape(exporter.url)
+    info = [k for k in samples if k[0] == "shmhb_build_info"]
+    assert len(info) == 1 and samples[info[0]] == 1
+    labels = dict(info[0][1])
+    assert labels["version"] == shmhb.__version__ and labels["native"] in ("true", "false")
+
+
+def test_status_agent_only_probe(board: shmhb.Board) -> None:
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "shmhb", "status", "--agent-only",
+                               "--board", board.name], capture_output=True, text=True,
+                              timeout=60, env=child_env())
+    assert probe().returncode == 3
+    with board.register("w", agent=False):  # a worker does not make the agent healthy
+        assert probe().returncode == 3
+        a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
+        try:
+            assert a.holding.wait(5)
+            out = probe()
+            assert out.returncode == 0 and "alive" in out.stdout
+        finally:
+            a.stop()
+    assert probe().returncode == 3  # it left: this probe wants a running agent
+
+
 def test_every_metric_is_documented(board: shmhb.Board, local_agent: Agent, exporter: Exporter) -> None:
     FakePinger(board).host(0, "h:1", A, 0.1, [("x", 1, 1, A, ["h:2"])])
     with board.register("w", agent=False):

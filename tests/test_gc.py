@@ -85,6 +85,7 @@ def test_a_board_a_live_process_uses_is_never_removed(names: list[str], procs: P
     out = gc_cli("--yes", name)
     assert exists(name), out.stdout
     assert f"used by pid {p.pid}" in out.stdout and "nothing to remove" in out.stdout
+    assert out.returncode == 1  # nothing was removed (README, "Exit statuses")
     p.kill()
     p.wait()
     (b,) = gc.list_boards([name])
@@ -115,6 +116,11 @@ def test_a_replaced_board_is_not_removed_by_a_stale_listing(names: list[str]) ->
     unlink_quietly(name)
     shmhb.Board.create(name, slots=8).close()
     assert not gc.remove(b) and exists(name)
+
+
+def test_a_missing_board_is_an_error() -> None:
+    out = gc_cli("--yes", "shmhb-test-no-such-board-x")
+    assert out.returncode == 2 and "no board 'shmhb-test-no-such-board-x'" in out.stderr
 
 
 def test_confirmation_is_asked_unless_yes(names: list[str]) -> None:

@@ -113,3 +113,71 @@ def test_pinger_listens_where_peers_reach_it_and_the_exporter_is_scraped() -> No
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
     assert sm["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+
+
+# -- hardening, probes, scheduling, the image (issue 24, item 9) -----------------------------
+
+DOCKERFILE = Path(ROOT) / "packaging" / "docker" / "Dockerfile"
+
+
+def shmhb_containers() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(manifest, pod spec, container) for every container running the shmhb image."""
+    out = []
+    for name, ds in docs().items():
+        for d in ds:
+            if d["kind"] in ("DaemonSet", "Pod"):
+                spec = pod_spec(d)
+                for c in spec.get("initContainers", []) + spec["containers"]:
+                    if "/shmhb:" in c["image"]:
+                        out.append((name, spec, c))
+    return out
+
+
+def test_every_shmhb_container_is_hardened() -> None:
+    got = shmhb_containers()
+    assert len(got) >= 6
+    for name, spec, c in got:
+        sc = c.get("securityContext", {})
+        assert sc.get("allowPrivilegeEscalation") is False, (name, c["name"])
+        assert sc.get("readOnlyRootFilesystem") is True, (name, c["name"])
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], (name, c["name"])
+        added = set(sc.get("capabilities", {}).get("add", []))
+        assert added <= {"CHOWN", "FOWNER"} and (not added or c["name"] == "secret-0600"), c["name"]
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+
+
+def test_the_pinger_and_the_exporter_have_real_probes() -> None:
+    for name, _, c in shmhb_containers():
+        cmd = c.get("command", [])
+        if "pinger" in cmd:
+            assert c["livenessProbe"]["exec"]["command"] == ["shmhb", "status", "--agent-only"]
+        elif "exporter" in cmd:
+            port = c["ports"][0]["name"]
+            assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}, name
+            assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}, name
+
+
+def test_the_daemonset_schedules_on_tainted_accelerator_nodes_first() -> None:
+    spec = pod_spec(docs()["pinger-daemonset.yaml"][0])
+    assert spec["priorityClassName"] == "system-node-critical"
+    tol = spec["tolerations"]
+    assert {"operator": "Exists", "effect": "NoSchedule"} in tol
+    assert {"operator": "Exists", "effect": "NoExecute"} in tol
+
+
+def test_the_image_runs_as_the_manifests_uid_with_the_c_path() -> None:
+    text = DOCKERFILE.read_text()
+    uid = int(text.split("ARG SHMHB_UID=")[1].split()[0])
+    assert "USER ${SHMHB_UID}:${SHMHB_UID}" in text  # numeric: runAsNonRoot can check it
+    assert "import shmhb, sys; sys.exit(0 if shmhb.native else 1)" in text  # the C path built
+    uids = {pod_spec(d)["securityContext"]["runAsUser"] for ds in docs().values() for d in ds
+            if d["kind"] in ("DaemonSet", "Pod")}
+    assert uids == {uid}
+    # what the image copies is what a wheel is built from
+    for f in ("pyproject.toml", "setup.cfg", "setup.py", "README.md"):
+        assert (Path(ROOT) / f).exists() and f in text
+    guide = DOC.read_text()
+    for needle in ("packaging/docker/Dockerfile", "pod-security.kubernetes.io/enforce",
+                   "priorityClassName", "tolerations", "--agent-only", "/readyz",
+                   "serving images run as root", "--board-group 1000"):
+        assert needle in guide, needle

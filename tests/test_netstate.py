@@ -49,11 +49,23 @@ def test_decode_shows_details_only_with_a_matching_checksum() -> None:
 
 def test_a_state_of_another_term_or_without_a_running_agent_claims_nothing() -> None:
     h = _head(3, NetState.DEGRADED, reason=NetReason.BIND)
+    h["cfg_gen"] = 1  # pinger settings were stored
     assert decode_network(h, 4, True).state == "unknown"
     assert decode_network(h, 3, False).state == "unknown"
     assert decode_network(h, 3, False).working
-    assert decode_network(np.zeros(1, HEADER_DTYPE)[0], 1, True).state == "unknown"
+    configured = np.zeros(1, HEADER_DTYPE)[0]
+    configured["cfg_gen"] = 1
+    assert decode_network(configured, 1, True).state == "unknown"
     assert decode_network(_head(2, NetState.OFF, listening=False), 2, True).state == "not configured"
+
+
+def test_never_configured_reads_not_configured_with_or_without_a_holder() -> None:
+    never = np.zeros(1, HEADER_DTYPE)[0]  # no settings stored, no state written
+    for running in (True, False):
+        n = decode_network(never, 1, running)
+        assert n.state == "not configured" and n.working and not n.listening
+    off = _head(2, NetState.OFF, listening=False)
+    assert decode_network(off, 2, False).state == "not configured"  # the holder left
 
 
 def test_backoff_doubles_to_its_cap_with_bounded_jitter_and_resets() -> None:

@@ -576,6 +576,26 @@ def test_link_without_incarnation_unnamed_is_dropped_when_its_host_dies(make_sit
     assert rec.calls == dropped and reaper.links() == []
 
 
+def test_an_endpoint_its_live_host_never_names_is_dropped_gone(make_site: Callable[..., Site]) -> None:
+    site = make_site("remote")
+    site.follow()
+    w = site.worker("rank-0", site.ep(1))  # the host reports, but never names ep(7)
+    site.wait_seen(site.ep(1), inc_of(w))
+    rec = Recorder()
+    reaper = LinkReaper(site.board, on_drop=rec)
+    t0 = time.monotonic()
+    reaper.track(site.ep(7))
+    assert reaper.poll() == [] and reaper.pending
+    assert quiet_polls(reaper) == 0  # waiting costs one counter read per poll
+    dropped = poll_until(reaper, timeout_s=30, what="the unnamed link dropped GONE")
+    took = time.monotonic() - t0
+    assert [(lk.endpoint, r) for lk, r in dropped] == [(site.ep(7), DropReason.GONE)]
+    # not before its host had reported for a peer dead-after window since the handshake
+    assert took >= site.board.policy.peer_dead_after_s, took
+    assert site.board.peer(site.ip).status is Status.ALIVE  # the host never died
+    assert rec.calls == dropped and reaper.links() == []
+
+
 def test_remote_sees_the_next_holder_of_an_endpoint(make_site: Callable[..., Site]) -> None:
     site = make_site("remote")
     site.follow()

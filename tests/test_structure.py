@@ -291,3 +291,13 @@ def test_the_packaged_version_is_read_statically() -> None:
                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
                and isinstance(n.value, ast.Constant)]
     assert literal, f"{path.name} does not assign {name} a literal: setup.cfg's {spec!r} fails"
+
+
+def test_the_package_shows_only_its_public_names() -> None:
+    """``dir(shmhb)`` lists __all__ and submodules, nothing leaked by an import (a
+    ``from __future__ import annotations`` made ``shmhb.annotations`` look public)."""
+    import types
+
+    leaked = [n for n in dir(shmhb) if not n.startswith("_") and n not in shmhb.__all__
+              and not isinstance(getattr(shmhb, n), types.ModuleType)]
+    assert not leaked, leaked

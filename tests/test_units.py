@@ -76,7 +76,7 @@ def test_written_units_verify(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_verify_catches_a_missing_executable(tmp_path: Path) -> None:
     """The verify test can fail: a unit naming a command that does not exist is refused."""
-    s = units.UnitSettings(command=(str(tmp_path / "no-such-shmhb"),), user=ME, group=ME)
+    s = units.UnitSettings(command=("/nonexistent-shmhb-test/no-such-shmhb",), user=ME, group=ME)
     (tmp_path / units.PINGER_UNIT).write_text(units.pinger_unit(s))
     v = subprocess.run(["systemd-analyze", "verify", str(tmp_path / units.PINGER_UNIT)],
                        capture_output=True, text=True, timeout=60)
@@ -89,6 +89,14 @@ def test_shipped_files_are_the_template() -> None:
     for name, text in units.render(units.SHIPPED).items():
         path = shipped / (name + ".example" if name == units.ENV_FILE else name)
         assert path.read_text() == text, f"{path} differs from `shmhb units` (regenerate it)"
+
+
+def test_a_command_under_private_tmp_is_refused() -> None:
+    # PrivateTmp=yes gives the service an empty /tmp: a venv there could never start
+    for cmd in (("/tmp/venv/bin/shmhb",), ("/var/tmp/v/bin/python", "-m", "shmhb")):
+        with pytest.raises(InvalidConfig, match="PrivateTmp"):
+            units.UnitSettings(command=cmd, user="shmhb", group="shmhb")
+    units.UnitSettings(command=("/tmpfoo/bin/shmhb",), user="shmhb", group="shmhb")  # not /tmp
 
 
 def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:

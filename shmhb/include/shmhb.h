@@ -111,6 +111,7 @@ extern "C" {
 #define SHMHB_PEER_BOOT_ID 32
 #define SHMHB_PEER_ADDRESS 48
 #define SHMHB_PEER_CHECKSUM 112
+#define SHMHB_PEER_AUTH 120 /* gen:20 | failing:1 | count:43: frames failing authentication */
 
 /* remote row at remote_off + i * SHMHB_REMOTE_BYTES (written by the agent) */
 #define SHMHB_REMOTE_BYTES 384
@@ -291,6 +292,7 @@ static inline int shmhb_judge_row(uint64_t word, uint64_t gen, int agent_ok, uin
 static inline int shmhb_combine_remote(int reported, int host) {
     if (host == SHMHB_STATUS_UNKNOWN || host == SHMHB_STATUS_DEAD) return host;
     if (reported == SHMHB_STATUS_LEFT || reported == SHMHB_STATUS_DEAD) return reported;
+    if (host == SHMHB_STATUS_LEFT) return SHMHB_STATUS_LEFT; /* it said goodbye */
     if (host == SHMHB_STATUS_SUSPECT) return SHMHB_STATUS_SUSPECT;
     return reported;
 }
