@@ -47,6 +47,23 @@ class Target:
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
 
 
+#: at most one ping per host per this period is sent at once to confirm a push
+CONFIRM_GAP_NS = 50_000_000
+
+
+def confirm_now(t: Target, now_ns: int) -> bool:
+    """Whether a push from ``t`` that told of what only an ack may say (a new key,
+    ALIVE again: a push answers no nonce of ours) is confirmed by a ping sent now.  One
+    round trip, so a new registration reaches the hosts that watch it about as fast as
+    a death does: a KV connector must not take the dead predecessor at an address for
+    the engine that replaced it.  A stream of forged pushes costs at most one such ping
+    per ``CONFIRM_GAP_NS`` per host; past that the host's next turn asks."""
+    if not t.reachable or now_ns - t.confirm_ns < CONFIRM_GAP_NS:
+        return False
+    t.confirm_ns = now_ns
+    return True
+
+
 def host_of(text: str) -> str | None:
     try:
         return parse_hostport(text)[0].lower()

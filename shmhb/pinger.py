@@ -45,9 +45,10 @@ from .protocol import (
 # _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
 from .evidence import counts_as_evidence, from_host
-from .followed import Target, own_endpoints, speaks_for_another
+from .followed import Target, confirm_now, own_endpoints, speaks_for_another
 from .following import Following
 from .pingplan import PingPlan
+from .ratelog import RateLimitedLog
 from .rows import RowWriter
 from .status import Status
 from .suspicion import PeerState, Suspicion
@@ -55,12 +56,7 @@ from .transport import Transport, TransportFactory, recv_routed
 
 log = logging.getLogger(__name__)
 
-_LOG_EVERY_NS = 10 * 10**9
 _RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
-#: at most one ping per host per this period is sent at once because a push told of a
-#: change only an ack may confirm (a new registration, ALIVE again): what a stream of
-#: forged pushes can cost us
-CONFIRM_GAP_NS = 50_000_000
 
 
 #: Time the network half may spend on incoming frames between two ticks (a flood costs
@@ -118,7 +114,7 @@ class NetworkHalf(Following):
         self._next_reclaim_ns = 0
         self._next_skip_retry_ns = 0
         self._adopted = self.rows.adopt_peers()
-        self._last_log: dict[str, int] = {}
+        self._ratelog = RateLimitedLog(log)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
@@ -378,20 +374,12 @@ class NetworkHalf(Following):
             self.w.count("push_unlisted")
         if changed or unlisted or ask:
             t.digest_gen = 0  # the next ack brings the whole truth
-        if unlisted or ask:
-            # Only an ack may say a key is new or ALIVE again (a push answers no nonce of
-            # ours), so ask now: one round trip, and a new registration reaches the hosts
-            # that watch it about as fast as a death does (a connector must not take the
-            # dead predecessor at the same address for the engine that replaced it).  A
-            # stream of forged pushes costs at most one such ping per CONFIRM_GAP_NS per
-            # host; otherwise the host's next turn asks (nudge), even on the passive side
-            # of a mutual pair, which hears acks only once per peer dead-after.
-            if now_ns - t.confirm_ns >= CONFIRM_GAP_NS and t.reachable:
-                t.confirm_ns = now_ns
+        if unlisted or ask:  # only an ack may say so: ask now, within a bound
+            if confirm_now(t, now_ns):
                 self.w.count("pings_confirm")
                 self._ping(t, now_ns)
             else:
-                self.plan.nudge(t.address)
+                self.plan.nudge(t.address)  # its next turn pings, even on a passive side
         if changed:
             self.w.changed()
 
@@ -434,11 +422,7 @@ class NetworkHalf(Following):
                        "both hosts the same --secret-file", t.address)
 
     def _rate_log(self, what: str, msg: str, *args: object) -> None:
-        now = time.monotonic_ns()
-        last = self._last_log.get(what)
-        if last is None or now - last >= _LOG_EVERY_NS:
-            self._last_log[what] = now
-            log.warning(msg + " [further ones logged at most every 10 s]", *args)
+        self._ratelog.warn(what, msg, *args)  # at most once per 10 s per kind
 
     def leave(self, now_ns: int) -> None:
         """A graceful stop: say goodbye to the hosts that watch us (they read us LEFT),
@@ -459,5 +443,5 @@ class NetworkHalf(Following):
         self.net.close(self._linger_ms)
 
 
-__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args", "load_config",
-           "store_config"]
+__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args",
+           "load_config", "store_config"]
