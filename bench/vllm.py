@@ -36,7 +36,7 @@ import numpy as np
 from tests.conftest import Procs
 from tests.hosts import Cluster
 from tests.vllm import model
-from tests.vllm.stack import POLICY, EngineProc, Stack, new_ids, transfer
+from tests.vllm.stack import POLICY, EngineProc, Stack, new_ids, submit
 
 OUT = Path(__file__).resolve().parent / "results_vllm.md"
 VARIANTS = ("stock", "stock + recompute", "wrapped")
@@ -82,17 +82,7 @@ def _close(procs: Procs, cluster: Cluster, stack: Stack) -> None:
 
 def _submit(p: EngineProc, d: EngineProc, seed: int, finish: bool = True,
             before_serve: Any = None) -> tuple[str, list[int]]:
-    rid, xid = new_ids(f"c{seed}")
-    prompt = model.prompt_for(seed)
-    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, prompt=prompt)
-    if finish:
-        p.send("finish", rid=rid)
-        p.expect("finished", rid=rid)
-    if before_serve is not None:
-        before_serve()
-    d.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params={
-        "do_remote_prefill": True, "transfer_id": xid, "remote_engine_id": p.engine_id,
-        "remote_bootstrap_addr": p.bootstrap})
+    rid, _, prompt = submit(p, d, seed, TOKENS, finish=finish, before_serve=before_serve)
     return rid, prompt
 
 

@@ -266,3 +266,28 @@ def zeros_digest() -> str:
     from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_KV_HEADS, PROMPT_BLOCKS
     z = np.zeros((PROMPT_BLOCKS, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE), np.float32)
     return hashlib.sha256(z.tobytes()).hexdigest()[:16]
+
+
+def remote_params(p: EngineProc, xid: str) -> dict[str, Any]:
+    """The transfer params a proxy hands the decode side for prefill ``p``'s request."""
+    return {"do_remote_prefill": True, "transfer_id": xid,
+            "remote_engine_id": p.engine_id, "remote_bootstrap_addr": p.bootstrap}
+
+
+def submit(p: EngineProc, d: EngineProc, seed: int, tokens: int, *, finish: bool = True,
+           before_serve: Any = None) -> tuple[str, str, list[int]]:
+    """The proxy's two steps: the prefill computes the stand-in model's KV of a prompt,
+    then the decode side (``--scheduler``) gets the request with its transfer params.
+    ``finish=False`` keeps the prefill's request unfinished (its blocks not sent yet);
+    ``before_serve`` runs between the two steps."""
+    from .model import prompt_for
+    rid, xid = new_ids(f"s{seed}")
+    prompt = prompt_for(seed)
+    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, prompt=prompt)
+    if finish:
+        p.send("finish", rid=rid)
+        p.expect("finished", rid=rid)
+    if before_serve is not None:
+        before_serve()
+    d.send("serve", rid=rid, prompt=prompt, max_tokens=tokens, params=remote_params(p, xid))
+    return rid, xid, prompt

@@ -33,7 +33,8 @@ from tests.conftest import wait_until
 
 from . import model
 from .conftest import make_stack
-from .stack import POLICY, EngineProc, Stack, new_ids
+from .stack import POLICY, EngineProc, Stack, new_ids, remote_params
+from .stack import submit as stack_submit
 
 TOKENS = 4
 #: the decode side's Mooncake receive timeout: (this + 60) s = 10 s (stock: 480 + 60 =
@@ -57,23 +58,9 @@ def decode(stack: Stack) -> EngineProc:
     return d
 
 
-def params(p: EngineProc, xid: str) -> dict[str, Any]:
-    return {"do_remote_prefill": True, "transfer_id": xid,
-            "remote_engine_id": p.engine_id, "remote_bootstrap_addr": p.bootstrap}
-
-
 def submit(p: EngineProc, d: EngineProc, seed: int, *, finish: bool = True
            ) -> tuple[str, str, list[int]]:
-    """The proxy's two steps: the prefill computes the prompt, then the decode gets the
-    request with the prefill's transfer params."""
-    rid, xid = new_ids(f"s{seed}")
-    prompt = model.prompt_for(seed)
-    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, prompt=prompt)
-    if finish:
-        p.send("finish", rid=rid)
-        p.expect("finished", rid=rid)
-    d.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params=params(p, xid))
-    return rid, xid, prompt
+    return stack_submit(p, d, seed, TOKENS, finish=finish)
 
 
 def served_right(d: EngineProc, rid: str, prompt: list[int], timeout_s: float = 30.0
@@ -135,7 +122,7 @@ def test_producer_dead_before_the_request_is_vetoed_and_served(stack: Stack, dec
     p.kill()
     wait_until(lambda: stack.decode_host.board.remote(p.bootstrap.split("://")[1]).status
                is Status.DEAD, timeout_s=5, what="the producer DEAD on the decode host")
-    decode.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params=params(p, xid))
+    decode.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params=remote_params(p, xid))
     served_right(decode, rid, prompt)
     assert decode.request("sched_stats", "sched_stats")["data"].get("vetoes.dead", 0) >= 1
     no_leak(decode)
@@ -150,7 +137,7 @@ def test_producer_lost_during_the_bootstrap_query(stack: Stack, decode: EnginePr
     p.request("prefill", "prefilled", rid=rid, transfer_id=xid, prompt=prompt)
     if how == "stop":
         t0 = p.stop()  # its bootstrap server answers nothing now
-    decode.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params=params(p, xid))
+    decode.send("serve", rid=rid, prompt=prompt, max_tokens=TOKENS, params=remote_params(p, xid))
     if how == "kill":
         t0 = p.kill()
     ev = served_right(decode, rid, prompt)
