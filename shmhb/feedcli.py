@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import threading
 from typing import Any
@@ -18,6 +17,7 @@ from .errors import InvalidConfig
 from .feeder import Action, Feeder, FeederConfig
 from .instances import Instance, board_instances
 from .routerapi import KINDS, RouterClient, client_for
+from .stopsignal import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,12 @@ def cmd_feed(args: argparse.Namespace) -> int:
                   "why": a.why, "t_ns": t_ns})
         feeders.append(Feeder(read, changes, c, cfg, MONOTONIC, on_action).start())
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stop_on_signals(done)  # never done.set() in a handler: see shmhb.stopsignal
     emit({"event": "ready", "routers": [c.base for c in clients],
           "boards": [b.name for b in boards], "t_ns": MONOTONIC.monotonic_ns()})
     log.info("shmhb feed: following %s for %s", [b.name for b in boards], [c.base for c in clients])
     try:
-        while not done.wait(0.5):
-            pass
+        done.wait()
     finally:
         for f in feeders:
             f.stop()
