@@ -237,12 +237,14 @@ def cmd_pinger(args: argparse.Namespace) -> int:
 
 
 def cmd_units(args: argparse.Namespace) -> int:
-    from .units import UnitSettings, account, next_steps, running_command, write_units
+    from .units import (UnitSettings, account, given_command, next_steps, running_command,
+                        write_units)
 
     user, group = account(args.user, args.group)
     if args.board_group is not None:
         account(user, args.board_group)  # the group must exist on this host
-    settings = UnitSettings(command=running_command(), user=user, group=group,
+    command = running_command() if args.exec is None else given_command(args.exec)
+    settings = UnitSettings(command=command, user=user, group=group,
                             board=board_name(args.board), env_path=args.env_path,
                             board_mode=args.board_mode, board_group=args.board_group)
     paths = write_units(args.out, settings)
@@ -350,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--group", default=None, help="group (default: the user's primary group)")
     sp.add_argument("--env-path", default="/etc/default/shmhb",
                     help="where the units read their settings (default /etc/default/shmhb)")
+    sp.add_argument("--exec", default=None, metavar="PATH",
+                    help="the shmhb the units run: its console script, or a Python "
+                         "interpreter that has it (default: the shmhb running this command)")
     sp.add_argument("--board-mode", default=None, metavar="MODE",
                     help="the board's mode for the pinger to set (e.g. 0660; default 0600)")
     sp.add_argument("--board-group", default=None, metavar="GROUP",

@@ -42,6 +42,12 @@ _PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp")
 _SAFE_ACCOUNT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 
 
+def under_private_tmp(path: str) -> bool:
+    """Whether ``path`` lies where the units' PrivateTmp=yes shows the service an empty
+    directory (/tmp, /var/tmp)."""
+    return any(path == d or path.startswith(d + "/") for d in _PRIVATE_TMP_DIRS)
+
+
 @dataclass(frozen=True)
 class UnitSettings:
     """What the units are written for; validated on construction."""
@@ -64,11 +70,12 @@ class UnitSettings:
                 raise InvalidConfig(
                     f"cannot put {part!r} into a unit's ExecStart=: install shmhb under a path "
                     "of letters, digits and / . _ - only (no spaces, quotes, % or $)")
-            if any(part == d or part.startswith(d + "/") for d in _PRIVATE_TMP_DIRS):
+            if under_private_tmp(part):
                 raise InvalidConfig(
                     f"{part!r} is under /tmp or /var/tmp, which the units' PrivateTmp=yes "
                     "replaces with an empty directory: the service could not start it. "
-                    "Install shmhb elsewhere (e.g. python3 -m venv /opt/shmhb)")
+                    "Install shmhb elsewhere (e.g. python3 -m venv /opt/shmhb) and write "
+                    "the units from there, or name that install with --exec PATH")
         for what, name in (("user", self.user), ("group", self.group)):
             if not _SAFE_ACCOUNT.match(name):
                 raise InvalidConfig(f"invalid {what} name {name!r}")
@@ -113,6 +120,23 @@ def running_command() -> tuple[str, ...]:
     if os.access(beside, os.X_OK):
         return (os.path.abspath(beside),)
     return (os.path.abspath(sys.executable), "-m", "shmhb")
+
+
+def given_command(path: str) -> tuple[str, ...]:
+    """The command for ``--exec PATH``: a ``shmhb`` console script as it is, any other
+    executable (a Python interpreter that has shmhb installed) as ``PATH -m shmhb``.  The
+    path must be absolute and executable here; the units' own rules are checked later by
+    :class:`UnitSettings`."""
+    if not os.path.isabs(path):
+        raise InvalidConfig(f"--exec {path!r}: give an absolute path (the units run it "
+                            "with no PATH search)")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise InvalidConfig(f"--exec {path!r}: no executable file there: give the shmhb "
+                            "console script of the install the service should run, or its "
+                            "Python interpreter")
+    if Path(path).name == "shmhb":
+        return (path,)
+    return (path, "-m", "shmhb")
 
 
 def account(user: str | None, group: str | None) -> tuple[str, str]:

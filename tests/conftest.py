@@ -18,6 +18,7 @@ import posix_ipc
 import pytest
 
 import shmhb
+from shmhb import units
 from shmhb.loopback import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,3 +171,16 @@ def pids_with_cmdline(needle: str) -> list[int]:
         if needle in cmd and int(d) != os.getpid():
             out.append(int(d))
     return out
+
+
+def install_args() -> list[str]:
+    """``--exec`` for the units, where the running shmhb cannot be named in them: a venv
+    under /tmp (CI makes one there) is refused, as PrivateTmp=yes would hide it.  The
+    interpreter that venv was made from stands in (the units are only verified, never
+    started)."""
+    if not units.under_private_tmp(units.running_command()[0]):
+        return []
+    base = os.path.realpath(sys.executable)
+    if units.under_private_tmp(base):
+        pytest.skip("no Python outside /tmp to name in the units")
+    return ["--exec", base]

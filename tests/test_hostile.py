@@ -131,7 +131,9 @@ def test_a_host_cannot_vouch_for_anothers_endpoint_nor_relay_its_acks(
             assert relay.poll(5000)
             c.send(relay.recv())
         wait_until(lambda: a.stats()["bad_spoofed"] >= spoofed0 + 3, what="relayed acks refused")
-        assert a.peer_status(c.ip) is Status.UNKNOWN
+        # never ALIVE on relayed acks: UNKNOWN, or SUSPECT once a busy machine has taken
+        # longer than suspect_after over the three rounds (c never answered itself)
+        assert a.peer_status(c.ip) in (Status.UNKNOWN, Status.SUSPECT)
         assert a.peer_status(b) is Status.ALIVE
     finally:
         relay.close(0)

@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,16 @@ import pytest
 from shmhb import units
 from shmhb.errors import InvalidConfig
 
-from .conftest import ROOT
+from .conftest import ROOT, install_args
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 
-def run_units(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shmhb", "units", *args], cwd=ROOT,
+def run_units(*args: str, install: bool = True) -> subprocess.CompletedProcess[str]:
+    """``shmhb units ARGS``, with --exec where this test run's shmhb lives under /tmp
+    (unless ``install`` is False)."""
+    extra = install_args() if install else []
+    return subprocess.run([sys.executable, "-m", "shmhb", "units", *extra, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -46,8 +50,12 @@ def test_units_written_for_this_host(tmp_path: Path) -> None:
     env = directives((d / units.ENV_FILE).read_text())
     exe = pinger["ExecStart"][0].split()[0]
     assert os.access(exe, os.X_OK), exe
-    # the very interpreter (environment) this test runs in, not a system-wide shmhb
-    assert Path(exe).parent == Path(sys.executable).parent or exe == os.path.abspath(sys.executable)
+    given = install_args()
+    if given:  # the install named with --exec, run as `<python> -m shmhb`
+        assert pinger["ExecStart"][0].startswith(f"{given[1]} -m shmhb pinger")
+    else:  # the very interpreter (environment) this test runs in, not a system-wide shmhb
+        assert (Path(exe).parent == Path(sys.executable).parent
+                or exe == os.path.abspath(sys.executable))
     for u in (pinger, exporter):
         assert u["User"] == [ME]
         assert u["Environment"][0] == "SHMHB_BOARD=shmhb-units-test"
@@ -97,6 +105,32 @@ def test_a_command_under_private_tmp_is_refused() -> None:
         with pytest.raises(InvalidConfig, match="PrivateTmp"):
             units.UnitSettings(command=cmd, user="shmhb", group="shmhb")
     units.UnitSettings(command=("/tmpfoo/bin/shmhb",), user="shmhb", group="shmhb")  # not /tmp
+
+
+def test_exec_names_the_install_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "bin" / "shmhb"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert units.given_command(str(script)) == (str(script),)
+    assert units.given_command(sys.executable) == (sys.executable, "-m", "shmhb")
+    for bad, why in (("bin/shmhb", "absolute"), (str(tmp_path / "none"), "no executable"),
+                     (str(tmp_path), "no executable")):
+        with pytest.raises(InvalidConfig, match=why):
+            units.given_command(bad)
+    # one under /tmp is refused by the CLI with the way out, and nothing is written
+    tmp_dir = tempfile.mkdtemp(dir="/tmp")
+    try:
+        under = Path(tmp_dir) / "shmhb"
+        under.write_text("#!/bin/sh\n")
+        under.chmod(0o755)
+        out = tmp_path / "u"
+        r = run_units("--exec", str(under), "--out", str(out), "--user", ME, install=False)
+        assert r.returncode == 2, r.stderr
+        assert "PrivateTmp" in r.stderr and "--exec" in r.stderr
+        assert not out.exists()
+    finally:
+        shutil.rmtree(tmp_dir)
 
 
 def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
