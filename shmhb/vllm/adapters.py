@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -46,7 +47,7 @@ class Hooks(Protocol):
 
     def give_up(self, req_ids: list[str]) -> list[object]: ...
 
-    def request_extra(self) -> dict[str, Any] | None: ...
+    def request_extra(self, producer: str | None) -> dict[str, Any] | None: ...
 
     def consumer_seen(self, endpoint: str, extra: Any) -> None: ...
 
@@ -54,6 +55,10 @@ class Hooks(Protocol):
                       req_ids: list[str]) -> list[str]: ...
 
     def write_denied(self, consumer: str, n: int) -> None: ...
+
+
+#: the producer worker a consumer task is asking (its side channel, "host:port")
+_PRODUCER: contextvars.ContextVar[str] = contextvars.ContextVar("shmhb_producer")
 
 
 class InnerAdapter(ABC):
@@ -202,7 +207,7 @@ class MooncakeAdapter(InnerAdapter):
 
             def encode(self, obj: Any) -> bytes:
                 if isinstance(obj, mc.MooncakeXferMetadata):
-                    extra = hooks.request_extra()
+                    extra = hooks.request_extra(_PRODUCER.get(None))
                     if extra is not None:
                         d = msgspec.structs.asdict(obj)
                         d["shmhb"] = extra
@@ -239,6 +244,7 @@ class MooncakeAdapter(InnerAdapter):
                 doom(list(mine))
                 return
             ledger.begin(task, ep)
+            _PRODUCER.set(ep)  # this task's (its own context): the request's token is ep's
             try:
                 await receive(worker_addr, mine)
             except asyncio.CancelledError:

@@ -14,14 +14,12 @@ import threading
 import time
 from typing import Any
 
-import zmq.asyncio
-
 from ..board import Board
 from ..reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
 from .adapters import InnerAdapter
-from .fence import FenceServer, ask_grant, parse_extra
+from .fence import FenceServer, GrantAsker, parse_extra
 from .instance import register_engine_instance
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
@@ -51,7 +49,7 @@ class WorkerGuard:
         self.hb: Any = None
         self.fence_server: FenceServer | None = None
         self.reaper: LinkReaper | None = None
-        self._zctx: zmq.asyncio.Context | None = None
+        self._asker = GrantAsker()
         self.key = ""
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -90,8 +88,7 @@ class WorkerGuard:
             self.hb.close()  # peers read LEFT at once
         if self.fence_server is not None:
             self.fence_server.close()
-        if self._zctx is not None:
-            self._zctx.destroy(linger=0)  # a go-ahead still asked for is given up
+        self._asker.close()  # a go-ahead still asked for is given up
 
     # -- the step -----------------------------------------------------------------------------
 
@@ -176,10 +173,15 @@ class WorkerGuard:
         self.counts.add("fenced_requests", len(tokens))
         return tokens
 
-    def request_extra(self) -> dict[str, Any] | None:
+    def request_extra(self, producer: str | None) -> dict[str, Any] | None:
+        """What a transfer request to ``producer`` carries: this consumer's incarnation,
+        its go-ahead endpoint, and the token that lets that producer (only) ask."""
         if self.hb is None or self.fence_server is None:
             return None
-        return {"inc": self.hb.incarnation, "fence": self.fence_server.endpoint}
+        out: dict[str, Any] = {"inc": self.hb.incarnation, "fence": self.fence_server.endpoint}
+        if producer is not None:
+            out["tok"] = self.fence_server.token_for(producer)
+        return out
 
     # -- hooks: producer --------------------------------------------------------------------------
 
@@ -200,10 +202,8 @@ class WorkerGuard:
                 return []  # dead, left, or restarted since it asked
         if x is None:
             return req_ids  # a consumer without shmhb: the board is all we can ask
-        if self._zctx is None:
-            self._zctx = zmq.asyncio.Context()
-        return await ask_grant(self._zctx, x[1], x[0], producer, req_ids,
-                               self.settings.grant_timeout_s)
+        return await self._asker.ask(x[1], x[0], x[2], producer, req_ids,
+                                     self.settings.grant_timeout_s)
 
     def write_denied(self, consumer: str, n: int) -> None:
         self.counts.add("denied_writes", n)

@@ -16,7 +16,8 @@ import zmq  # noqa: E402
 import zmq.asyncio  # noqa: E402
 
 from shmhb.errors import InvalidConfig  # noqa: E402
-from shmhb.vllm.fence import FenceServer, ask_grant, decode_ask, parse_extra  # noqa: E402
+from shmhb.vllm.fence import (  # noqa: E402
+    VERSION, FenceServer, GrantAsker, decode_ask, decode_reply, parse_extra)
 from shmhb.vllm.loads import Load, LoadState, LoadTable  # noqa: E402
 from shmhb.vllm.settings import ConnectorSettings, engine_prefix, rank_key  # noqa: E402
 
@@ -62,17 +63,46 @@ def test_grant_only_to_the_producer_asked_and_only_once() -> None:
     assert len(t) == 1
 
 
+TOK = "0" * 32
+
+
+def _ask(**kw: object) -> bytes:
+    m: dict[str, object] = {"v": VERSION, "n": 1, "inc": 1, "from": EP, "tok": TOK, "reqs": ["r"]}
+    m.update(kw)
+    return json.dumps({k: v for k, v in m.items() if v is not None}).encode()
+
+
 @pytest.mark.parametrize("frame", [
-    b"", b"not json", b"[]", json.dumps({"v": 2, "n": 1, "inc": 1, "from": EP, "reqs": []}).encode(),
-    json.dumps({"v": 1, "n": "x", "inc": 1, "from": EP, "reqs": []}).encode(),
-    json.dumps({"v": 1, "n": 1, "inc": 1, "from": "a b:1", "reqs": []}).encode(),
-    json.dumps({"v": 1, "n": 1, "inc": 1, "from": EP, "reqs": ["x" * 300]}).encode(),
-    json.dumps({"v": 1, "n": 1, "inc": 1, "from": EP, "reqs": [1]}).encode(),
-    json.dumps({"v": 1, "n": 1, "inc": 1, "from": EP, "reqs": ["r"] * 2000}).encode(),
-    b"{" * 70000,
+    b"", b"not json", b"[]", _ask(v=1), _ask(n="x"), _ask(**{"from": "a b:1"}),
+    _ask(reqs=["x" * 300]), _ask(reqs=[1]), _ask(reqs=["r"] * 2000), b"{" * 70000,
+    _ask(tok=None), _ask(tok="g" * 32), _ask(tok="0" * 31),
+    b"[" * 20000 + b"]" * 20000,  # nested deeper than the parser goes: RecursionError
+    _ask(reqs=["\ud800"]),  # a lone surrogate: UnicodeEncodeError on .encode()
+    b'{"v": 2, "n": 1, "inc": 1, "from": "127.0.0.2:4000", "tok": "' + b"0" * 32
+    + b'", "reqs": ["\\ud800"]}',
+    b"\xff\xfe",
 ])
 def test_malformed_asks_are_refused(frame: bytes) -> None:
     assert decode_ask(frame) is None
+    assert decode_reply(frame, 1) is None
+
+
+def test_a_well_formed_ask_decodes() -> None:
+    assert decode_ask(_ask()) == (1, 1, EP, TOK, ["r"])
+
+
+def _run_asks(srv: FenceServer, asks: list[tuple[int, str | None, str, list[str]]],
+              timeout_s: float = 2.0) -> list[list[str]]:
+    """Asks in turn from one GrantAsker (one loop), ``(inc, token, from, reqs)`` each."""
+    asker = GrantAsker()
+
+    async def run() -> list[list[str]]:
+        return [await asker.ask(srv.endpoint, inc, tok, frm, reqs, timeout_s)
+                for inc, tok, frm, reqs in asks]
+    try:
+        return asyncio.run(run())
+    finally:
+        asker.close()
 
 
 def test_fence_server_grants_only_its_incarnation_and_survives_garbage() -> None:
@@ -81,25 +111,100 @@ def test_fence_server_grants_only_its_incarnation_and_survives_garbage() -> None
     srv = FenceServer("127.0.0.1", 0, t.grant)
     try:
         srv.incarnation = 77
-        ctx = zmq.asyncio.Context()
+        tok = srv.token_for(EP)
         raw = zmq.Context().socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
         raw.connect(f"tcp://{srv.endpoint}")
         raw.send(b"garbage")
         raw.send_multipart([b"two", b"frames"])
-
-        async def run() -> tuple[list[str], list[str], list[str]]:
-            stale = await ask_grant(ctx, srv.endpoint, 76, EP, ["a"], 2.0)  # a restarted consumer
-            ok = await ask_grant(ctx, srv.endpoint, 77, EP, ["a", "nope"], 2.0)
-            nobody = await ask_grant(ctx, "127.0.0.1:1", 77, EP, ["b"], 0.2)
-            return stale, ok, nobody
-        stale, ok, nobody = asyncio.run(run())
-        assert stale == [] and ok == ["a"] and nobody == []
-        assert srv.bad_frames >= 1
+        for frame in (b"[" * 20000 + b"]" * 20000, _ask(reqs=["\ud800"])):  # the frames of
+            raw.send(frame)  # case 8, which ended the server's thread
+        stale, ok = _run_asks(srv, [(76, tok, EP, ["a"]),  # a restarted consumer
+                                    (77, tok, EP, ["a", "nope"])])
+        assert stale == [] and ok == ["a"]
+        assert srv.bad_frames >= 3
+        assert srv._thread.is_alive()  # noqa: SLF001 - the thread the bad frames used to end
         raw.close(0)
-        ctx.term()
     finally:
         srv.close()
+
+
+def test_unreachable_consumer_and_missing_token_are_no_grant() -> None:
+    asker = GrantAsker()
+
+    async def run() -> tuple[list[str], list[str]]:
+        return (await asker.ask("127.0.0.1:1", 5, TOK, EP, ["b"], 0.2),
+                await asker.ask("127.0.0.1:1", 5, None, EP, ["b"], 0.2))
+    try:
+        assert asyncio.run(run()) == ([], [])
+    finally:
+        asker.close()
+
+
+def test_a_grant_needs_the_token_given_to_that_producer() -> None:
+    """Case 9: a third party that knows the request id, claiming the producer's ``from``
+    or its own, is refused, and the load stays WAITING: the consumer can still give it
+    up at once, and the real producer is still granted it."""
+    other = "127.0.0.3:4000"
+    t = LoadTable()
+    t.start([_load("a", ep=EP), _load("c", ep=other)])
+    srv = FenceServer("127.0.0.1", 9, t.grant)
+    try:
+        forged = _run_asks(srv, [(9, "f" * 32, EP, ["a"]),           # a guessed token
+                                 (9, srv.token_for(other), EP, ["a"]),  # another producer's
+                                 (9, srv.token_for(other), other, ["a"])])  # not its load
+        assert forged == [[], [], []] and srv.refused_tokens == 2
+        assert _run_asks(srv, [(9, srv.token_for(EP), EP, ["a"])]) == [["a"]]
+        assert [ld.req_id for ld in t.abandon(endpoint=other)] == ["c"]
+        other_srv = FenceServer("127.0.0.1", 9, t.grant)  # tokens are per consumer process
+        try:
+            assert other_srv.token_for(EP) != srv.token_for(EP)
+        finally:
+            other_srv.close()
+    finally:
+        srv.close()
+
+
+def test_asks_reuse_one_connection_and_a_timed_out_one_is_made_anew() -> None:
+    """One connection per consumer (the cost of the happy path), and after a consumer
+    stalled past the timeout, a late reply is never taken for the next ask's."""
+    t = LoadTable()
+    t.start([_load(r) for r in "abcd"])
+    peers: list[bytes] = []
+    gate = threading.Event()
+    gate.set()
+
+    def grant(frm: str, reqs: list[str]) -> list[str]:
+        gate.wait()
+        return t.grant(frm, reqs)
+    srv = FenceServer("127.0.0.1", 3, grant)
+    orig = srv.answer
+
+    def answer(frame: bytes) -> bytes | None:
+        peers.append(frame)
+        return orig(frame)
+    srv.answer = answer  # type: ignore[method-assign]
+    tok = srv.token_for(EP)
+    asker = GrantAsker()
+
+    async def run() -> list[list[str]]:
+        out = [await asker.ask(srv.endpoint, 3, tok, EP, ["a"], 2.0),
+               await asker.ask(srv.endpoint, 3, tok, EP, ["b"], 2.0)]
+        assert asker.open_channels == 1  # made once, kept
+        gate.clear()  # the consumer stalls: this ask times out
+        out.append(await asker.ask(srv.endpoint, 3, tok, EP, ["c"], 0.3))
+        threading.Timer(0.2, gate.set).start()  # resumes; its late reply grants "c"
+        out.append(await asker.ask(srv.endpoint, 3, tok, EP, ["d"], 5.0))
+        return out
+    try:
+        got = asyncio.run(run())
+    finally:
+        asker.close()
+        srv.close()
+    assert got == [["a"], ["b"], [], ["d"]], got
+    assert len(peers) == 4
+    # the stalled ask's reply came to a closed channel: "c" was granted, never written
+    assert t.grant(EP, ["c"]) == []
 
 
 def test_settings_and_keys() -> None:
@@ -115,7 +220,9 @@ def test_settings_and_keys() -> None:
     assert len(k.encode()) < 64 and k.startswith(engine_prefix("e" * 80)) and k.endswith("/tp3/pp1")
     assert rank_key("abc", 0, 0, 0) == "vllm/abc/dp0/tp0/pp0"
     assert not rank_key("abcd", 0, 0, 0).startswith(engine_prefix("abc"))
-    assert parse_extra({"inc": 5, "fence": EP}) == (5, EP)
+    assert parse_extra({"inc": 5, "fence": EP}) == (5, EP, None)
+    assert parse_extra({"inc": 5, "fence": EP, "tok": TOK}) == (5, EP, TOK)
+    assert parse_extra({"inc": 5, "fence": EP, "tok": "x"}) == (5, EP, None)
     assert parse_extra({"inc": 5, "fence": "*:1"}) is None and parse_extra("x") is None
 
 
