@@ -23,6 +23,7 @@ from rich.text import Text
 
 from .board import Board
 from .events import Event, EventLog
+from .pipes import PipeConsole
 from .status import PeerStatus, SlotStatus, Status
 from .screen import (
     NEWLINE,
@@ -172,7 +173,7 @@ def status_renderable(view: View) -> RenderableType:
 
 def print_status(view: View, console: Console | None = None) -> None:
     """Print the status table; to a pipe or file, lines are never cut or wrapped."""
-    console = console or Console()
+    console = console or PipeConsole()
     console.print(status_renderable(view), soft_wrap=not console.is_terminal)
 
 
@@ -369,7 +370,7 @@ def run_monitor(board: Board, *, refresh_hz: float = 4.0, console: Console | Non
     One lock-free read of the board per frame; frames are paced on the monotonic clock
     (a slow frame delays the next one, it never queues a burst).
     """
-    console = console or Console()
+    console = console or PipeConsole()
     stop = stop or threading.Event()
     period = 1.0 / refresh_hz
     evlog = EventLog()
