@@ -11,10 +11,11 @@ import functools
 import logging
 from collections.abc import Iterable
 
-from .config import check_endpoint, is_canonical, is_endpoint
+from .address import canonical_or_none
+from .config import check_endpoint
 from .errors import InvalidKey
 from .layout import ENDPOINTS_BYTES, KEY_BYTES, MAX_ENDPOINTS, encode_endpoints
-from .protocol import MAX_KEY_BYTES
+from .protocol import MAX_ENDPOINT_BYTES, MAX_KEY_BYTES
 from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ def _valid_endpoints(raw: bytes) -> tuple[tuple[str, ...], bool]:
     hot read pays one hash of the raw bytes."""
     text = stored_text(raw)
     eps = tuple(text.split(",")) if text else ()
-    good = tuple(e for e in eps if is_endpoint(e))
+    canon = (canonical_or_none(e, need_port=True, max_bytes=MAX_ENDPOINT_BYTES) for e in eps)
+    good = tuple(e for e in canon if e is not None)
     return good, text is None or len(good) != len(eps)
 
 
@@ -113,4 +115,4 @@ def stored_address(raw: bytes, table: str, row: int) -> str | None:
 @functools.lru_cache(maxsize=1 << 12)
 def _valid_address(raw: bytes) -> str | None:
     text = stored_text(raw)
-    return text if text is not None and is_canonical(text) else None
+    return None if text is None else canonical_or_none(text)
