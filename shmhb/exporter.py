@@ -29,6 +29,7 @@ from .config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
 from .instview import BoardInstances, with_instances
+from .records import shown  # label values escaped (keys reach dashboards)
 from .status import PeerStatus, Status
 from .view import View, read_view
 
@@ -198,9 +199,9 @@ class BoardCollector:
                                 "Incarnation of each local worker's registration.", labels=["key"])
         for s in view.slots:
             for x in STATUSES:
-                st.add_metric([s.key, x.value], 1 if s.status is x else 0)
-            age.add_metric([s.key], s.age_s)
-            inc.add_metric([s.key], s.incarnation)
+                st.add_metric([shown(s.key), x.value], 1 if s.status is x else 0)
+            age.add_metric([shown(s.key)], s.age_s)
+            inc.add_metric([shown(s.key)], s.incarnation)
         yield from (st, age, inc)
 
         # the agent
@@ -267,8 +268,8 @@ class BoardCollector:
                 ack.add_metric([p.address], p.age_s)
             for s in p.slots:
                 for x in STATUSES:
-                    rst.add_metric([p.address, s.key, x.value], 1 if s.status is x else 0)
-                rinc.add_metric([p.address, s.key], s.incarnation)
+                    rst.add_metric([shown(p.address), shown(s.key), x.value], 1 if s.status is x else 0)
+                rinc.add_metric([shown(p.address), shown(s.key)], s.incarnation)
         yield from (pst, rtt, ack, rst, rinc)
         yield from _peer_auth_metrics(view.peers)
 

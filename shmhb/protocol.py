@@ -203,6 +203,8 @@ def _seal(parts: list[bytes], secret: bytes | None) -> bytes:
 
 def _encode_entry(e: DigestEntry) -> bytes:
     key = _text(e.key, MAX_KEY_BYTES, "key")
+    if not e.key.isprintable():  # what shmhb.records.check_key refuses; receivers skip it
+        raise ProtocolError(f"key {e.key.encode()!r} has control or format characters")
     if not isinstance(e.status, int) or isinstance(e.status, bool) or e.status not in STATUSES:
         raise ProtocolError(f"entry {e.key!r}: status {e.status!r} is not a status code")
     if not isinstance(e.endpoints, tuple) or len(e.endpoints) > MAX_ENDPOINTS:
@@ -349,6 +351,8 @@ def _read_entries(buf: bytes, off: int, end: int,
             key = raw.decode("utf-8")
             if key in entries:
                 raise FrameRejected("malformed", f"duplicate key {key!r}")
+            if not key.isprintable():  # refused as check_key does: that entry, not the
+                continue  # frame (one old row must not make a whole host read DEAD)
             entries[key] = DigestEntry(key, inc, status, pid, age, tuple(eps))
     except UnicodeDecodeError:
         raise FrameRejected("malformed", "key or endpoint is not UTF-8") from None
