@@ -51,6 +51,8 @@ MESSAGE_COUNTERS = {
     "pushes_received": ("shmhb_pushes_received", "Digest pushes this pinger received."),
     "pings_confirm": ("shmhb_pings_confirm", "Pings sent at once because a push told of a "
                       "change only an ack may confirm (a new registration, ALIVE again)."),
+    "digest_cut": ("shmhb_digest_cut", "Local slots left out of a new digest generation because "
+                   "the digest was full (dead and left slots go first): other hosts read them gone."),
 }
 
 

@@ -117,9 +117,17 @@ def test_largest_ack_is_exactly_max_frame_bytes() -> None:
     raw = encode_ack(big, SECRET)
     assert len(raw) == MAX_FRAME_BYTES
     assert decode(raw, SECRET) == big
-    too_many = Ack(1, PEER, "h", 1, True, tuple(entry(i) for i in range(MAX_ACK_ENTRIES + 1)))
+    # past 256 entries (issue 23 case 4): as many as the same bytes hold, up to 4,096
+    many = Ack(1, PEER, "h", 1, True,
+               tuple(entry(i, 0) for i in range(protocol.MAX_DIGEST_ENTRIES)))
+    assert decode(encode_ack(many, SECRET), SECRET) == many
+    too_many = Ack(1, PEER, "h", 1, True,
+                   tuple(entry(i, 0) for i in range(protocol.MAX_DIGEST_ENTRIES + 1)))
     with pytest.raises(ProtocolError):
         encode_ack(too_many)
+    too_big = Ack(1, PEER, "h", 1, True, tuple(max_entry(i) for i in range(MAX_ACK_ENTRIES + 1)))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        encode_ack(too_big)
 
 
 def test_push_entry_limit() -> None:
@@ -238,7 +246,7 @@ def _ack_with(body: bytes, full: int = 1) -> bytes:
 
 
 @pytest.mark.parametrize("body, why", [
-    (struct.pack("<H", MAX_ACK_ENTRIES + 1), "malformed"),  # count over the limit
+    (struct.pack("<H", protocol.MAX_DIGEST_ENTRIES + 1), "malformed"),  # count over the limit
     (struct.pack("<H", 2) + _entry_bytes(b"k") + _entry_bytes(b"k"), "malformed"),  # dup key
     (struct.pack("<H", 1) + _entry_bytes(b"\xff\xfe"), "malformed"),  # not UTF-8
     (struct.pack("<H", 1) + _entry_bytes(b"a\x00"), "malformed"),  # NUL
