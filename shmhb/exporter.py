@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections.abc import Iterator, Sequence
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,6 +26,7 @@ from .board import Board
 from .config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
+from .httpserve import BoundedHandler, BoundedServer, BoundedServer6
 from .instview import BoardInstances, with_instances
 from .records import shown  # label values escaped (keys reach dashboards)
 from .status import PeerStatus, Status
@@ -313,15 +312,10 @@ class BoardCollector:
 # -- the HTTP side ---------------------------------------------------------------------------
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+_Server, _Server6 = BoundedServer, BoundedServer6  # bounded: see shmhb.httpserve
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
+class _QuietHandler(BoundedHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - " + format, self.address_string(), *args)
 
