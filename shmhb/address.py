@@ -10,7 +10,9 @@ written in decimal without a sign or leading zero.
 
 What passes is exactly what libzmq's ``tcp://`` transport accepts and what this parser
 reads back identically: ``str(parse_address(x)) == x`` for every canonical ``x`` (IPv6
-literals are canonicalised to their compressed lower-case form).  The limits are the
+literals are canonicalised to their compressed lower-case form, host names to lower
+case: DNS names are case-insensitive, RFC 4343, and ``Node-A:30002`` and
+``node-a:30002`` must be one endpoint to every table that matches endpoints by text).  The limits are the
 wire's (``shmhb.protocol``): an endpoint is at most ``MAX_ENDPOINT_BYTES`` (63) bytes, a
 pinger address at most ``MAX_ADDRESS_TEXT`` bytes (what both a frame and a board row
 hold).
@@ -93,7 +95,7 @@ def check_host(host: str, *, what: str = "host", text: object = None) -> str:
     if labels[-1].isdigit() or _reads_as_ipv4(host):
         raise _refuse(shown, "it reads as a number, which the resolver turns into some other "
                              "IPv4 address; write the address as a.b.c.d", what)
-    return host
+    return host.lower()
 
 
 def _reads_as_ipv4(host: str) -> bool:
@@ -167,6 +169,16 @@ def is_canonical(text: str, *, need_port: bool = False,
         return str(parse_address(text, need_port=need_port, max_bytes=max_bytes)) == text
     except InvalidAddress:
         return False
+
+
+def canonical_or_none(text: str, *, need_port: bool = False,
+                      max_bytes: int = MAX_ADDRESS_TEXT) -> str | None:
+    """The canonical text of ``text``, or None if the door refuses it: how readers take
+    what a board holds (an older version stored ``Node-A:1`` or ``[FD00:0::1]:1``)."""
+    try:
+        return str(parse_address(text, need_port=need_port, max_bytes=max_bytes))
+    except InvalidAddress:
+        return None
 
 
 def is_endpoint(text: str) -> bool:

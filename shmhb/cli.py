@@ -20,6 +20,7 @@ from .version import __version__
 from .board import Board
 from .config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
 from .errors import BoardNotFound, InvalidConfig, ShmhbError
+from .pipes import EXIT_BROKEN_PIPE, PipeConsole, reader_gone  # noqa: F401 (EXIT_ re-exported)
 from .stopsignal import stop_on_signals
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
 
@@ -106,11 +107,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             while args.follow and not stop.wait(args.interval_s):
                 emit(board)
     except KeyboardInterrupt:
-        pass
-    except BrokenPipeError:
-        # the reader went away (`shmhb events --follow | head`): not an error; point
-        # stdout at /dev/null so the interpreter's final flush does not complain
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        pass  # a closed pipe (`events --follow | head`) ends in main(), as for every command
     return 0
 
 
@@ -154,8 +151,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for b in boards:
         t.add_row(b.name, f"{b.size / 2**20:.1f} MiB", b.state, b.detail,
                   "remove" if b.removable else f"keep: {b.why_kept()}")
-    from rich.console import Console
-    Console(soft_wrap=True).print(t.render())
+    PipeConsole(soft_wrap=True).print(t.render())
     doomed = [b for b in boards if b.removable]
     if not doomed:
         print("nothing to remove: every board is in use")
@@ -295,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
   {EXIT_SLOTS}  a local slot is suspect, dead or unknown
   {EXIT_OK}  healthy: an agent runs, its network half works (or none is configured),
      every local slot is alive or left
---json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.""")
+--json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.
+{EXIT_BROKEN_PIPE} (any command) the reader of the output went away (`| head`).""")
     board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--agent-only", action="store_true",
@@ -418,7 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         check_args(args)
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe is found here, not at exit
+        return rc
+    except BrokenPipeError:
+        return reader_gone()
     except ShmhbError as e:  # a refused input or board state: one line, no traceback
         print(f"shmhb: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from .board import Board
 from .judge import Thresholds, judge_local_array
 from .layout import INC_MASK, INC_SHIFT, TS_SHIFT
 from .errors import ProtocolError
-from .protocol import MAX_ACK_ENTRIES, DigestEntry, encode_entries
+from .protocol import MAX_DIGEST_BODY_BYTES, MAX_DIGEST_ENTRIES, DigestEntry, encode_entries
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 #: still: a slot turning SUSPECT or DEAD by age alone (a hung worker) reaches the digest
 #: and the pushes at most this late.
 REJUDGE_MAX_NS = 250_000_000
+_COUNT_BYTES = len(encode_entries(()))  # a digest body's entry count
 
 
 def rejudge_ns(th: Thresholds) -> int:
@@ -41,8 +43,11 @@ def rejudge_ns(th: Thresholds) -> int:
 
 
 class LocalDigest:
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Board, count: Callable[[str, int], None] | None = None) -> None:
         self.b = board
+        self._count = count  # the agent's counters (AgentWords.count), if any
+        self.cut = 0  # slots left out of the current generation (they did not fit)
+        self._last_cut_log_ns = -(10**12)
         self.gen = random.getrandbits(62) | 1
         self.body = encode_entries(())
         self._key: tuple[bytes, bytes] | None = None
@@ -89,8 +94,13 @@ class LocalDigest:
         if key == self._key:
             return []
         self._key = key
+        used, cut = _COUNT_BYTES, 0
         entries: dict[str, DigestEntry] = {}
-        for i in np.flatnonzero(codes):
+        # Live slots first, then dead, then left (the status codes' order; by slot
+        # within one): if the digest cannot hold every slot, what is cut is the least
+        # worth carrying -- a left or dead slot cut reads GONE at the watcher, never ALIVE.
+        order = np.flatnonzero(codes)
+        for i in order[np.argsort(codes[order], kind="stable")]:
             info = b.read_slot(int(i))
             if info is None:
                 continue
@@ -99,8 +109,11 @@ class LocalDigest:
                 continue
             e = DigestEntry(k, inc, int(codes[i]), pid,
                             int((int(now) - (int(hb[i]) & ((1 << 39) - 1))) * 1.048576), eps)
-            if self._fits(e):
-                entries[k] = e
+            if (n := self._fits(e)) and used + n <= MAX_DIGEST_BODY_BYTES \
+                    and len(entries) < MAX_DIGEST_ENTRIES:
+                entries[k], used = e, used + n
+            elif n:
+                cut += 1
         news = [e for k, e in entries.items()
                 if (old := self._entries.get(k)) is None or old.incarnation != e.incarnation
                 or old.status != e.status]
@@ -109,21 +122,38 @@ class LocalDigest:
             return []
         self._entries = entries
         self.gen += 1
-        self.body = encode_entries(list(entries.values())[:MAX_ACK_ENTRIES])
+        self.body = encode_entries(entries.values())
+        self._report_cut(cut)
         return news
 
-    def _fits(self, e: DigestEntry) -> bool:
-        """Whether ``e`` fits the wire's limits.  A slot stored by an older version (an
+    def _report_cut(self, cut: int) -> None:
+        """Never silent: slots that did not fit the digest are counted (``digest_cut``,
+        per new generation that left some out) and logged, rate-limited."""
+        self.cut = cut
+        if not cut:
+            return
+        if self._count is not None:
+            self._count("digest_cut", cut)
+        now = time.monotonic_ns()
+        if now - self._last_cut_log_ns >= 10 * 10**9:
+            self._last_cut_log_ns = now
+            log.warning("board %s: %d slot(s) left out of the digest (it holds %d entries "
+                        "or %d bytes at most; live slots go first): other hosts see them "
+                        "as gone; forget dead and left slots (`shmhb forget`) or use fewer "
+                        "slots per board [logged at most every 10 s]", self.b.name, cut,
+                        MAX_DIGEST_ENTRIES, MAX_DIGEST_BODY_BYTES)
+
+    def _fits(self, e: DigestEntry) -> int:
+        """The bytes ``e`` takes in a digest, or 0 if it does not fit the wire's limits.  A slot stored by an older version (an
         endpoint over 63 bytes, say) is left out of the digest with a rate-limited log,
         never allowed to stop the digest, and with it the agent (every standby would
         read the same slot)."""
         try:
-            encode_entries((e,))
+            return len(encode_entries((e,))) - _COUNT_BYTES
         except ProtocolError as err:
             now = time.monotonic_ns()
             if now - self._last_log_ns >= 10 * 10**9:
                 self._last_log_ns = now
                 log.warning("board %s: slot %r left out of the digest: %s [further ones "
                             "logged at most every 10 s]", self.b.name, e.key, err)
-            return False
-        return True
+            return 0

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .records import shown
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 from .view import View
 
@@ -106,11 +107,12 @@ class Event:
 
     def where(self) -> str:
         """The subject as shown to people: ``key``, ``key@host``, ``@host`` or ``agent``."""
+        subject = shown(self.subject)  # escaped: no key may steer a terminal
         if self.host is not None:
-            return f"{self.subject}@{self.host}"
+            return f"{subject}@{shown(self.host)}"
         if self.kind.value.startswith("host_"):
-            return f"@{self.subject}"
-        return self.subject
+            return f"@{subject}"
+        return subject
 
     def time_str(self, date: bool = True) -> str:
         d = _dt.datetime.fromtimestamp(self.t).astimezone()
@@ -133,7 +135,7 @@ class Event:
         if self.previous_incarnation is not None:
             notes.append(f"was inc {self.previous_incarnation}")
         if self.detail:
-            notes.append(self.detail)
+            notes.append(shown(self.detail))
         if self.initial:
             notes.append("at start")
         return " ".join(parts) + (f" ({'; '.join(notes)})" if notes else "")

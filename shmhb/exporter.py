@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections.abc import Iterator, Sequence
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,7 +26,9 @@ from .board import Board
 from .config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
+from .httpserve import BoundedHandler, BoundedServer, BoundedServer6
 from .instview import BoardInstances, with_instances
+from .records import shown  # label values escaped (keys reach dashboards)
 from .status import PeerStatus, Status
 from .view import View, read_view
 
@@ -50,6 +50,8 @@ MESSAGE_COUNTERS = {
     "pushes_received": ("shmhb_pushes_received", "Digest pushes this pinger received."),
     "pings_confirm": ("shmhb_pings_confirm", "Pings sent at once because a push told of a "
                       "change only an ack may confirm (a new registration, ALIVE again)."),
+    "digest_cut": ("shmhb_digest_cut", "Local slots left out of a new digest generation because "
+                   "the digest was full (dead and left slots go first): other hosts read them gone."),
 }
 
 
@@ -198,9 +200,9 @@ class BoardCollector:
                                 "Incarnation of each local worker's registration.", labels=["key"])
         for s in view.slots:
             for x in STATUSES:
-                st.add_metric([s.key, x.value], 1 if s.status is x else 0)
-            age.add_metric([s.key], s.age_s)
-            inc.add_metric([s.key], s.incarnation)
+                st.add_metric([shown(s.key), x.value], 1 if s.status is x else 0)
+            age.add_metric([shown(s.key)], s.age_s)
+            inc.add_metric([shown(s.key)], s.incarnation)
         yield from (st, age, inc)
 
         # the agent
@@ -267,8 +269,8 @@ class BoardCollector:
                 ack.add_metric([p.address], p.age_s)
             for s in p.slots:
                 for x in STATUSES:
-                    rst.add_metric([p.address, s.key, x.value], 1 if s.status is x else 0)
-                rinc.add_metric([p.address, s.key], s.incarnation)
+                    rst.add_metric([shown(p.address), shown(s.key), x.value], 1 if s.status is x else 0)
+                rinc.add_metric([shown(p.address), shown(s.key)], s.incarnation)
         yield from (pst, rtt, ack, rst, rinc)
         yield from _peer_auth_metrics(view.peers)
 
@@ -310,15 +312,10 @@ class BoardCollector:
 # -- the HTTP side ---------------------------------------------------------------------------
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+_Server, _Server6 = BoundedServer, BoundedServer6  # bounded: see shmhb.httpserve
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
+class _QuietHandler(BoundedHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - " + format, self.address_string(), *args)
 

@@ -242,6 +242,7 @@ STAT_NAMES: Final = (
     "net_failures",
     "intake_muted",
     "pings_confirm",
+    "digest_cut",
 )
 NSTATS: Final = 32
 

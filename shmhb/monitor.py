@@ -23,6 +23,8 @@ from rich.text import Text
 
 from .board import Board
 from .events import Event, EventLog
+from .pipes import PipeConsole
+from .records import shown
 from .status import PeerStatus, SlotStatus, Status
 from .screen import (
     NEWLINE,
@@ -112,21 +114,22 @@ REMOTE_TITLE = "remote hosts (SEEN: since the host's last report)"
 
 
 def _local_cells(s: SlotStatus) -> list[Text]:
-    return [Text(s.key), status_text(s.status), Text(str(s.pid)), Text(str(s.incarnation)),
-            Text(fmt_age(s.age_s)), Text(", ".join(s.endpoints))]
+    return [Text(shown(s.key)), status_text(s.status), Text(str(s.pid)), Text(str(s.incarnation)),
+            Text(fmt_age(s.age_s)), Text(shown(", ".join(s.endpoints)))]
 
 
 def _host_cells(p: PeerStatus) -> list[Text]:
     st = status_text(p.status)
     if p.auth_failing:  # its silence is no sign of death: the secrets differ
         st.append(" (auth fails)", style="bold red")
-    return [Text(f"@{p.address}", style="bold"), st, Text(""), Text(""),
+    return [Text(f"@{shown(p.address)}", style="bold"), st, Text(""), Text(""),
             Text(fmt_age(p.age_s)), Text(fmt_rtt(p.rtt_ms)), Text(_workers(len(p.slots)), style="dim")]
 
 
 def _remote_cells(s: SlotStatus) -> list[Text]:
-    return [Text(f"  {s.key}"), status_text(s.status), Text(str(s.pid)), Text(str(s.incarnation)),
-            Text(fmt_age(s.age_s)), Text(""), Text(", ".join(s.endpoints))]
+    return [Text(f"  {shown(s.key)}"), status_text(s.status), Text(str(s.pid)),
+            Text(str(s.incarnation)), Text(fmt_age(s.age_s)), Text(""),
+            Text(shown(", ".join(s.endpoints)))]
 
 
 def local_lines(view: View) -> list[Text]:
@@ -172,7 +175,7 @@ def status_renderable(view: View) -> RenderableType:
 
 def print_status(view: View, console: Console | None = None) -> None:
     """Print the status table; to a pipe or file, lines are never cut or wrapped."""
-    console = console or Console()
+    console = console or PipeConsole()
     console.print(status_renderable(view), soft_wrap=not console.is_terminal)
 
 
@@ -369,7 +372,7 @@ def run_monitor(board: Board, *, refresh_hz: float = 4.0, console: Console | Non
     One lock-free read of the board per frame; frames are paced on the monotonic clock
     (a slow frame delays the next one, it never queues a burst).
     """
-    console = console or Console()
+    console = console or PipeConsole()
     stop = stop or threading.Event()
     period = 1.0 / refresh_hz
     evlog = EventLog()

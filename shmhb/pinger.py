@@ -19,7 +19,7 @@ One NetworkHalf is one run with one set of settings: it is built with them (rais
 configured) and replaced by a new one when they change.
 
 Bounds: what a followed host may speak for is ``shmhb.followed``; a push never creates
-a row for a key the last full ack did not list; at most ``MAX_ACK_ENTRIES`` rows per
+a row for a key the last full ack did not list; at most ``MAX_DIGEST_ENTRIES`` rows per
 host; incoming frames cost at most ``DRAIN_BUDGET_NS`` per wake-up and
 ``INTAKE_PER_TICK_NS`` per tick.
 """
@@ -315,7 +315,7 @@ class NetworkHalf(Following):
     def _apply_digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> None:
         seen = set()
         changed = False
-        for e in entries:  # at most MAX_ACK_ENTRIES (decode refuses more): rows per host capped
+        for e in entries:  # at most MAX_DIGEST_ENTRIES (decode refuses more): rows per host capped
             e = self._own(t, e)
             seen.add(e.key)
             held = t.remotes.get(e.key)

@@ -13,11 +13,9 @@ Every frame is little-endian and starts with an 8-byte header::
     6  flags    u8  bit 0: a 16-byte HMAC tag ends the frame; other bits must be 0
     7  reserved u8  must be 0
 
-Why this shape: fixed-width integers and length-prefixed UTF-8 are parsed with a few
-``struct`` calls and no allocation beyond the result; every length is checked against
-both its limit and the bytes left, so a hostile frame costs at most ``MAX_FRAME_BYTES``
-of reading and never raises anything but :class:`FrameRejected`.  No pickle: a frame is
-data, never code.  The tag is HMAC-SHA256 (key = the shared secret, message =
+Why this shape: a few ``struct`` calls parse it; every length is checked against its
+limit and the bytes left, so a hostile frame costs at most ``MAX_FRAME_BYTES`` of reading
+and raises nothing but :class:`FrameRejected`.  No pickle: a frame is data, never code.  The tag is HMAC-SHA256 (key = the shared secret, message =
 ``b"shmhb-v1"`` + every byte before the tag) truncated to 16 bytes, checked before the
 body is parsed.  Decoding is stateless; ``shmhb.exchange`` holds the little state that
 replay protection needs and the responder's full-digest rule.
@@ -50,7 +48,8 @@ MAX_ADDRESS_BYTES: Final = 64
 MAX_KEY_BYTES: Final = 63
 MAX_ENDPOINT_BYTES: Final = 63
 MAX_ENDPOINTS: Final = 8
-MAX_ACK_ENTRIES: Final = 256
+MAX_ACK_ENTRIES: Final = 256  # entries of the largest size an ACK always holds; it may
+MAX_DIGEST_ENTRIES: Final = 4096  # hold up to this many, within MAX_DIGEST_BODY_BYTES
 MAX_PUSH_ENTRIES: Final = 64
 MIN_SECRET_BYTES: Final = 16
 TAG_BYTES: Final = 16
@@ -76,6 +75,8 @@ MAX_ACK_BYTES: Final = (_ACK_HEAD.size + MAX_ADDRESS_BYTES + _COUNT.size
                         + MAX_ACK_ENTRIES * MAX_ENTRY_BYTES + TAG_BYTES)
 MAX_PUSH_BYTES: Final = (_PUSH_HEAD.size + MAX_ADDRESS_BYTES + _COUNT.size
                          + MAX_PUSH_ENTRIES * MAX_ENTRY_BYTES + TAG_BYTES)
+#: An ACK's digest body at most: 256 of the largest entries, ~2,800 of 53 bytes.
+MAX_DIGEST_BODY_BYTES: Final = _COUNT.size + MAX_ACK_ENTRIES * MAX_ENTRY_BYTES
 #: No valid frame is longer (152,196 bytes: the largest authenticated ACK).
 MAX_FRAME_BYTES: Final = max(MAX_PING_BYTES, MAX_ACK_BYTES, MAX_PUSH_BYTES)
 
@@ -106,8 +107,7 @@ class Identity:
 
 @dataclass(frozen=True, slots=True)
 class DigestEntry:
-    """One worker slot of the sender's board.  Validated when encoded, not when built,
-    so decoding a 256-entry digest pays for its checks once."""
+    """One worker slot of the sender's board, validated when encoded, not when built."""
 
     key: str
     incarnation: int
@@ -203,6 +203,8 @@ def _seal(parts: list[bytes], secret: bytes | None) -> bytes:
 
 def _encode_entry(e: DigestEntry) -> bytes:
     key = _text(e.key, MAX_KEY_BYTES, "key")
+    if not e.key.isprintable():  # refused by check_key; receivers skip it
+        raise ProtocolError(f"key {key!r} has control or format characters")
     if not isinstance(e.status, int) or isinstance(e.status, bool) or e.status not in STATUSES:
         raise ProtocolError(f"entry {e.key!r}: status {e.status!r} is not a status code")
     if not isinstance(e.endpoints, tuple) or len(e.endpoints) > MAX_ENDPOINTS:
@@ -219,15 +221,17 @@ def _encode_entry(e: DigestEntry) -> bytes:
     return b"".join([fixed, key, *(bytes((len(ep),)) + ep for ep in eps)])
 
 
-def encode_entries(entries: Iterable[DigestEntry], limit: int = MAX_ACK_ENTRIES) -> bytes:
-    """The digest body (u16 count + entries) shared by ACK and PUSH.  A responder encodes
-    it once per digest generation and hands it to :func:`encode_ack_raw`."""
+def encode_entries(entries: Iterable[DigestEntry], limit: int = MAX_DIGEST_ENTRIES) -> bytes:
+    """The digest body (u16 count + entries, at most ``MAX_DIGEST_BODY_BYTES``) of an ACK
+    or PUSH.  Encoded once per digest generation, handed to :func:`encode_ack_raw`."""
     items = tuple(entries)
-    if len(items) > min(limit, MAX_ACK_ENTRIES):
+    if len(items) > min(limit, MAX_DIGEST_ENTRIES):
         raise ProtocolError(f"{len(items)} entries exceed the limit of {limit}")
     parts = [_COUNT.pack(len(items)), *map(_encode_entry, items)]
     if len({e.key for e in items}) != len(items):
         raise ProtocolError("digest entries must have distinct keys")
+    if (n := sum(map(len, parts))) > MAX_DIGEST_BODY_BYTES:
+        raise ProtocolError(f"a digest of {n} bytes exceeds {MAX_DIGEST_BODY_BYTES}")
     return b"".join(parts)
 
 
@@ -255,8 +259,8 @@ def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
     addr = _text(address, MAX_ADDRESS_BYTES, "address")
     if body is None:
         full, body = 0, b""
-    elif (not isinstance(body, bytes) or len(body) < _COUNT.size
-          or _COUNT.unpack_from(body)[0] > MAX_ACK_ENTRIES):
+    elif (not isinstance(body, bytes) or not _COUNT.size <= len(body) <= MAX_DIGEST_BODY_BYTES
+          or _COUNT.unpack_from(body)[0] > MAX_DIGEST_ENTRIES):
         raise ProtocolError("body must be the bytes returned by encode_entries")
     else:
         full = 1
@@ -272,7 +276,7 @@ def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
     """An ACK frame from an :class:`Ack` (re-encodes the digest: prefer the raw path)."""
     if not a.full and a.entries:
         raise ProtocolError("an ack with full=False carries no entries")
-    body = encode_entries(a.entries, MAX_ACK_ENTRIES) if a.full else None
+    body = encode_entries(a.entries, MAX_DIGEST_ENTRIES) if a.full else None
     return encode_ack_raw(a.nonce, a.identity, a.address, a.gen, body, secret)
 
 
@@ -349,6 +353,8 @@ def _read_entries(buf: bytes, off: int, end: int,
             key = raw.decode("utf-8")
             if key in entries:
                 raise FrameRejected("malformed", f"duplicate key {key!r}")
+            if not key.isprintable():  # refused as check_key does: that entry, not the
+                continue  # frame (one old row must not make a whole host read DEAD)
             entries[key] = DigestEntry(key, inc, status, pid, age, tuple(eps))
     except UnicodeDecodeError:
         raise FrameRejected("malformed", "key or endpoint is not UTF-8") from None
@@ -375,7 +381,7 @@ def _decode_ack(buf: bytes, end: int) -> Ack:
     addr, off = _read_text(buf, _ACK_HEAD.size, end, alen, MAX_ADDRESS_BYTES, "address")
     entries: tuple[DigestEntry, ...] = ()
     if full:
-        entries, off = _read_entries(buf, off, end, MAX_ACK_ENTRIES)
+        entries, off = _read_entries(buf, off, end, MAX_DIGEST_ENTRIES)
     if off != end:
         raise FrameRejected("malformed", "trailing bytes")
     return Ack(nonce, Identity(boot, inc), addr, gen, bool(full), entries)
@@ -438,7 +444,7 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
 
 
 __all__ = [
-    "ACK", "MAGIC", "MAX_FRAME_BYTES", "PING", "PUSH", "REASONS", "STATUSES", "VERSION",
-    "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
+    "ACK", "MAGIC", "MAX_DIGEST_BODY_BYTES", "MAX_DIGEST_ENTRIES", "MAX_FRAME_BYTES", "PING",
+    "PUSH", "REASONS", "STATUSES", "VERSION", "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
     "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push",
 ]

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from .board import Board
-from .config import parse_hostport, positive_seconds
-from .errors import LockTimeout
+from .config import check_endpoint, parse_hostport, positive_seconds
+from .errors import InvalidAddress, LockTimeout
 from .periodic import Periodic
 from .status import PeerStatus, SlotStatus, Status
 
@@ -114,7 +114,14 @@ class LinkReaper:
 
         For a remote peer, pass the incarnation the handshake returned: this host's view
         of a remote host lags by a round trip, so right after a peer restarts the board
-        may still show the old incarnation, or no row at all for a new key."""
+        may still show the old incarnation, or no row at all for a new key.
+
+        ``endpoint`` passes the door every address passes (``shmhb.address``): it is
+        canonicalised (``[FD00:0::1]:30001`` is tracked as ``[fd00::1]:30001``,
+        ``Node-A:30002`` as ``node-a:30002``; the returned link holds that text) or
+        refused with ``InvalidAddress``.  Uncanonical text matched no report: the link
+        was never judged against the worker it names, and never dropped when it died."""
+        endpoint = check_endpoint(endpoint)
         # Under the lock: track() and poll() never use the board's per-key read memo
         # (Board.slot) from two threads at once.
         with self._lock:
@@ -151,7 +158,12 @@ class LinkReaper:
     def untrack(self, endpoint: str) -> Link | None:
         """Stop tracking ``endpoint`` without calling ``on_drop``; returns the link, or
         None if it was not tracked or a poll has already dropped it (whose ``on_drop``
-        may still be running on another thread)."""
+        may still be running on another thread).  ``endpoint`` is canonicalised as by
+        :meth:`track`; text the door refuses was never tracked."""
+        try:
+            endpoint = check_endpoint(endpoint)
+        except InvalidAddress:
+            return None
         with self._lock:
             link = self._links.pop(endpoint, None)
             if link is not None:

@@ -11,10 +11,11 @@ import functools
 import logging
 from collections.abc import Iterable
 
-from .config import check_endpoint, is_canonical, is_endpoint
+from .address import canonical_or_none
+from .config import check_endpoint
 from .errors import InvalidKey
 from .layout import ENDPOINTS_BYTES, KEY_BYTES, MAX_ENDPOINTS, encode_endpoints
-from .protocol import MAX_KEY_BYTES
+from .protocol import MAX_ENDPOINT_BYTES, MAX_KEY_BYTES
 from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,24 @@ log = logging.getLogger(__name__)
 skipped = RateLimitedLog(log)
 
 
+def shown(text: str) -> str:
+    """``text`` as it may reach a terminal, a log line or a Prometheus label: every
+    character ``str.isprintable`` refuses (C0/C1 controls such as CSI U+009B and NEL
+    U+0085, bidi overrides such as U+202E, line separators, unassigned code points) is
+    written as a ``\\uXXXX`` escape, so no key or address can move the cursor, reorder
+    a line or forge a line of its own.  The doors already refuse such text; this is
+    for whatever slipped in anyway (an older version's row)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
 def check_key(key: object) -> bytes:
     """``key`` encoded, or ``InvalidKey``: 1..63 UTF-8 bytes (the wire's
-    ``MAX_KEY_BYTES``, what a slot holds), no NUL and no control characters."""
+    ``MAX_KEY_BYTES``, what a slot holds), every character printable
+    (``str.isprintable``: no NUL, no C0 or C1 controls such as U+0085 NEL or U+009B CSI,
+    no format characters such as the bidi override U+202E, no line separators, no
+    spaces but U+0020): a key reaches terminals, logs and Prometheus labels."""
     if not isinstance(key, str) or not key:
         raise InvalidKey(f"a key must be a non-empty str, got {key!r}")
     try:
@@ -34,8 +50,9 @@ def check_key(key: object) -> bytes:
     if len(kb) > MAX_KEY_BYTES or len(kb) >= KEY_BYTES:
         raise InvalidKey(f"key {key!r} is {len(kb)} bytes; the wire limit is "
                          f"{MAX_KEY_BYTES}: choose a shorter key")
-    if any(c < " " or c == "\x7f" for c in key):
-        raise InvalidKey(f"key {key!r} contains NUL or control characters: use printable text")
+    if not key.isprintable():
+        raise InvalidKey(f"key {shown(key)!r} contains control, format or separator "
+                         "characters (C0/C1 controls, bidi overrides, ...): use printable text")
     return kb
 
 
@@ -62,7 +79,8 @@ def _valid_endpoints(raw: bytes) -> tuple[tuple[str, ...], bool]:
     hot read pays one hash of the raw bytes."""
     text = stored_text(raw)
     eps = tuple(text.split(",")) if text else ()
-    good = tuple(e for e in eps if is_endpoint(e))
+    canon = (canonical_or_none(e, need_port=True, max_bytes=MAX_ENDPOINT_BYTES) for e in eps)
+    good = tuple(e for e in canon if e is not None)
     return good, text is None or len(good) != len(eps)
 
 
@@ -113,4 +131,4 @@ def stored_address(raw: bytes, table: str, row: int) -> str | None:
 @functools.lru_cache(maxsize=1 << 12)
 def _valid_address(raw: bytes) -> str | None:
     text = stored_text(raw)
-    return text if text is not None and is_canonical(text) else None
+    return None if text is None else canonical_or_none(text)

@@ -74,7 +74,7 @@ class Responder:
         self.ping_guard: ReplayGuard | None = ReplayGuard() if secret else None
         self.watchers: dict[bytes, int] = {}  # ROUTER routing id -> last ping ns
         self._max_watchers = 4 * board.sizes.npeers
-        self.digest = LocalDigest(board)
+        self.digest = LocalDigest(board, count)
         self._push_seq = time.time_ns()
         self._unpushed: dict[str, DigestEntry] = {}  # changes held back by _PUSH_GAP_NS
         self._last_push_ns: int | None = None

@@ -21,6 +21,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.text import Text
 
+from .records import shown
 from .status import Status
 
 
@@ -202,7 +203,7 @@ class Columns:
         self.rows: list[list[Text]] = []
 
     def add_row(self, *cells: str | Text) -> None:
-        self.rows.append([c if isinstance(c, Text) else Text(c) for c in cells])
+        self.rows.append([c if isinstance(c, Text) else Text(shown(c)) for c in cells])
 
     def lines(self, width: int | None = None, rule: bool = True) -> list[Text]:
         """Title, header, rule and rows, one ``Text`` per line; within ``width`` cells

@@ -17,6 +17,7 @@ import grp
 import os
 import pwd
 import re
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,19 +288,49 @@ def render(s: UnitSettings) -> dict[str, str]:
 
 def write_units(out_dir: str | os.PathLike[str], s: UnitSettings) -> list[Path]:
     """Write the three files into ``out_dir`` (created if missing); returns their paths.
-    Unit files get mode 0644, the environment file 0600 (it may come to name secrets)."""
+    Unit files get mode 0644, the environment file 0600 (it may come to name secrets).
+
+    Each file is written to a fresh temporary name in ``out_dir`` (``O_EXCL``: never an
+    existing file, never through a link) with its mode set before any byte is written,
+    then renamed over the name: a symlink planted at ``out_dir/NAME`` is replaced, never
+    followed, so the file it points to is neither overwritten nor re-moded, and a reader
+    never sees a half-written unit."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in render(s).items():
         path = out / name
         mode = 0o600 if name == ENV_FILE else 0o644
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(path, mode)  # an existing file keeps its old mode through O_CREAT
+        _replace_file(path, text, mode)
         written.append(path)
     return written
+
+
+def _replace_file(path: Path, text: str, mode: int) -> None:
+    """``path`` replaced by a new file holding ``text`` with exactly ``mode``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileExistsError:
+            continue  # someone holds that name: draw another
+        break
+    else:
+        raise FileExistsError(f"{path.parent}: no free temporary name to write {path.name}")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)  # the umask does not decide a unit's mode
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # rename(2) replaces a link at ``path``, never follows it
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def next_steps(paths: list[Path], s: UnitSettings) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import shmhb
 from shmhb import Status
@@ -12,6 +13,8 @@ from shmhb.clock import FakeClock
 from shmhb.digest import LocalDigest
 from shmhb.layout import TS_SHIFT
 from shmhb.protocol import Ack, Identity, decode, encode_ack_raw
+
+from .conftest import Procs, wait_until
 
 
 def test_a_new_digest_lists_the_live_slots_before_its_first_flush(board: shmhb.Board) -> None:
@@ -73,3 +76,94 @@ def test_the_digest_looks_again_at_once_on_a_change_and_within_its_period_on_age
         for h in (hb, *others):
             h.close()
         b.close()
+
+
+# -- past 256 entries (issue 23 case 4) -------------------------------------------------------
+
+BULK = """
+    import signal, sys, time
+    import shmhb
+    name, prefix, n, ip, port0 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    b = shmhb.Board.attach(name)
+    hbs = [b.register(f"{prefix}{i}", endpoints=(f"{ip}:{port0 + i}",), agent=False) for i in range(n)]
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    print("ready", flush=True)
+    while not stop:
+        for hb in hbs:
+            hb.beat()
+        time.sleep(0.05)
+"""
+
+
+def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(tmp_path: Any, procs: Procs) -> None:
+    """260 dead slots (one process that registered them, SIGKILLed), 39 live ones, then
+    the 300th worker: the other host sees it ALIVE, then DEAD at its kill.  The digest
+    used to stop at 256 entries in slot order, dead ones included: the 300th worker was
+    never seen, its death never told."""
+    from .hosts import cluster_fixture
+    for cluster in cluster_fixture(tmp_path):
+        a = cluster.host(slots=400)
+        b = cluster.host()
+        gone = procs.python(BULK, a.name, "gone-", "260", a.ip, "32000")
+        gone.kill()
+        gone.wait(10)
+        wait_until(lambda: sum(s.status is Status.DEAD for s in a.board.slots()) == 260,
+                   timeout_s=30, what="260 dead slots on a")
+        procs.python(BULK, a.name, "live-", "39", a.ip, "33000")
+        w = a.worker("rank-300", a.endpoint(1))
+        inc = int(w.ready_line.split()[1])  # type: ignore[attr-defined]
+        assert int(w.ready_line.split()[2]) >= 256  # type: ignore[attr-defined]  # past the old cut
+        b.watch(a)
+        wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None
+                   and r.status is Status.ALIVE and r.incarnation == inc,
+                   timeout_s=30, what="the 300th worker alive on b")
+        peer = b.peer(a)
+        assert peer is not None and len(peer.slots) == 300, len(peer.slots) if peer else None
+        assert a.stats()["digest_cut"] == 0  # everything fitted: nothing was left out
+        w.kill()
+        wait_until(lambda: b.remote_status(a.endpoint(1)) is Status.DEAD, timeout_s=20,
+                   what="the 300th worker's kill seen on b")
+
+
+def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
+        board_name: str, procs: Procs, caplog: Any) -> None:
+    """Entries of the largest size a board holds (a 63-byte key, 255 bytes of
+    endpoints): 447 fit in a digest.  60 dead and 520 live slots: the digest carries
+    live ones only, as many as fit; what is left out is counted and logged."""
+    from shmhb.protocol import MAX_DIGEST_BODY_BYTES, DigestEntry, encode_entries
+    board = shmhb.Board.create(board_name, slots=600, suspect_after_s=0.5, dead_after_s=1.0)
+    eps = [",".join(f"{'h' * 52}-{k}.x:{30000 + j}" for j in range(4)) for k in range(2)]
+    dead = procs.python("""
+        import sys, time, shmhb
+        b = shmhb.Board.attach(sys.argv[1])
+        eps = tuple(sys.argv[2].split(","))
+        hbs = [b.register(f"dead-{i:03d}-" + "k" * 54, endpoints=eps, agent=False) for i in range(60)]
+        for hb in hbs:
+            hb.beat()
+        print("ready", flush=True)
+        time.sleep(600)
+        """, board.name, eps[0])
+    dead.kill()
+    dead.wait(10)
+    hbs = [board.register(f"live-{i:03d}-" + "k" * 54, endpoints=eps[1].split(","), agent=False)
+           for i in range(520)]
+    one = DigestEntry(hbs[0].key, 1, 1, 1, 0, tuple(eps[1].split(",")))
+    fit = (MAX_DIGEST_BODY_BYTES - 2) // (len(encode_entries((one,))) - 2)
+    assert 256 < fit < 520
+    counted: dict[str, int] = {}
+    try:
+        wait_until(lambda: sum(s.status is Status.DEAD for s in board.slots()) == 60,
+                   timeout_s=20, what="60 slots dead by age")
+        for hb in hbs:
+            hb.beat()
+        with caplog.at_level("WARNING", logger="shmhb.digest"):
+            d = LocalDigest(board, lambda stat, n=1: counted.__setitem__(stat, counted.get(stat, 0) + n))
+        got = _statuses(d)
+        assert len(got) == fit and set(got.values()) == {Status.ALIVE.code}
+        assert d.cut == 580 - fit and counted == {"digest_cut": 580 - fit}
+        assert f"{580 - fit} slot(s) left out of the digest" in caplog.text
+    finally:
+        for hb in hbs:
+            hb.close()
+        board.close()

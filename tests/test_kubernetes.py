@@ -101,8 +101,8 @@ def test_pinger_listens_where_peers_reach_it_and_the_exporter_is_scraped() -> No
     assert listen == "$(NODE_IP):45645"
     env = {e["name"]: e for e in pinger["env"]}
     assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
-    exporter = next(c for c in spec["containers"] if c["name"] == "exporter")
-    ports = {p["name"]: p["containerPort"] for p in exporter["ports"]}
+    proxy = next(c for c in spec["containers"] if c["name"] == "kube-rbac-proxy")
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
     assert ports == {"metrics": 9645}
     svc, sm = got["servicemonitor.yaml"]
     assert svc["kind"] == "Service" and sm["kind"] == "ServiceMonitor"
@@ -152,9 +152,13 @@ def test_the_pinger_and_the_exporter_have_real_probes() -> None:
         if "pinger" in cmd:
             assert c["livenessProbe"]["exec"]["command"] == ["shmhb", "status", "--agent-only"]
         elif "exporter" in cmd:
-            port = c["ports"][0]["name"]
-            assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}, name
-            assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}, name
+            for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+                if "ports" in c:
+                    port = c["ports"][0]["name"]
+                    assert c[probe]["httpGet"] == {"path": path, "port": port}, name
+                else:  # listening on loopback: probed from inside the container
+                    addr, port = (cmd[cmd.index(f) + 1] for f in ("--addr", "--port"))
+                    assert f"http://{addr}:{port}{path}" in " ".join(c[probe]["exec"]["command"])
 
 
 def test_the_daemonset_schedules_on_tainted_accelerator_nodes_first() -> None:
@@ -180,4 +184,54 @@ def test_the_image_runs_as_the_manifests_uid_with_the_c_path() -> None:
     for needle in ("packaging/docker/Dockerfile", "pod-security.kubernetes.io/enforce",
                    "priorityClassName", "tolerations", "--agent-only", "/readyz",
                    "serving images run as root", "--board-group 1000"):
+        assert needle in guide, needle
+
+
+# -- metrics only to who may read them (issue 23 case 18) ------------------------------------
+
+def test_no_exporter_serves_unauthenticated_metrics_on_a_node_address() -> None:
+    """With hostNetwork an exporter on the node's address serves keys, endpoints and
+    peers to anyone who reaches the node, and a NetworkPolicy does not select hostNetwork
+    pods: such an exporter listens on loopback, and kube-rbac-proxy (TLS, a TokenReview
+    and a SubjectAccessReview per scrape) serves /metrics on the node's address."""
+    got = docs()
+    for name, ds in got.items():
+        for d in ds:
+            if d["kind"] not in ("DaemonSet", "Pod"):
+                continue
+            spec = pod_spec(d)
+            for c in spec["containers"]:
+                cmd = c.get("command", [])
+                if "exporter" not in cmd:
+                    continue
+                addr = cmd[cmd.index("--addr") + 1]
+                assert addr not in ("0.0.0.0", "::", "$(NODE_IP)"), (name, addr)
+                if spec.get("hostNetwork"):
+                    assert addr == "127.0.0.1" and not c.get("ports"), name
+                    port = cmd[cmd.index("--port") + 1]
+                    proxy = next(p for p in spec["containers"] if p["name"] == "kube-rbac-proxy")
+                    assert f"--upstream=http://127.0.0.1:{port}/" in proxy["args"]
+                    assert "--allow-paths=/metrics" in proxy["args"]
+                    assert any(a.startswith("--secure-listen-address=$(NODE_IP):")
+                               for a in proxy["args"])
+                    sc = proxy["securityContext"]
+                    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
+                    assert sc["capabilities"]["drop"] == ["ALL"]
+                    sa = spec["serviceAccountName"]
+                    rbac = {(x["kind"], x["metadata"]["name"]): x for x in ds}
+                    assert ("ServiceAccount", sa) in rbac
+                    binding = next(x for x in ds if x["kind"] == "ClusterRoleBinding"
+                                   and {"kind": "ServiceAccount", "name": sa,
+                                        "namespace": "serving"} in x["subjects"])
+                    role = rbac[("ClusterRole", binding["roleRef"]["name"])]
+                    assert {r["resources"][0] for r in role["rules"]} == {
+                        "tokenreviews", "subjectaccessreviews"}
+                    readers = [x for x in ds if x["kind"] == "ClusterRole"
+                               and {"nonResourceURLs": ["/metrics"], "verbs": ["get"]} in x["rules"]]
+                    assert readers, name
+    sm = got["servicemonitor.yaml"][1]
+    ep = sm["spec"]["endpoints"][0]
+    assert ep["scheme"] == "https" and ep["bearerTokenFile"].endswith("serviceaccount/token")
+    guide = DOC.read_text()
+    for needle in ("kube-rbac-proxy", "127.0.0.1", "NetworkPolicy", "shmhb-metrics-reader"):
         assert needle in guide, needle

@@ -621,3 +621,61 @@ def test_remote_sees_the_next_holder_of_an_endpoint(make_site: Callable[..., Sit
     b.kill()
     dropped = poll_until(reaper)
     assert [(lk.incarnation, r) for lk, r in dropped] == [(inc_of(b), DropReason.DEAD)]
+
+
+# -- the door: endpoint text is canonicalised (issue 23 case 7) ------------------------------
+
+def test_track_canonicalises_endpoint_text_or_refuses_it(board: shmhb.Board) -> None:
+    """No agent runs on ``board``: the watches this makes send nothing anywhere."""
+    reaper = LinkReaper(board)
+    link = reaper.track("[FD00:0::1]:30001", incarnation=7)
+    assert link.endpoint == "[fd00::1]:30001"
+    assert [lk.endpoint for lk in reaper.links()] == ["[fd00::1]:30001"]
+    w = board.watch_table
+    assert [bytes(a).rstrip(b"\0") for a in w[w["checksum"] != 0]["address"]] == [b"[fd00::1]"]
+    assert reaper.track("Node-A:30002", incarnation=3).endpoint == "node-a:30002"
+    assert reaper.untrack("NODE-a:30002") is not None  # the same endpoint, however written
+    assert reaper.untrack("[fd00:0:0::1]:30001") is not None and reaper.links() == []
+    for bad in ("node_a:30002", "[fd00::1]", "1.2.3:4", "node-a:0", "x" * 64 + ":1"):
+        with pytest.raises(shmhb.InvalidAddress):
+            reaper.track(bad)
+        assert reaper.untrack(bad) is None
+    assert reaper.links() == []
+
+
+def test_a_link_tracked_as_uncanonical_text_is_dropped_when_its_worker_dies(procs: Procs) -> None:
+    """A host that names itself ``localhost`` (127.0.0.1), a connector that met its worker
+    as ``LocalHost:30001``: the link is judged against that worker and dropped DEAD at its
+    kill.  Before, the text matched no report: the live worker's link waited for ever and
+    was finally dropped GONE, the kill unseen."""
+    port = free_port(["127.0.0.1", "127.0.0.3"])
+    names = [f"shmhb-test-{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    boards = [shmhb.Board.create(n, slots=16, policy=FAST) for n in names]
+    try:
+        watcher, peer = boards
+        pingers = []
+        for b, listen in ((watcher, f"127.0.0.3:{port}"), (peer, f"localhost:{port}")):
+            p = procs.spawn(PINGER + ["--board", b.name, "--listen", listen], ready=False)
+            wait_until(lambda b=b, p=p: p.poll() is not None or (
+                b.agent().pid == p.pid and b.agent().status is Status.ALIVE),
+                timeout_s=20, what=f"pinger on {listen}")
+            assert p.poll() is None, f"pinger on {listen} exited with {p.returncode}"
+            pingers.append(p)
+        w = procs.worker(peer.name, "rank-0", interval_s=0.02, endpoints="localhost:30001")
+        rec = Recorder()
+        reaper = LinkReaper(watcher, on_drop=rec)
+        link = reaper.track("LocalHost:30001", incarnation=inc_of(w))
+        assert link.endpoint == "localhost:30001"
+        def judged() -> bool:
+            assert reaper.poll() == [], f"the live worker's link was dropped: {rec.calls}"
+            return reaper.links()[0].key == "rank-0"
+        wait_until(judged, timeout_s=20, poll_s=0.01, what="the link judged against rank-0")
+        w.kill()
+        dropped = poll_until(reaper, timeout_s=20, what="the drop of the killed worker's link")
+        assert [(lk.endpoint, r) for lk, r in dropped] == [("localhost:30001", DropReason.DEAD)]
+    finally:
+        procs.cleanup()
+        for b in boards:
+            b.close()
+        for n in names:
+            unlink_quietly(n)

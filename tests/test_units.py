@@ -144,3 +144,34 @@ def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
         units.UnitSettings(command=("/opt/my env/bin/shmhb",), user=ME, group=ME)
     with pytest.raises(InvalidConfig, match="ExecStart"):
         units.UnitSettings(command=("/opt/%h/shmhb",), user=ME, group=ME)
+
+
+def test_out_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    """Issue 23 case 16: a link planted at ``--out DIR/NAME`` used to be followed: the file
+    it points to was overwritten and its mode became 0644.  Now each name is replaced by a
+    new file (temporary name, then rename): the target keeps its bytes and mode, and the
+    written files have exactly their intended modes whatever the umask."""
+    out = tmp_path / "u"
+    out.mkdir()
+    victims = {}
+    for name in (units.PINGER_UNIT, units.EXPORTER_UNIT, units.ENV_FILE):
+        victim = tmp_path / f"victim-{name}"
+        victim.write_text("precious\n")
+        victim.chmod(0o600)
+        (out / name).symlink_to(victim)
+        victims[name] = victim
+    old = os.umask(0o077)  # a strict umask must not make the units unreadable either
+    try:
+        r = run_units("--out", str(out), "--user", ME)
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious\n", name
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o600, name
+        path = out / name
+        assert not path.is_symlink(), name
+        want = 0o600 if name == units.ENV_FILE else 0o644
+        assert stat.S_IMODE(path.lstat().st_mode) == want, name
+        assert path.read_text().strip(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted(victims)  # no temporary left

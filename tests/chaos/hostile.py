@@ -288,3 +288,27 @@ class HostileFaults:
                 self.breach("bad-config", f"{variant}: {got.get('why')}", "*")  # type: ignore[attr-defined]
         self.jobs.append((p, now_ns() + 60 * NS, "bad_config", done))
         return True
+
+    def _f_big_digest(self, f: Fault) -> bool:
+        """Two throwaway hosts next to the cluster, the 300th worker of one past 260 dead
+        slots killed: the other must see it DEAD (``tests.chaos.bigdigest``)."""
+        ips = [f"127.0.2.{2 + (f.salt + k) % 250}" for k in (0, 1)]
+        if ips[0] == ips[1]:
+            ips[1] = "127.0.2.253"
+        p = subprocess.Popen([sys.executable, "-m", "tests.chaos.bigdigest", *ips],
+                             stdout=subprocess.PIPE, cwd=ROOT, env=self.env)
+        self.note(f"FAULT big_digest: 300 slots at {ips[0]}, 260 of them dead, watched "  # type: ignore[attr-defined]
+                  f"from {ips[1]}", "*")
+
+        def done(out: str, rc: int) -> None:
+            try:
+                got = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            if got.get("ok"):
+                self.checker.stats["big-digest"] += 1  # type: ignore[attr-defined]
+                self.checker.lat["big-digest-kill"].append(got.get("kill_ms", 0) / 1e3)  # type: ignore[attr-defined]
+            else:
+                self.breach("big-digest", str(got.get("why")), "*")  # type: ignore[attr-defined]
+        self.jobs.append((p, now_ns() + 90 * NS, "big_digest", done))
+        return True

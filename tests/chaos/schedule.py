@@ -51,6 +51,8 @@ long_endpoint          a worker registers a 72-byte endpoint (a Kubernetes servi
 bad_config             a throwaway host next to the cluster whose pinger cannot run as
                        configured (port in use, secret missing or readable by others,
                        no CURVE secret key, a listen address not on this host)
+big_digest             a throwaway host with 300 slots (260 dead) next to the cluster: the
+                       300th worker's kill must be seen on another throwaway host
 =====================  ==================================================================
 """
 
@@ -117,6 +119,7 @@ WEIGHTS: dict[str, float] = {
     "bad_watch": 1.5,
     "long_endpoint": 1.5,
     "bad_config": 1.5,
+    "big_digest": 0.5,
 }
 KINDS = tuple(WEIGHTS)
 #: faults that need the namespaced pair of hosts, or root
@@ -156,7 +159,7 @@ def hostile_duration(kind: str, rng: random.Random) -> float | None:
     """Durations of the hostile-input kinds (``hostile.py``); None for the others."""
     lo_hi = {"conn_flood": (1.0, 5.0), "push_flood": (0.5, 3.0), "relay": (1.0, 4.0),
              "spoof": (1.0, 6.0), "bad_watch": (1.0, 6.0), "long_endpoint": (0.5, 4.0),
-             "forged_ping": None, "bad_config": None}
+             "forged_ping": None, "bad_config": None, "big_digest": None}
     if kind not in lo_hi:
         return None
     r = lo_hi[kind]
