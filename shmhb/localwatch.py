@@ -17,7 +17,7 @@ import zmq
 from . import locks
 from .agentwriter import AgentWriter
 from .board import Board
-from .errors import ShmhbError
+from .errors import BoardOpenError, ShmhbError
 from .layout import INC_SHIFT, LEFT_BIT, LOCK_SLOT_BASE, TS_SHIFT, pack_verdict
 from .procinfo import own_pid_namespace, pidfd_open, start_time
 
@@ -28,6 +28,8 @@ _SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
 #: counter stands still (see ``LocalWatch.tick``).
 SCAN_FALLBACK_NS = 250_000_000
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+#: how long after a forget refused for want of fds it is tried again
+FORGET_RETRY_NS = 1_000_000_000
 
 
 class _Watched:
@@ -61,6 +63,7 @@ class LocalWatch:
         self._last_log: dict[str, int] = {}
         self._seen_changes: int | None = None
         self._next_scan_ns = 0
+        self._forget_retry_ns = 0
         self.pollables_gen = 0
 
     def _rate_log(self, what: str, msg: str, *args: object) -> None:
@@ -120,7 +123,23 @@ class LocalWatch:
         for i in list(self._by_lock):
             if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
                 self._convict(i, self._watched[i], now_ns, "released its slot lock")
-        b.forget_expired()  # the policy's forget_after_s; one comparison when it is off
+        if now_ns >= self._forget_retry_ns:
+            self._forget_expired(now_ns)
+
+    def _forget_expired(self, now_ns: int) -> None:
+        """The policy's ``forget_after_s`` (one comparison when it is off).  Clearing a
+        slot takes an fd for its slot lock; out of fds (a connection flood at a low
+        LimitNOFILE) that is refused with ``BoardOpenError``, which must not stop the
+        agent: nothing was cleared (the fd comes first), so the same slots are tried
+        again ``FORGET_RETRY_NS`` later, and the refusal is logged at a bounded rate."""
+        try:
+            self.board.forget_expired()
+        except (BoardOpenError, OSError) as e:
+            if not isinstance(e, BoardOpenError) and e.errno not in _FD_ERRNOS:
+                raise
+            self._forget_retry_ns = now_ns + FORGET_RETRY_NS
+            self._rate_log("forget", "board %s: could not forget expired slots (%s); "
+                           "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
 
     def _scan(self, now_ns: int) -> None:
         b = self.board
