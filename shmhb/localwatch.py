@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import time
 
 import numpy as np
@@ -30,6 +31,38 @@ SCAN_FALLBACK_NS = 250_000_000
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 #: how long after a forget refused for want of fds it is tried again
 FORGET_RETRY_NS = 1_000_000_000
+
+
+#: what ``_visible_start_time`` returns for a process /proc does not show us
+_INVISIBLE = -1
+
+
+def _visible_start_time(pid: int, pidfd: int) -> int | None:
+    """``start_time(pid)`` for a process we hold a pidfd of: None if it is gone (or a
+    zombie), ``_INVISIBLE`` if it lives but /proc hides it from us: with hidepid=2 (or
+    systemd's ProtectProc=invisible) another user's /proc/PID does not exist for us, with
+    hidepid=1 it cannot be read.  The pidfd tells which, about that very process (no pid
+    reuse in between): ``pidfd_send_signal`` with signal 0 fails with ESRCH once it is
+    gone, with EPERM while it lives and is not ours to signal."""
+    try:
+        st = start_time(pid)
+    except PermissionError:
+        st = None
+    else:
+        if st is not None:
+            return st
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return _INVISIBLE
+    # alive (or a zombie), and signalable: same user or root; /proc shows such a
+    # process unless it is a zombie, so read it once more to tell
+    try:
+        return start_time(pid) if os.path.exists(f"/proc/{pid}") else _INVISIBLE
+    except PermissionError:
+        return _INVISIBLE
 
 
 class _Watched:
@@ -191,7 +224,7 @@ class LocalWatch:
             pidfd = None
             try:
                 pidfd = pidfd_open(pid)
-                started = start_time(pid) if pidfd is not None else None
+                started = _visible_start_time(pid, pidfd) if pidfd is not None else None
             except OSError as e:
                 if e.errno in _FD_ERRNOS:
                     # Out of file descriptors (a connection flood, a low LimitNOFILE):
@@ -207,6 +240,22 @@ class LocalWatch:
             else:
                 if pidfd is None:
                     self._convict(i, wt, now_ns, "was gone before the agent saw it")
+                elif started is _INVISIBLE:
+                    # /proc hides it (hidepid=2, ProtectProc=invisible: another user's
+                    # process), which is not "gone": the pidfd was had, so the pid names
+                    # a live process.  Whether it is still our registrant its start time
+                    # cannot tell; its slot lock can (the kernel frees it when the
+                    # registrant dies, and a pid is only reused after that).  So: the
+                    # pidfd for the exit notice, and the slot lock checked every tick.
+                    wt.pidfd = pidfd
+                    self._by_fd[pidfd] = i
+                    self.pollables_gen += 1
+                    self._rate_log("hidden", "board %s: /proc hides pid %d (hidepid?): "
+                                   "worker watched through its pidfd and slot lock",
+                                   self.board.name, pid)
+                    self._by_lock.add(i)
+                    if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                        self._convict(i, wt, now_ns, "released its slot lock")
                 elif started != int(rec["pid_start"]):
                     os.close(pidfd)
                     self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
