@@ -157,6 +157,15 @@ class NetSupervisor:
             elif now_ns - self._mismatch_since_ns >= TORN_AFTER_NS:
                 self._seen_cfg_word = word  # reported once per torn state
                 self._mismatch_since_ns = None
+                if self._cfg is not None:
+                    # We run settings read whole before the tear: they stay valid, and
+                    # stopping a working half over a torn copy would take the host off
+                    # the network for nothing.  The next holder reports the tear.
+                    self._settled = True
+                    log.warning("pinger: the stored settings are torn (their writer was "
+                                "killed while writing them); running on those applied "
+                                "before; run `shmhb pinger --listen ...` to rewrite them")
+                    return
                 self._set_cfg(word[0], None)
                 self._fail(NetReason.CONFIG, 0, "the stored pinger settings are torn (their "
                            "writer was killed while writing them); run `shmhb pinger "
