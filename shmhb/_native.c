@@ -88,6 +88,7 @@ typedef struct {
     uint64_t *word;
     uint64_t base;
     PyObject *clock;
+    PyObject *closed_type, *closed_msg; /* what beat() raises once released (or NULL) */
 } Beater;
 
 static PyObject *Beater_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -100,7 +101,12 @@ static PyObject *Beater_vectorcall(PyObject *self, PyObject *const *args, size_t
         return NULL;
     }
     if (!b->held) {
-        PyErr_SetString(PyExc_ValueError, "this beat was released (the heartbeat is closed)");
+        /* released: the heartbeat closed, or this is a forked child's copy (a bound
+         * beat taken before fork() must not keep the parent's slot alive) */
+        if (b->closed_type != NULL)
+            PyErr_SetObject(b->closed_type, b->closed_msg);
+        else
+            PyErr_SetString(PyExc_ValueError, "this beat was released (the heartbeat is closed)");
         return NULL;
     }
     if (clock_ns(b->clock, &ns) < 0) return NULL;
@@ -135,28 +141,52 @@ static PyObject *Beater_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)b;
 }
 
-static PyObject *Beater_release(Beater *b, PyObject *unused) {
-    (void)unused;
+static void Beater_drop(Beater *b) {
     if (b->held) {
         b->held = 0;
         PyBuffer_Release(&b->view);
     }
+}
+
+/* release(error=None, message=None): give the mapping back; beat() then raises
+ * error(message) (ValueError without one).  Every bound beat() shares this object, so
+ * this invalidates them all: held is the flag the hot path tests already. */
+static PyObject *Beater_release(Beater *b, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"error", "message", NULL};
+    PyObject *err = Py_None, *msg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:release", kwlist, &err, &msg))
+        return NULL;
+    if (err != Py_None) {
+        if (!PyExceptionClass_Check(err)) {
+            PyErr_SetString(PyExc_TypeError, "error must be an exception class");
+            return NULL;
+        }
+        Py_INCREF(err);
+        Py_XSETREF(b->closed_type, err);
+        Py_INCREF(msg);
+        Py_XSETREF(b->closed_msg, msg);
+    }
+    Beater_drop(b);
     Py_RETURN_NONE;
 }
 
 static int Beater_traverse(Beater *b, visitproc visit, void *arg) {
     Py_VISIT(b->clock);
+    Py_VISIT(b->closed_type);
+    Py_VISIT(b->closed_msg);
     return 0;
 }
 
 static int Beater_clear(Beater *b) {
     Py_CLEAR(b->clock);
+    Py_CLEAR(b->closed_type);
+    Py_CLEAR(b->closed_msg);
     return 0;
 }
 
 static void Beater_dealloc(Beater *b) {
     PyObject_GC_UnTrack(b);
-    Beater_release(b, NULL);
+    Beater_drop(b);
     Beater_clear(b);
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
@@ -170,7 +200,9 @@ static PyObject *Beater_beat(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyMethodDef Beater_methods[] = {
     {"beat", (PyCFunction)(void (*)(void))Beater_beat, METH_FASTCALL,
      "beat(): clock read and one release store of the heartbeat word."},
-    {"release", (PyCFunction)Beater_release, METH_NOARGS, "Give the mapping back; beat() then raises."},
+    {"release", (PyCFunction)(void (*)(void))Beater_release, METH_VARARGS | METH_KEYWORDS,
+     "release(error=None, message=None): give the mapping back; beat() then raises "
+     "error(message)."},
     {NULL}};
 
 static PyTypeObject BeaterType = {

@@ -26,7 +26,7 @@ from .board import Board
 from .clock import MONOTONIC, Clock
 from .config import AgentConfig
 from .heartbeat import Heartbeat
-from .layout import LOCK_AGENT
+from .layout import LOCK_AGENT, LOCK_DAEMON
 from .localwatch import LocalWatch
 from .netstate import NetAuth, NetReason, NetState
 from .netsup import NetSupervisor
@@ -42,6 +42,20 @@ __all__ = ["Agent", "AgentLoop", "AgentWriter", "Component", "LocalWatch", "embe
 
 class _Deposed(Exception):
     """The watchdog gave the role up while the loop was stuck: stop writing at once."""
+
+
+class _HandOver(Exception):
+    """An embedded holder leaves the role to a ``shmhb pinger`` daemon that waits for it."""
+
+
+#: how often an embedded holder looks whether a daemon waits for the role (one fcntl)
+HANDOVER_CHECK_NS = 100_000_000
+#: how long embedded standbys leave a free role to a waiting daemon before taking it
+#: themselves (a daemon that is itself stopped must not leave the host without an agent)
+DAEMON_GRACE_NS = 1_000_000_000
+#: after taking the role despite a waiting daemon, an embedded holder does not hand it
+#: over again for this long (no flapping between a stopped daemon and the workers)
+NO_HANDOVER_NS = 60_000_000_000
 
 
 class Agent:
@@ -64,8 +78,11 @@ class Agent:
 
     def __init__(self, board_name: str, *, config: AgentConfig | None = None,
                  network: bool = True, clock: Clock = MONOTONIC,
-                 transport: TransportFactory = Transport) -> None:
+                 transport: TransportFactory = Transport, daemon: bool = False) -> None:
         self.board_name = board_name
+        self.daemon = daemon
+        self._free_since_ns: int | None = None  # embedded: role seen free, a daemon waiting
+        self._next_handover_check_ns = 0
         self.config = config or AgentConfig()
         self.network = network
         self.clock = clock
@@ -108,8 +125,9 @@ class Agent:
                 self._progress_ns = time.monotonic_ns()  # a standby's poll is progress too
                 loop = self.elect(board)
                 if loop is not None:
-                    self._hold(board, loop)
-                    break
+                    if not self._hold(board, loop):
+                        break
+                    continue  # handed over to a daemon: a standby again
                 self._stop.wait(self.config.election_poll_s)
         except _Deposed:
             log.error("board %s: the agent loop was stuck; the role was given up",
@@ -129,7 +147,20 @@ class Agent:
         with self._fd_lock:
             if self._fd < 0:
                 self._fd = board.new_fd()
+                if self.daemon:  # for the fd's life: embedded holders hand over to us
+                    locks.try_lock(self._fd, LOCK_DAEMON, exclusive=False)
             fd = self._fd
+        if not self.daemon and locks.is_held(fd, LOCK_DAEMON):
+            # A daemon runs: the role is its (it runs apart from any worker, so a worker
+            # stuck in a long C call or stopped cannot take the host's agent with it).
+            # Unless the role stays free for DAEMON_GRACE_NS: that daemon is stuck too.
+            now = time.monotonic_ns()
+            if self._free_since_ns is None:
+                self._free_since_ns = now
+            if now - self._free_since_ns < DAEMON_GRACE_NS or locks.is_held(fd, LOCK_AGENT):
+                return None
+            self._next_handover_check_ns = now + NO_HANDOVER_NS
+        self._free_since_ns = None
         if not locks.try_lock(fd, LOCK_AGENT):
             return None
         try:
@@ -181,9 +212,14 @@ class Agent:
                 return
 
     def _check(self) -> None:
-        self._progress_ns = time.monotonic_ns()
+        now = self._progress_ns = time.monotonic_ns()
         if self.deposed.is_set():
             raise _Deposed()
+        if not self.daemon and now >= self._next_handover_check_ns:
+            self._next_handover_check_ns = now + HANDOVER_CHECK_NS
+            fd = self._fd
+            if fd >= 0 and locks.is_held(fd, LOCK_DAEMON):
+                raise _HandOver()
 
     def _take(self, board: Board) -> AgentLoop:
         """Set the role up, now that we hold its lock: a new term, our words, the
@@ -230,7 +266,9 @@ class Agent:
             self._release()
             self.holding.clear()
 
-    def _hold(self, board: Board, loop: AgentLoop) -> None:
+    def _hold(self, board: Board, loop: AgentLoop) -> bool:
+        """Run the loop until stopped; True if the role was handed over to a daemon
+        (then this agent stands by again), False when it stopped."""
         done = threading.Event()
         threading.Thread(target=self._watchdog, args=(done, threading.get_native_id()),
                          daemon=True, name=f"shmhb-watchdog-{board.name}").start()
@@ -238,12 +276,20 @@ class Agent:
         try:
             while not self._stop.is_set():
                 loop.step()
+        except _HandOver:
+            # Not "left": the host keeps an agent; the daemon's term follows at its
+            # next election poll.  Like a deposed holder, we write no more words.
+            deposed = True
+            log.info("board %s: a shmhb pinger daemon runs; the embedded agent (pid %d) "
+                     "hands the role over to it", board.name, os.getpid())
+            return True
         except _Deposed:
             deposed = True
             raise
         finally:
             done.set()
             self.resign(loop, deposed=deposed)
+        return False
 
     def after_fork_in_child(self) -> None:
         self._thread = None

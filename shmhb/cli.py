@@ -192,7 +192,8 @@ def cmd_pinger(args: argparse.Namespace) -> int:
         from .netconfig import configure_from_args
         configure_from_args(args)  # stored in the board: any holder of the role applies them
     agent = Agent(board_name(args.board),
-                  config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s))
+                  config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s),
+                  daemon=True)
     stop = threading.Event()
 
     def _stop(signum: int) -> None:  # called from stopsignal's thread, not a handler

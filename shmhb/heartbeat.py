@@ -29,6 +29,22 @@ log = logging.getLogger(__name__)
 _BUMP_WAIT_S = 0.5
 
 
+_CLOSED_MSG = ("heartbeat {key!r} is closed, or was inherited through fork(): register "
+               "the child under its own key")
+
+
+class _ClosedWords:
+    """What a disarmed pure-path beat stores into: nothing; every store raises."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __setitem__(self, i: int, v: int) -> None:
+        raise HeartbeatClosed(_CLOSED_MSG.format(key=self.key))
+
+
 class HeartbeatBoard(Protocol):
     """What a heartbeat needs of its board (``shmhb.board.Board`` has it).  A protocol,
     not an import: the board module builds heartbeats, so this module must not import it."""
@@ -64,6 +80,8 @@ class Heartbeat:
         assert np.frombuffer(self._q, np.uint64, count=1).ctypes.data % 64 == 0
         self._base = inc_tag(incarnation) << INC_SHIFT
         self._now_ns = board.now_ns
+        self._beater: Any = None  # the C Beater behind ``beat`` (None: pure path)
+        self._cell: Any = None  # the pure path's closure cell holding the words' view
         self.beat = self._make_beat()  # type: ignore[method-assign]
         self._ticker = Periodic(f"shmhb-beat-{key}")
         self._closed = False
@@ -82,8 +100,9 @@ class Heartbeat:
         ext = self._board.extension
         if ext is not None:
             # the same word, one C call: clock read and one release store (shmhb.native)
-            fast: Callable[[], None] = ext.Beater(self._board.mapping, self._word_index,
-                                                  self._base, native.clock_arg(self._now_ns)).beat
+            self._beater = ext.Beater(self._board.mapping, self._word_index, self._base,
+                                      native.clock_arg(self._now_ns))
+            fast: Callable[[], None] = self._beater.beat
             return fast
         q, i, base, now = self._q, self._word_index, self._base, self._now_ns
         assert TS_SHIFT == 20
@@ -92,7 +111,22 @@ class Heartbeat:
             q[i] = base | (now() >> 20)
 
         beat.__doc__ = Heartbeat.beat.__doc__
+        assert beat.__closure__ is not None
+        self._cell = beat.__closure__[beat.__code__.co_freevars.index("q")]
         return beat
+
+    def _disarm(self) -> None:
+        """Make every ``beat`` bound from this heartbeat (``beat = hb.beat`` taken before
+        a ``close()`` or a ``fork()``) raise ``HeartbeatClosed`` instead of storing into
+        the slot: replacing ``self.beat`` reaches only later look-ups, and a bound beat
+        left armed would keep a closed slot's next registrant (or, in a forked child,
+        the hung parent's slot) ALIVE.  Free on the hot path: the C Beater already tests
+        its ``held`` flag on every call; the pure closure's words view is swapped, in
+        its cell, for one whose every store raises."""
+        if self._beater is not None:
+            self._beater.release(HeartbeatClosed, _CLOSED_MSG.format(key=self.key))
+        if self._cell is not None:
+            self._cell.cell_contents = _ClosedWords(self.key)
 
     def start(self, interval_s: float = 0.1) -> Heartbeat:
         """Beat every ``interval_s`` from a daemon thread until ``stop()`` or ``close()``."""
@@ -113,6 +147,7 @@ class Heartbeat:
             return
         self.stop()
         self._closed = True
+        self._disarm()
         self._q[self._word_index] = pack_hb(self.incarnation, self._now_ns() >> TS_SHIFT, left=True)
         self.beat = self._closed_beat  # type: ignore[method-assign]
         try:
@@ -134,10 +169,7 @@ class Heartbeat:
         log.info("board %s: %r left (incarnation %d)", self._board.name, self.key, self.incarnation)
 
     def _closed_beat(self) -> None:
-        raise HeartbeatClosed(
-            f"heartbeat {self.key!r} is closed, or was inherited through fork(): "
-            "register the child under its own key"
-        )
+        raise HeartbeatClosed(_CLOSED_MSG.format(key=self.key))
 
     def on_close(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` once when this heartbeat closes (after its slot lock is
@@ -153,6 +185,7 @@ class Heartbeat:
         """In a forked child: never beat for the parent, never hold its slot lock."""
         self._closed = True
         self._close_hooks = []  # the parent's: its agent is not this process's
+        self._disarm()  # the child's copies of the beat objects; the parent's stay armed
         self._ticker.after_fork_in_child()
         self._q = memoryview(bytearray(8)).cast("Q")
         self._word_index = 0

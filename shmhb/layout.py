@@ -357,6 +357,9 @@ WATCH_ROW_DTYPE: Final = np.dtype(
 
 LOCK_REGISTRY: Final = 0  # registration, watch writes and pinger settings; also init
 LOCK_AGENT: Final = 1  # the host agent role (local watch + pinger)
+#: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
+#: hands it over to it, and embedded standbys leave the role to it (shmhb.agent)
+LOCK_DAEMON: Final = 2
 LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
 #: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
 #: owners in another pid namespace, whose pids mean nothing here, are judged

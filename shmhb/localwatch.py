@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ import zmq
 from . import locks
 from .agentwriter import AgentWriter
 from .board import Board
-from .errors import ShmhbError
+from .errors import BoardOpenError, ShmhbError
 from .layout import INC_SHIFT, LEFT_BIT, LOCK_SLOT_BASE, TS_SHIFT, pack_verdict
 from .procinfo import own_pid_namespace, pidfd_open, start_time
 
@@ -28,6 +29,40 @@ _SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
 #: counter stands still (see ``LocalWatch.tick``).
 SCAN_FALLBACK_NS = 250_000_000
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+#: how long after a forget refused for want of fds it is tried again
+FORGET_RETRY_NS = 1_000_000_000
+
+
+#: what ``_visible_start_time`` returns for a process /proc does not show us
+_INVISIBLE = -1
+
+
+def _visible_start_time(pid: int, pidfd: int) -> int | None:
+    """``start_time(pid)`` for a process we hold a pidfd of: None if it is gone (or a
+    zombie), ``_INVISIBLE`` if it lives but /proc hides it from us: with hidepid=2 (or
+    systemd's ProtectProc=invisible) another user's /proc/PID does not exist for us, with
+    hidepid=1 it cannot be read.  The pidfd tells which, about that very process (no pid
+    reuse in between): ``pidfd_send_signal`` with signal 0 fails with ESRCH once it is
+    gone, with EPERM while it lives and is not ours to signal."""
+    try:
+        st = start_time(pid)
+    except PermissionError:
+        st = None
+    else:
+        if st is not None:
+            return st
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return _INVISIBLE
+    # alive (or a zombie), and signalable: same user or root; /proc shows such a
+    # process unless it is a zombie, so read it once more to tell
+    try:
+        return start_time(pid) if os.path.exists(f"/proc/{pid}") else _INVISIBLE
+    except PermissionError:
+        return _INVISIBLE
 
 
 class _Watched:
@@ -61,6 +96,7 @@ class LocalWatch:
         self._last_log: dict[str, int] = {}
         self._seen_changes: int | None = None
         self._next_scan_ns = 0
+        self._forget_retry_ns = 0
         self.pollables_gen = 0
 
     def _rate_log(self, what: str, msg: str, *args: object) -> None:
@@ -120,7 +156,23 @@ class LocalWatch:
         for i in list(self._by_lock):
             if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
                 self._convict(i, self._watched[i], now_ns, "released its slot lock")
-        b.forget_expired()  # the policy's forget_after_s; one comparison when it is off
+        if now_ns >= self._forget_retry_ns:
+            self._forget_expired(now_ns)
+
+    def _forget_expired(self, now_ns: int) -> None:
+        """The policy's ``forget_after_s`` (one comparison when it is off).  Clearing a
+        slot takes an fd for its slot lock; out of fds (a connection flood at a low
+        LimitNOFILE) that is refused with ``BoardOpenError``, which must not stop the
+        agent: nothing was cleared (the fd comes first), so the same slots are tried
+        again ``FORGET_RETRY_NS`` later, and the refusal is logged at a bounded rate."""
+        try:
+            self.board.forget_expired()
+        except (BoardOpenError, OSError) as e:
+            if not isinstance(e, BoardOpenError) and e.errno not in _FD_ERRNOS:
+                raise
+            self._forget_retry_ns = now_ns + FORGET_RETRY_NS
+            self._rate_log("forget", "board %s: could not forget expired slots (%s); "
+                           "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
 
     def _scan(self, now_ns: int) -> None:
         b = self.board
@@ -172,7 +224,7 @@ class LocalWatch:
             pidfd = None
             try:
                 pidfd = pidfd_open(pid)
-                started = start_time(pid) if pidfd is not None else None
+                started = _visible_start_time(pid, pidfd) if pidfd is not None else None
             except OSError as e:
                 if e.errno in _FD_ERRNOS:
                     # Out of file descriptors (a connection flood, a low LimitNOFILE):
@@ -188,6 +240,22 @@ class LocalWatch:
             else:
                 if pidfd is None:
                     self._convict(i, wt, now_ns, "was gone before the agent saw it")
+                elif started is _INVISIBLE:
+                    # /proc hides it (hidepid=2, ProtectProc=invisible: another user's
+                    # process), which is not "gone": the pidfd was had, so the pid names
+                    # a live process.  Whether it is still our registrant its start time
+                    # cannot tell; its slot lock can (the kernel frees it when the
+                    # registrant dies, and a pid is only reused after that).  So: the
+                    # pidfd for the exit notice, and the slot lock checked every tick.
+                    wt.pidfd = pidfd
+                    self._by_fd[pidfd] = i
+                    self.pollables_gen += 1
+                    self._rate_log("hidden", "board %s: /proc hides pid %d (hidepid?): "
+                                   "worker watched through its pidfd and slot lock",
+                                   self.board.name, pid)
+                    self._by_lock.add(i)
+                    if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                        self._convict(i, wt, now_ns, "released its slot lock")
                 elif started != int(rec["pid_start"]):
                     os.close(pidfd)
                     self._convict(i, wt, now_ns, "was gone (its pid now names another process)")

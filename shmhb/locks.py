@@ -65,12 +65,68 @@ def lock(fd: int, byte: int, *, timeout_s: float, what: str, exclusive: bool = T
     pause = 0.0002
     while not try_lock(fd, byte, exclusive=exclusive):
         if time.monotonic() >= deadline:
+            who = describe_holders(fd, byte)
             raise LockTimeout(
-                f"{what} stayed locked for {timeout_s:g} s: a process holding it may be "
-                "stopped (SIGSTOP) or hung; find it with `fuser -v /dev/shm/<board>`"
+                f"{what} stayed locked for {timeout_s:g} s by {who}: resume it (kill -CONT) "
+                "or end it; the kernel frees the lock when its holder exits"
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
+
+
+_STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "blocked in the kernel",
+           "Z": "a zombie"}
+
+
+def holders(fd: int, byte: int) -> list[tuple[int, str]]:
+    """(pid, state) of the processes whose open descriptions of ``fd``'s file hold an
+    OFD lock starting at ``byte``.  OFD locks name no pid (F_OFD_GETLK and /proc/locks say
+    -1), so each process's fds of that file are looked up and their ``fdinfo`` read, which
+    lists the locks of that description.  For error messages only: it reads /proc for
+    every process (processes of other users are not visible unless we are root)."""
+    want = os.fstat(fd)
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{d}/fd")
+        except OSError:
+            continue
+        for f in fds:
+            try:
+                st = os.stat(f"/proc/{d}/fd/{f}")
+                if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
+                    continue
+                with open(f"/proc/{d}/fdinfo/{f}") as fi:
+                    lines = [ln.split() for ln in fi if ln.startswith("lock:")]
+            except OSError:
+                continue
+            # lock:	1: OFDLCK ADVISORY  WRITE -1 00:1b:3834 0 0
+            if any(len(p) >= 9 and p[2] == "OFDLCK" and p[-2] == str(byte) for p in lines):
+                out.append((int(d), _state(int(d))))
+                break
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            code = f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "unknown"
+    return _STATES.get(code, "running")
+
+
+def describe_holders(fd: int, byte: int) -> str:
+    """Who holds the lock, for an error message: 'pid 123 (stopped)', or a hint."""
+    try:
+        found = holders(fd, byte)
+    except OSError:
+        found = []
+    if not found:
+        return "a process this account cannot see (another user's? `fuser -v /dev/shm/<board>` as root)"
+    return ", ".join(f"pid {pid} ({state})" for pid, state in found)
 
 
 class ForkAware(Protocol):

@@ -35,6 +35,11 @@ from .transport import Transport, TransportFactory
 log = logging.getLogger(__name__)
 
 _CFG_GEN_I = header_index("cfg_gen")
+_CFG_CK_I = header_index("cfg_checksum")
+#: how long the stored settings may fail their checksum before they are called torn: a
+#: writer holds the registry lock for microseconds while it writes them, so a mismatch
+#: that lasts this long is a writer killed (or stopped) between the checksum and the fields
+TORN_AFTER_NS = 1_000_000_000
 _LOG_EVERY_NS = 10 * 10**9
 _GOOD_RUN_NS = 30 * 10**9  # running this long resets the backoff
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
@@ -62,7 +67,8 @@ class NetSupervisor:
         self.clock = clock
         self.half: NetworkHalf | None = None
         self._base_gen = 0
-        self._seen_cfg_word = -1
+        self._seen_cfg_word: tuple[int, int] | None = None  # (cfg_gen, cfg_checksum)
+        self._mismatch_since_ns: int | None = None
         self._cfg_gen = 0
         self._cfg: PingerConfig | None = None  # settings to run; None: off
         self._next_try_ns = 0
@@ -122,10 +128,12 @@ class NetSupervisor:
 
     def _settings(self, now_ns: int) -> None:
         self._settled = True
-        word = int(self.b.words[_CFG_GEN_I])
+        # Two words, each loaded whole: a completed write moves the checksum even where
+        # a torn one already moved the generation (a writer stopped, then resumed).
+        word = (int(self.b.words[_CFG_GEN_I]), int(self.b.words[_CFG_CK_I]))
         if word == self._seen_cfg_word:
-            return  # one word: unchanged settings cost nothing per tick
-        if word == 0:  # never configured: no network half
+            return  # unchanged settings cost two loads per tick
+        if word[0] == 0:  # never configured: no network half
             self._seen_cfg_word = word
             self._set_cfg(0, None)
             return
@@ -133,12 +141,38 @@ class NetSupervisor:
             got = load_config(self.b)
         except InvalidConfig as e:
             self._seen_cfg_word = word  # reported once per stored generation
-            self._set_cfg(word, None)
+            self._set_cfg(word[0], None)
             self._fail(NetReason.CONFIG, 0, f"the stored pinger settings are invalid ({e}); "
                        "run `shmhb pinger` with valid options", now_ns, retry=False)
             return
         if got is None:
-            return  # caught mid-write: read again next tick
+            # Caught mid-write: read again next tick.  Unless it lasts: then the writer
+            # died (or is stopped) half-way and nobody will finish the write.  Saying
+            # "not configured" would hide a host that was meant to be followed; it is
+            # degraded until a pinger with settings of its own rewrites them (a new
+            # generation) or the stopped writer completes them (a new checksum).
+            if self._mismatch_since_ns is None:
+                self._mismatch_since_ns = now_ns
+                self._settled = False  # "starting" meanwhile, never "not configured"
+            elif now_ns - self._mismatch_since_ns >= TORN_AFTER_NS:
+                self._seen_cfg_word = word  # reported once per torn state
+                self._mismatch_since_ns = None
+                if self._cfg is not None:
+                    # We run settings read whole before the tear: they stay valid, and
+                    # stopping a working half over a torn copy would take the host off
+                    # the network for nothing.  The next holder reports the tear.
+                    self._settled = True
+                    log.warning("pinger: the stored settings are torn (their writer was "
+                                "killed while writing them); running on those applied "
+                                "before; run `shmhb pinger --listen ...` to rewrite them")
+                    return
+                self._set_cfg(word[0], None)
+                self._fail(NetReason.CONFIG, 0, "the stored pinger settings are torn (their "
+                           "writer was killed while writing them); run `shmhb pinger "
+                           "--listen ...` with this host's options to write them again",
+                           now_ns, retry=False)
+            return
+        self._mismatch_since_ns = None
         self._seen_cfg_word = word
         gen, cfg = got
         self._set_cfg(gen, cfg if cfg.listen else None)

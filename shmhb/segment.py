@@ -21,7 +21,7 @@ import posix_ipc
 from . import locks
 from .errors import (
     BoardCorrupt, BoardExists, BoardNotFound, BoardOpenError, BoardPermissionError, BoardSpaceError,
-    BoardVersionMismatch, StaleBoard,
+    BoardVersionMismatch, ShmhbError, StaleBoard,
 )
 from .layout import (
     HEADER_BYTES, HEADER_DTYPE, LAYOUT_VERSION, LOCK_REGISTRY, MAGIC, STATE_READY, TS_UNIT_NS, Sizes,
@@ -154,6 +154,9 @@ class Segment:
         # Never pass size here: it would truncate a live segment (SIGBUS for its users).
         fd = _shm_open(name)
         try:
+            seg = cls._attach_ready(name, fd)
+            if seg is not None:
+                return seg
             deadline = time.monotonic() + INIT_WAIT_S
             while True:
                 locks.lock(fd, LOCK_REGISTRY, timeout_s=LOCK_WAIT_S,
@@ -193,6 +196,39 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
+
+    @classmethod
+    def _attach_ready(cls, name: str, fd: int) -> Segment | None:
+        """Attach without the registry lock, for a board whose creator has finished: the
+        lock only orders an attach after a creation still under way, and waiting for it
+        made every attach (``status``, a standby pinger, a restarted worker) fail while
+        some process sat stopped holding it (issue 23).  A finished board's header never
+        changes, so a copy that reads ``STATE_READY`` and validates is the board; on a
+        weakly ordered CPU a creation seen half-way could read READY before the fields,
+        and then fails ``validate`` (sizes, magic, policy, boot id), which sends us to
+        the locked path instead, where the creator's unlock orders everything.  None:
+        take the locked path."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        size = st.st_size
+        if size < HEADER_BYTES or st.st_nlink == 0:  # the locked path says why
+            return None
+        mm = mmap.mmap(fd, size)
+        head = np.ndarray((), HEADER_DTYPE, buffer=mm)
+        ready = int(head["state"]) == STATE_READY and int(head["magic"]) == MAGIC
+        del head
+        if ready:
+            seg = cls(name, fd, mm)
+            try:
+                seg.validate()
+            except ShmhbError:
+                seg.mm.close()
+                return None
+            return seg
+        mm.close()
+        return None
 
     def validate(self) -> None:
         """Check that the header describes this segment; raise a clear error if not."""

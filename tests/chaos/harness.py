@@ -58,6 +58,7 @@ from .invariants import (
     read_view,
 )
 from .hostile import LIAR_IP, HostileFaults
+from .localfaults import LocalFaults
 from .schedule import NEEDS_NETNS, NEEDS_ROOT, Fault, Timing, make_schedule
 
 WORKER = r"""
@@ -289,7 +290,7 @@ class _Host:
         return out
 
 
-class Harness(HostileFaults):
+class Harness(HostileFaults, LocalFaults):
     def __init__(self, cfg: ChaosConfig) -> None:
         self.cfg = cfg
         self.t = cfg.timing

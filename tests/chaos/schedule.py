@@ -53,6 +53,14 @@ bad_config             a throwaway host next to the cluster whose pinger cannot 
                        no CURVE secret key, a listen address not on this host)
 big_digest             a throwaway host with 300 slots (260 dead) next to the cluster: the
                        300th worker's kill must be seen on another throwaway host
+embedded_stall         a throwaway board: a daemon takes the role from a worker's embedded
+                       agent; that worker SIGSTOPped, a kill is still DEAD within 1 s
+registry_attach        a throwaway board: attach and ``status`` do not wait for a stopped
+                       registry holder; a registration names it in its LockTimeout
+torn_settings          a throwaway host: settings torn by a SIGKILL read degraded for a
+                       bare standby and are healed by a pinger with options
+forget_fds             a throwaway host: ``forget_after_s`` under a connection flood at 96
+                       fds; the pinger keeps running and forgets once fds are back
 =====================  ==================================================================
 """
 
@@ -120,6 +128,11 @@ WEIGHTS: dict[str, float] = {
     "long_endpoint": 1.5,
     "bad_config": 1.5,
     "big_digest": 0.5,
+    # host-side faults of issue 23 (localfaults.py), each on a throwaway board
+    "embedded_stall": 1,
+    "registry_attach": 1,
+    "torn_settings": 1,
+    "forget_fds": 0.7,
 }
 KINDS = tuple(WEIGHTS)
 #: faults that need the namespaced pair of hosts, or root

@@ -1,0 +1,245 @@
+"""Host-side fault actors of the chaos harness (issue 23), each on a throwaway board next
+to the cluster (``python -m tests.chaos.localactors KIND ...``); each prints one JSON line
+``{"ok": ..., "why": ..., ...}``.
+
+``embstall``
+    A worker's embedded agent holds the role; a ``shmhb pinger`` daemon starts and must
+    take it; the worker is then SIGSTOPped (what a long C call holding the GIL does to
+    its agent thread): a local SIGKILL must still be DEAD within 1 s.
+``regattach``
+    A process stops while holding the registry lock: ``Board.attach`` and ``shmhb
+    status`` must not wait for it, and a registration must fail naming its pid.
+``torn IP PORT``
+    A settings write torn by a SIGKILL: a bare standby must say degraded (``status``
+    non-zero, never "not configured"), and a pinger with options must heal it.
+``forgetfds IP PORT``
+    ``forget_after_s`` on a pinger at 96 fds under a connection flood: it must keep
+    running, see a kill DEAD within 1 s and forget the dead once the flood ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import shmhb
+from shmhb import Status
+
+from .actors import _WORKER
+
+EMBEDDED = """
+import signal, sys
+import shmhb
+b = shmhb.Board.attach(sys.argv[1])
+hb = b.register(sys.argv[2], agent=True).start(0.05)
+print("ready", flush=True)
+signal.pause()
+"""
+REG_HOLDER = """
+import os, signal, sys
+import shmhb
+b = shmhb.Board.attach(sys.argv[1])
+with b.registry():
+    print("held", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+TEARER = """
+import os, signal, sys
+import shmhb
+b = shmhb.Board.attach(sys.argv[1])
+with b.registry():
+    h = b.header
+    h["cfg_checksum"] = 0
+    h["cfg_gen"] = int(h["cfg_gen"]) + 1
+    h["cfg_listen"] = b"127.0.0.99:1"
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
+
+
+class _Fail(Exception):
+    pass
+
+
+class _Run:
+    """A throwaway board and the processes started on it, all removed at the end."""
+
+    def __init__(self, **create: Any) -> None:
+        self.name = f"shmhb-chaos-local-{uuid.uuid4().hex[:8]}"
+        self.board = shmhb.Board.create(self.name, slots=16, **create)
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    def spawn(self, cmd: list[str], *, text: bool = False) -> subprocess.Popen[Any]:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE if text else subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=text)
+        self.procs.append(p)
+        return p
+
+    def python(self, code: str, *args: str) -> subprocess.Popen[str]:
+        return self.spawn([sys.executable, "-c", textwrap.dedent(code), *args], text=True)
+
+    def ready(self, p: subprocess.Popen[str], word: str = "ready") -> None:
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != word:
+            raise _Fail(f"a helper did not say {word!r} (rc {p.poll()})")
+
+    def until(self, pred: Callable[[], Any], timeout_s: float, what: str) -> float:
+        t0 = time.monotonic()
+        while not pred():
+            if time.monotonic() - t0 > timeout_s:
+                raise _Fail(f"timed out after {timeout_s} s: {what}")
+            time.sleep(0.002)
+        return time.monotonic() - t0
+
+    def victim(self, key: str) -> subprocess.Popen[str]:
+        w = self.python(_WORKER.replace('"victim"', repr(key)), self.name)
+        self.ready(w)
+        return w
+
+    def kill_is_dead(self, key: str, w: subprocess.Popen[str] | None = None) -> float:
+        w = w or self.victim(key)
+        w.kill()
+        took = self.until(lambda: (s := self.board.slot(key)) is not None
+                          and s.status is Status.DEAD, 3.0, f"{key} DEAD")
+        if took > 1.0:
+            raise _Fail(f"a local kill was DEAD after {took:.3f} s")
+        return took
+
+    def close(self) -> None:
+        for q in self.procs:
+            if q.poll() is None:
+                try:
+                    os.kill(q.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                q.kill()
+            q.wait(10)
+            for f in (q.stdout, q.stdin):
+                if f is not None:
+                    f.close()
+        self.board.close()
+        self.board.unlink()
+
+
+def _status(name: str) -> tuple[int, dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--json", "--board", name],
+                         capture_output=True, text=True, timeout=60)
+    try:
+        return out.returncode, json.loads(out.stdout)
+    except ValueError:
+        raise _Fail(f"status printed no JSON (rc {out.returncode}): {out.stderr[-300:]!r}") from None
+
+
+def embstall(r: _Run) -> dict[str, Any]:
+    holder = r.python(EMBEDDED, r.name, "holder")
+    r.ready(holder)
+    r.until(lambda: r.board.agent().pid == holder.pid, 10, "the embedded agent holds the role")
+    daemon = r.spawn(PINGER + ["--board", r.name])
+    took = r.until(lambda: r.board.agent().pid == daemon.pid
+                   and r.board.agent().status is Status.ALIVE, 10, "the daemon took the role")
+    os.kill(holder.pid, signal.SIGSTOP)
+    kill = r.kill_is_dead("victim")
+    os.kill(holder.pid, signal.SIGCONT)
+    return {"ok": True, "handover_ms": round(took * 1e3, 1), "kill_ms": round(kill * 1e3, 1)}
+
+
+def regattach(r: _Run) -> dict[str, Any]:
+    daemon = r.spawn(PINGER + ["--board", r.name])
+    r.until(lambda: r.board.agent().pid == daemon.pid, 10, "the pinger holds the role")
+    w = r.victim("victim")
+    stall = r.python(REG_HOLDER, r.name)
+    r.ready(stall, "held")
+    t0 = time.monotonic()
+    shmhb.Board.attach(r.name).close()
+    rc, _ = _status(r.name)
+    took = time.monotonic() - t0
+    if took > 2.0 or rc not in (0, 1):
+        raise _Fail(f"attach and status took {took:.2f} s (rc {rc}) under a stopped holder")
+    try:
+        r.board.register("during", agent=False).close()
+        raise _Fail("a registration went through a held registry lock")
+    except shmhb.LockTimeout as e:
+        if f"pid {stall.pid} (stopped)" not in str(e):
+            raise _Fail(f"the stopped holder was not named: {e}") from None
+    kill = r.kill_is_dead("victim", w)
+    os.kill(stall.pid, signal.SIGCONT)
+    return {"ok": True, "attach_status_ms": round(took * 1e3, 1), "kill_ms": round(kill * 1e3, 1)}
+
+
+def torn(r: _Run, ip: str, port: int) -> dict[str, Any]:
+    listen = ["--listen", f"{ip}:{port}"]
+    first = r.spawn(PINGER + ["--board", r.name, *listen])
+    r.until(lambda: r.board.network().state == "listening", 20, "listening")
+    first.kill()
+    first.wait(10)
+    t = r.python(TEARER, r.name)
+    t.wait(30)
+    bare = r.spawn(PINGER + ["--board", r.name])
+    r.until(lambda: r.board.agent().pid == bare.pid, 10, "the bare standby holds the role")
+    r.until(lambda: r.board.network().state == "degraded", 10, "degraded, not 'not configured'")
+    rc, doc = _status(r.name)
+    if rc == 0:
+        raise _Fail(f"status exited 0 on torn settings: {doc.get('network')}")
+    kill = r.kill_is_dead("victim")
+    bare.kill()
+    bare.wait(10)
+    r.spawn(PINGER + ["--board", r.name, *listen])
+    r.until(lambda: r.board.network().state == "listening", 20, "healed by a pinger with options")
+    return {"ok": True, "kill_ms": round(kill * 1e3, 1)}
+
+
+def forgetfds(r: _Run, ip: str, port: int) -> dict[str, Any]:
+    p = r.spawn(["prlimit", "--nofile=96:96", *PINGER, "--board", r.name,
+                 "--listen", f"{ip}:{port}"])
+    r.until(lambda: r.board.network().state == "listening", 20, "listening")
+    fl = r.spawn([sys.executable, "-m", "tests.chaos.actors", "flood", ip, str(port), "160"])
+    r.until(lambda: len(os.listdir(f"/proc/{p.pid}/fd")) >= 94, 20, "the pinger's fds used up")
+    kill = r.kill_is_dead("victim")
+    time.sleep(1.5)  # pacing: several forget periods pass under the flood
+    if p.poll() is not None:
+        raise _Fail(f"the pinger exited {p.returncode} under the flood with forget_after_s")
+    fl.kill()
+    fl.wait(10)
+    r.until(lambda: r.board.slot("victim") is None, 20, "the dead forgotten after the flood")
+    if p.poll() is not None:
+        raise _Fail(f"the pinger exited {p.returncode}")
+    return {"ok": True, "kill_ms": round(kill * 1e3, 1)}
+
+
+def main(argv: list[str]) -> int:
+    kind, rest = argv[0], argv[1:]
+    create: dict[str, Any] = {"suspect_after_s": 0.5, "dead_after_s": 1.5}
+    if kind == "forgetfds":
+        create["forget_after_s"] = 0.5
+    r = _Run(**create)
+    try:
+        if kind == "embstall":
+            out = embstall(r)
+        elif kind == "regattach":
+            out = regattach(r)
+        elif kind == "torn":
+            out = torn(r, rest[0], int(rest[1]))
+        elif kind == "forgetfds":
+            out = forgetfds(r, rest[0], int(rest[1]))
+        else:
+            raise SystemExit(f"unknown actor {kind!r}")
+    except _Fail as e:
+        out = {"ok": False, "why": str(e)}
+    except Exception as e:  # noqa: BLE001 - reported to the harness, which breaches
+        out = {"ok": False, "why": f"{type(e).__name__}: {e}"}
+    finally:
+        r.close()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

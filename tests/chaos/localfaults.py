@@ -1,0 +1,74 @@
+"""Host-side fault kinds of the chaos harness (issue 23), as a mixin of ``Harness``.
+
+Each runs one actor of ``localactors`` on a throwaway board next to the cluster (so it
+cannot disturb the verdicts the checker follows) and breaches ``local-<kind>`` when the
+actor reports a failure:
+
+- ``embedded_stall``: a daemon takes the role from a worker's embedded agent, and a kill
+  is DEAD within 1 s while that worker is stopped;
+- ``registry_attach``: attach and ``status`` do not wait for a stopped registry holder,
+  and the registration that does wait names it;
+- ``torn_settings``: a torn settings write reads degraded (never "not configured" with
+  exit 0) and a pinger with options heals it;
+- ``forget_fds``: ``forget_after_s`` under a connection flood at 96 fds keeps the
+  pinger running and forgets the dead once fds are back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from ..conftest import ROOT
+from .invariants import NS, now_ns
+from .schedule import Fault
+
+#: fault kind -> (actor, whether it needs an address of its own)
+LOCAL_ACTORS = {"embedded_stall": ("embstall", False), "registry_attach": ("regattach", False),
+                "torn_settings": ("torn", True), "forget_fds": ("forgetfds", True)}
+
+
+class LocalFaults:
+    """Mixed into ``Harness``; uses its cluster, env, jobs and checker."""
+
+    cluster: Any
+    env: dict[str, str]
+    jobs: list[Any]
+
+    def _local_fault(self, f: Fault) -> bool:
+        actor, needs_ip = LOCAL_ACTORS[f.kind]
+        if any(what == f.kind for _p, _d, what, _done in self.jobs):
+            return False  # one at a time of each kind
+        args = [f"127.0.2.{2 + f.salt % 200}", str(self.cluster.port)] if needs_ip else []
+        p = subprocess.Popen([sys.executable, "-m", "tests.chaos.localactors", actor, *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
+                             env=self.env)
+        self.note(f"FAULT {f.kind}: {actor} on a throwaway board", "*")  # type: ignore[attr-defined]
+
+        def done(out: str, rc: int) -> None:
+            try:
+                got = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            if got.get("ok"):
+                self.checker.stats[f"local-{f.kind}"] += 1  # type: ignore[attr-defined]
+                if "kill_ms" in got:
+                    self.checker.lat[f"local-{f.kind}-kill"].append(got["kill_ms"] / 1e3)  # type: ignore[attr-defined]
+            else:
+                self.breach(f"local-{f.kind}", str(got.get("why")), "*")  # type: ignore[attr-defined]
+        self.jobs.append((p, now_ns() + 90 * NS, f.kind, done))
+        return True
+
+    def _f_embedded_stall(self, f: Fault) -> bool:
+        return self._local_fault(f)
+
+    def _f_registry_attach(self, f: Fault) -> bool:
+        return self._local_fault(f)
+
+    def _f_torn_settings(self, f: Fault) -> bool:
+        return self._local_fault(f)
+
+    def _f_forget_fds(self, f: Fault) -> bool:
+        return self._local_fault(f)

@@ -1,0 +1,73 @@
+"""Issue 23 case 6: a beat bound before ``fork()`` (``beat = hb.beat`` in a step loop,
+then a helper forked) must not let the child keep the hung parent's slot ALIVE; nor may
+a beat bound before ``close()`` store into a slot its next registrant owns."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import shmhb
+from shmhb.status import Status
+from tests.conftest import Procs, wait_until
+
+BOUND_FORKER = r"""
+import os, sys, time
+import shmhb
+b = shmhb.Board.attach(sys.argv[1])
+hb = b.register("parent", agent=False)
+beat = hb.beat          # bound once, as a step loop does
+beat()
+pid = os.fork()
+if pid == 0:
+    said = False
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        try:
+            beat()       # the child keeps calling what its parent bound
+            what = b"child-beat-allowed"
+        except shmhb.HeartbeatClosed:
+            what = b"child-beat-refused"
+        if not said:
+            os.write(1, b"ready " + what + b"\n")
+            said = True
+        time.sleep(0.01)
+    os._exit(0)
+time.sleep(120)          # the parent hangs: it never beats again, but lives on
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["native", "pure"])
+def test_child_of_a_bound_beat_cannot_keep_the_hung_parent_alive(
+        board: shmhb.Board, procs: Procs, agent: object, pure: str) -> None:
+    p = procs.spawn([sys.executable, "-c", BOUND_FORKER, board.name], ready=False,
+                    env={"SHMHB_PURE_PYTHON": pure})
+    assert p.stdout is not None
+    line = p.stdout.readline().strip()
+    assert line == "ready child-beat-refused", line
+    # The parent is alive and holds its slot; only its silence convicts it.
+    wait_until(lambda: (s := board.slot("parent")) is not None and s.status is Status.DEAD,
+               timeout_s=10, what="the silent parent reads DEAD despite its child")
+    assert p.poll() is None
+
+
+@pytest.mark.usefixtures("hot_path")
+def test_a_beat_bound_before_close_cannot_store_into_the_next_registrant(
+        board_name: str) -> None:
+    b = shmhb.Board.create(board_name, slots=1)
+    try:
+        hb = b.register("w", agent=False)
+        beat = hb.beat
+        hb.close()
+        with pytest.raises(shmhb.HeartbeatClosed):
+            beat()
+        hb2 = b.register("other", agent=False)
+        assert hb2.index == hb.index
+        before = int(b.words[b.hb_index(hb2.index)])
+        with pytest.raises(shmhb.HeartbeatClosed):
+            beat()
+        assert int(b.words[b.hb_index(hb2.index)]) == before
+        hb2.close()
+    finally:
+        b.close()
