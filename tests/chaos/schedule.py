@@ -51,6 +51,14 @@ long_endpoint          a worker registers a 72-byte endpoint (a Kubernetes servi
 bad_config             a throwaway host next to the cluster whose pinger cannot run as
                        configured (port in use, secret missing or readable by others,
                        no CURVE secret key, a listen address not on this host)
+nat_forgery            host X's holder is SIGSTOPped for ``duration_s`` while a forger
+                       connected from X's own address (bound as its source)
+                       pings host Y as X with Y's current digest every 0.2 s: Y must
+                       read X DEAD on time all the same
+clock_step             host X's wall clock steps back an hour for every pinger started
+                       there from now on: its standby is replaced by one so stepped,
+                       which takes the role over 6 s later (the holder SIGKILLed);
+                       peers must not drop its pings or pushes as replays
 =====================  ==================================================================
 """
 
@@ -117,6 +125,8 @@ WEIGHTS: dict[str, float] = {
     "bad_watch": 1.5,
     "long_endpoint": 1.5,
     "bad_config": 1.5,
+    "nat_forgery": 1.5,
+    "clock_step": 1,
 }
 KINDS = tuple(WEIGHTS)
 #: faults that need the namespaced pair of hosts, or root
@@ -156,7 +166,8 @@ def hostile_duration(kind: str, rng: random.Random) -> float | None:
     """Durations of the hostile-input kinds (``hostile.py``); None for the others."""
     lo_hi = {"conn_flood": (1.0, 5.0), "push_flood": (0.5, 3.0), "relay": (1.0, 4.0),
              "spoof": (1.0, 6.0), "bad_watch": (1.0, 6.0), "long_endpoint": (0.5, 4.0),
-             "forged_ping": None, "bad_config": None}
+             "forged_ping": None, "bad_config": None, "nat_forgery": (4.0, 8.0),
+             "clock_step": None}
     if kind not in lo_hi:
         return None
     r = lo_hi[kind]
