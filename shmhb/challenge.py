@@ -13,7 +13,7 @@ its proof; in short:
   is B's pinger, or whoever holds B's listen address or sits on the path: the parties
   that could already answer A's pings to B (the documented risk without a secret).
   A forger elsewhere (another process on B, a container behind B's NAT) sees none of
-  them; guessing one of the ``KEEP`` challenges A accepts is a 2**-62 chance per ping.
+  them; a guess hits one of the ``KEEP`` challenges A accepts 3 times in 2**64.
 * A challenge dies with the process that learned it: B's pinger killed, its successor
   knows none, and its pings count again only after A's next ping to it (its next turn,
   since the evidence stopped).  A stopped pinger sends nothing.
