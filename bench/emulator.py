@@ -12,12 +12,13 @@ many pings as it sends, as in a cluster where every host follows every other.
 
 Each emulated host pings as a default pinger would in that mutual pair: it connects from
 its own address, counts the real pinger's pings to it as evidence by the pinger's own
-rule (``shmhb.evidence``, no secret: the connection must come from the address it
-follows the pinger at), and plans its turns with the pinger's own ``PingPlan`` (its
+rule (``shmhb.evidence``, no secret: the ping must echo a challenge the emulated host
+sent in its own pings, ``shmhb.challenge``; its acks say it decodes challenges, and its
+pings carry one and echo the real pinger's), and plans its turns with the pinger's own ``PingPlan`` (its
 address is larger, so it is the passive side: while the evidence is fresh it pings only
 once per peer dead-after, to stay a watcher).  ``--no-mutual`` pings every interval
 regardless, as before mutual pairs existed (or as a pair that cannot see each other's
-source address, behind NAT).
+peer that predates challenges).
 
 ``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
 moves the same frames as a pinger on the same tick (its default): a prebuilt PING to each
@@ -46,7 +47,8 @@ import time
 import zmq
 
 from shmhb.config import AgentConfig
-from shmhb.evidence import counts_as_evidence, from_host, host_ip
+from shmhb.challenge import advertised, echoed, issue, new_challenge
+from shmhb.evidence import counts_as_evidence
 from shmhb.exchange import wants_full_digest
 from shmhb.pingplan import DEFAULT_BUDGET_PPS, PingPlan
 from shmhb.protocol import (
@@ -90,6 +92,8 @@ class Host:
         self.dead = False
         self.plan: PingPlan | None = None
         self.evidence_nonce = 0
+        self.issued: tuple[int, ...] = ()  # challenges sent to the real pinger
+        self.theirs = 0  # the real pinger's last challenge to us
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [Host(ctx, address(i), a.port, a.slots) for i in range(a.hosts)]
     by_sock: dict[zmq.Socket, tuple[Host, bool]] = {}
     poller = zmq.Poller()
-    target_ip = host_ip(a.target.rsplit(":", 1)[0])
     for h in hosts:
         d = ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
@@ -142,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         h.next_ping = max(h.next_ping + a.interval_s, now)
                     h.nonce += 1
-                    frame = encode_ping(Ping(h.identity, h.addr, h.nonce, h.known[0], h.known[1]))
+                    ch = new_challenge()
+                    h.issued = issue(h.issued, ch)
+                    frame = encode_ping(Ping(h.identity, h.addr, h.nonce, h.known[0], h.known[1],
+                                             ch, h.theirs))
                     try:
                         h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
                         sent += 1
@@ -187,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(256):
                 try:
                     if is_router:
-                        rid, frame, source = recv_routed(sock)
+                        rid, frame, _ = recv_routed(sock)
                         parts = [rid, frame] if frame is not None else []
                     else:
-                        parts, source = sock.recv_multipart(zmq.NOBLOCK), None
+                        parts = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 if not parts:
@@ -200,15 +206,17 @@ def main(argv: list[str] | None = None) -> int:
                 except FrameRejected:
                     continue
                 if is_router and isinstance(msg, Ping) and len(parts) == 2:
+                    if msg.address == a.target and msg.challenge:
+                        h.theirs = msg.challenge
                     if (h.plan is not None and msg.address == a.target
                             and counts_as_evidence(msg, authenticated=False, known=h.known[1],
                                                    last_nonce=h.evidence_nonce, me=h.identity,
-                                                   my_gen=h.gen,
-                                                   from_its_address=from_host(source, target_ip))):
+                                                   my_gen=advertised(h.gen),
+                                                   echoed=echoed(h.issued, msg.echo))):
                         h.evidence_nonce = msg.nonce
                         h.plan.evidence(a.target, int(time.monotonic() * 1e9))
-                    full = wants_full_digest(msg, h.identity, h.gen)
-                    ack = encode_ack_raw(msg.nonce, h.identity, h.addr, h.gen,
+                    full = wants_full_digest(msg, h.identity, advertised(h.gen))
+                    ack = encode_ack_raw(msg.nonce, h.identity, h.addr, advertised(h.gen),
                                          h.body if full else None)
                     try:
                         sock.send_multipart([parts[0], ack], zmq.NOBLOCK)

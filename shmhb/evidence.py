@@ -4,11 +4,11 @@ docs/PROTOCOL.md, "Inbound pings as evidence", gives the rule and argues why it 
 be forged or replayed into a false ALIVE.  In short, a ping that decoded and passed the
 replay guard counts only if:
 
-* frames are authenticated (a shared secret or CURVE), or else its TCP connection comes
-  from the very IP address we follow that host at: without either, anyone who can reach
-  our port could claim any host, a risk larger than the documented one, while a
-  connection from that address takes what answering our pings to it takes already
-  (receiving traffic sent to it);
+* frames are authenticated (a shared secret or CURVE), or else it echoes a challenge we
+  sent in our own pings to that host's listen address (``shmhb.challenge``): only that
+  host's live pinger (or whoever could already answer our pings to it) knows one.  The
+  TCP connection's source address proves nothing: another process on that host, or a
+  container behind its NAT, connects from the same address (issue 23);
 * its identity is the one that host's acks to our own nonces established (a ping
   cannot introduce an identity);
 * its nonce is above every nonce of that host that counted before (kept with the
@@ -50,11 +50,11 @@ def from_host(source: str | None, ip: ipaddress.IPv4Address | ipaddress.IPv6Addr
 
 def counts_as_evidence(ping: Ping, *, authenticated: bool, known: Identity | None,
                        last_nonce: int, me: Identity, my_gen: int,
-                       from_its_address: bool = False) -> bool:
+                       echoed: bool = False) -> bool:
     """Whether ``ping`` (from the followed host whose acks established ``known``, and
     whose pings up to ``last_nonce`` counted before) is evidence that its pinger runs.
-    ``from_its_address``: its connection comes from the IP address we follow it at
-    (``from_host``); it stands in for authentication, never adds to it."""
-    return ((authenticated or from_its_address) and known is not None
+    ``echoed``: it echoes a challenge we sent that host (``shmhb.challenge.echoed``);
+    it stands in for authentication, never adds to it."""
+    return ((authenticated or echoed) and known is not None
             and ping.identity == known and ping.nonce > last_nonce
             and ping.known_identity == me and ping.known_gen == my_gen)

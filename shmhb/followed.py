@@ -45,6 +45,13 @@ class Target:
     remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
+    # Challenges (shmhb.challenge), without a secret: whether its acks say it decodes
+    # them, whether our last ping to it was answered (else the next one is plain v1),
+    # the ones we sent it lately, and the last one it sent us (echoed in our pings).
+    capable: bool = False
+    answered: bool = True
+    issued: tuple[int, ...] = ()
+    their_challenge: int = 0
 
 
 #: at most one ping per host per this period is sent at once to confirm a push

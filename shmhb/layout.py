@@ -214,6 +214,8 @@ NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
 # net_error, net_ck     the address listened on, the last error's text), checksummed with
 #                       the state word: a reader that catches them mid-write sees a bad
 #                       checksum and shows the state word alone, never mixed details
+# net_counter           the agent role holder: the reservation of its ping nonces and
+#                       push seqs, 0 in boards of earlier versions (shmhb.sendcounter)
 
 #: features bits: which optional header fields the creator wrote
 FEATURE_TIMENS: Final = 1
@@ -262,6 +264,7 @@ HEADER_DTYPE: Final = np.dtype(
             "cfg_gen", "cfg_listen", "cfg_secret_path", "cfg_curve_dir",
             "cfg_interval_ns", "cfg_checksum", "cfg_budget_mpps",
             "net_state", "net_gen", "net_listen", "net_error", "net_ck",
+            "net_counter",
         ],
         "formats": [
             "<u8", "<u4", "<u4", "<u8",
@@ -277,6 +280,7 @@ HEADER_DTYPE: Final = np.dtype(
             "<u8", f"S{ADDR_BYTES}", f"S{PATH_BYTES}", f"S{PATH_BYTES}",
             "<u8", "<u8", "<u8",
             "<u8", "<u8", f"S{ADDR_BYTES}", f"S{NET_ERROR_BYTES}", "<u8",
+            "<u8",
         ],
         "offsets": [
             0, 8, 12, 16,
@@ -295,6 +299,7 @@ HEADER_DTYPE: Final = np.dtype(
             1224, 1232, 1240,
             # the network half's state (agent role holder), its own cache lines
             1280, 1288, 1296, 1360, 1616,
+            2048,  # the agent role holder: nonce/push seq reservation (shmhb.sendcounter)
         ],
         "itemsize": HEADER_BYTES,
     }

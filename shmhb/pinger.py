@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import errno
 import logging
-import time
 
 import zmq
 
+from .badinput import BadInput
 from .board import Board
 from .clock import Clock
 from .config import PingerConfig, parse_hostport
@@ -44,12 +44,14 @@ from .protocol import (
 )
 # _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
-from .evidence import counts_as_evidence, from_host
+from .challenge import advertised, capable, echoed, issue, new_challenge
+from .evidence import counts_as_evidence
 from .followed import Target, confirm_now, own_endpoints, speaks_for_another
 from .following import Following
 from .pingplan import PingPlan
 from .ratelog import RateLimitedLog
 from .rows import RowWriter
+from .sendcounter import COUNTER_WORD, SendCounter
 from .status import Status
 from .suspicion import PeerState, Suspicion
 from .transport import Transport, TransportFactory, recv_routed
@@ -64,7 +66,7 @@ _RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
 INTAKE_PER_TICK_NS = 5_000_000
 
 
-class NetworkHalf(Following):
+class NetworkHalf(BadInput, Following):
     """The pinger, as a component of the agent loop (see ``shmhb.agent``), for settings
     generation ``cfg_gen``.  Raises ``NetDown`` if it cannot run as configured; what it
     made by then is closed."""
@@ -78,6 +80,7 @@ class NetworkHalf(Following):
         self.cfg = cfg
         assert cfg.listen, "no network half without a listen address"
         self.secret: bytes | None = None
+        self.plain = not cfg.curve_keys and not cfg.secret_file  # frames unauthenticated
         if cfg.secret_file:
             try:
                 self.secret = read_secret(cfg.secret_file)
@@ -109,7 +112,9 @@ class NetworkHalf(Following):
         self._down: set[str] = set()  # targets whose connection is down: retried every tick
         self._states: list[PeerState] | None = None  # the targets' verdict states, cached
         self._next_expire_ns = 0
-        self._nonce = time.time_ns()
+        # nonces and push seqs: one counter that only grows per board identity
+        self.counter = SendCounter(board.words, COUNTER_WORD)
+        self._nonce = 0
         self._watch_gen = -1
         self._next_reclaim_ns = 0
         self._next_skip_retry_ns = 0
@@ -119,37 +124,41 @@ class NetworkHalf(Following):
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
                                    self._bad, self._rate_log, self._inbound_evidence,
-                                   self._bad_auth_ping)
+                                   self._bad_auth_ping, counter=self.counter)
         log.info("pinger settings applied: listen %s, interval %.3f s, budget %g pings/s, auth %s",
                  cfg.listen, cfg.interval_s, cfg.ping_budget_pps,
                  "hmac" if self.secret else "curve" if cfg.curve_keys else "none")
 
-    def _inbound_evidence(self, msg: Ping, now_ns: int, source: str | None) -> None:
+    def _inbound_evidence(self, msg: Ping, now_ns: int, source: str | None) -> bool:
         """A followed host's own ping as evidence that its pinger runs, if
-        ``shmhb.evidence`` says it counts (the responder calls this for each ping, with
-        the address its connection comes from)."""
+        ``shmhb.evidence`` says it counts (the responder calls this for each ping).
+        Returns whether it is that host's own (authenticated, or echoing a challenge of
+        ours: ``shmhb.challenge``); the responder keeps such watchers apart."""
         t = self.targets.get(msg.address)
         if t is None:
-            return
+            return False
         authenticated = self.secret is not None or bool(self.cfg.curve_keys)
         if authenticated:
             self.rows.peer_auth(t.row, t.gen, False)  # its ping passed authentication
+        elif msg.challenge and msg.identity == t.identity:
+            t.their_challenge = msg.challenge  # echoed in our next pings to it
+        ours = authenticated or echoed(t.issued, msg.echo)
         if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
                                   last_nonce=t.evidence_nonce, me=self.identity,
-                                  my_gen=self.responder.digest.gen,
-                                  from_its_address=not authenticated and from_host(source, t.ip)):
-            return
+                                  my_gen=advertised(self.responder.digest.gen), echoed=ours):
+            return ours
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")
         old = self.suspicion.on_evidence(t.state, now_ns)
         if old is not None:  # as in _on_ack: pings sent before it was back measure nothing
-            t.rtt_from_nonce = self._nonce + 1
+            t.rtt_from_nonce = self.counter.peek()
             self.rows.clear_rtt(t.row)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         self.plan.evidence(t.address, now_ns)
         if old is not None:
             log.info("pinger: host %s %s -> alive (its own ping)", t.address, old.value)
             self.w.changed()
+        return True
 
     # -- Component interface ----------------------------------------------------------------
 
@@ -212,9 +221,12 @@ class NetworkHalf(Following):
 
     def _ping(self, t: Target, now_ns: int) -> bool:
         """Send one ping; False if the host's connection is down (nothing is queued)."""
-        self._nonce = max(self._nonce + 1, time.time_ns())
-        frame = encode_ping(Ping(self.identity, self.address, self._nonce,
-                                 t.digest_gen, t.identity), self.secret)
+        self._nonce = self.counter.next()
+        # Without authentication, a challenge for it to echo (only to a host whose acks
+        # say it decodes one, and plain v1 after an unanswered ping: shmhb.challenge).
+        ch = new_challenge() if t.capable and t.answered and self.plain else 0
+        frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
+                                 t.identity, ch, t.their_challenge if ch else 0), self.secret)
         c = self.client
         assert c is not None
         try:
@@ -234,6 +246,9 @@ class NetworkHalf(Following):
             self._down.discard(t.address)
             log.info("pinger: connection to %s is back", t.address)
         self.outstanding.add(t.address, self._nonce, now_ns)
+        t.answered = False
+        if ch:
+            t.issued = issue(t.issued, ch)
         self.w.count("pings_sent")
         return True
 
@@ -273,6 +288,7 @@ class NetworkHalf(Following):
             self._bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
+        t.answered, t.capable = True, capable(a.gen)
         self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
@@ -297,7 +313,7 @@ class NetworkHalf(Following):
             # Back (or first heard): the pings still unanswered were sent while it was
             # down or restarting and waited for it (1.5 s "rtt" after a restart): none
             # of their acks is a round trip.  Readers see no rtt until one is.
-            t.rtt_from_nonce = self._nonce + 1
+            t.rtt_from_nonce = self.counter.peek()
             self.rows.clear_rtt(t.row)
         elif a.nonce >= t.rtt_from_nonce:
             self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
@@ -385,44 +401,6 @@ class NetworkHalf(Following):
 
     def flush(self, now_ns: int) -> None:
         self.responder.flush(now_ns)
-
-    # -- bad input --------------------------------------------------------------------------
-
-    def _bad(self, reason: str, source: str) -> None:
-        """Count and log a dropped frame; ``source``: the followed host's address (a
-        frame on our connection to it) or which socket it came in on."""
-        self.w.count(f"bad_{reason}")
-        t = self.targets.get(source) if reason == "auth" else None
-        if t is not None:
-            self._auth_failed(t)
-            return
-        self._rate_log(reason, "pinger: dropped a bad frame from %s (%s)", source, reason)
-
-    def _bad_auth_ping(self, source: str | None, claimed: str | None) -> None:
-        """A ping to us failed authentication: named after the followed host its
-        connection comes from, else (pings leave from any local address, 127.0.0.1 on
-        loopback) the one it claims to be while that one is not ALIVE: an unauthenticated
-        claim may explain a silence, never contradict a host that answers us."""
-        self.w.count("bad_auth")
-        t = next((x for x in self.targets.values() if from_host(source, x.ip)), None)
-        c = self.targets.get(claimed) if t is None and claimed is not None else None
-        if c is not None and c.state.status is not Status.ALIVE:
-            t = c
-        if t is not None:
-            self._auth_failed(t)
-        else:
-            self._rate_log("auth", "pinger: dropped a ping from %s that failed authentication",
-                           source or "an unknown address")
-
-    def _auth_failed(self, t: Target) -> None:
-        # Named in its row: to `status`, a host whose frames fail authentication is a
-        # configuration problem, not a death (its silence follows from it).
-        self.rows.peer_auth(t.row, t.gen, True)
-        self._rate_log(f"auth {t.address}", "pinger: frames from %s fail authentication: give "
-                       "both hosts the same --secret-file", t.address)
-
-    def _rate_log(self, what: str, msg: str, *args: object) -> None:
-        self._ratelog.warn(what, msg, *args)  # at most once per 10 s per kind
 
     def leave(self, now_ns: int) -> None:
         """A graceful stop: say goodbye to the hosts that watch us (they read us LEFT),

@@ -10,15 +10,15 @@ Every frame is little-endian and starts with an 8-byte header::
     0  magic    4s  b"SHHB"
     4  version  u8  1
     5  type     u8  1 PING, 2 ACK, 3 PUSH
-    6  flags    u8  bit 0: a 16-byte HMAC tag ends the frame; other bits must be 0
+    6  flags    u8  bit 0: a 16-byte HMAC tag ends the frame; bit 1 (PING only): the
+                    challenge extension follows the address; other bits must be 0
     7  reserved u8  must be 0
 
-Why this shape: a few ``struct`` calls parse it; every length is checked against its
-limit and the bytes left, so a hostile frame costs at most ``MAX_FRAME_BYTES`` of reading
-and raises nothing but :class:`FrameRejected`.  No pickle: a frame is data, never code.  The tag is HMAC-SHA256 (key = the shared secret, message =
-``b"shmhb-v1"`` + every byte before the tag) truncated to 16 bytes, checked before the
-body is parsed.  Decoding is stateless; ``shmhb.exchange`` holds the little state that
-replay protection needs and the responder's full-digest rule.
+Why this shape (fixed-width integers, length-prefixed UTF-8, every length checked
+against its limit and the bytes left, no pickle): docs/PROTOCOL.md, "Why this design".
+The tag is HMAC-SHA256 (key = the shared secret, message = ``b"shmhb-v1"`` + every byte
+before the tag) truncated to 16 bytes, checked before the body is parsed.  Decoding is
+stateless; ``shmhb.exchange`` holds replay state and the responder's full-digest rule.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Union
 
-from shmhb.errors import InvalidConfig, ProtocolError
+from shmhb.errors import ProtocolError
+from shmhb.frametag import MIN_SECRET_BYTES, TAG_BYTES
+from shmhb.frametag import fresh_mac as _mac
+from shmhb.frametag import seal as _seal
 
 MAGIC: Final = b"SHHB"
 VERSION: Final = 1
@@ -37,6 +40,8 @@ PING: Final = 1
 ACK: Final = 2
 PUSH: Final = 3
 FLAG_AUTH: Final = 0x01
+#: PING only: ``u64 challenge, u64 echo`` follow the address (see ``shmhb.challenge``).
+FLAG_ECHO: Final = 0x02
 
 STATUS_ALIVE: Final = 1
 STATUS_SUSPECT: Final = 2
@@ -51,26 +56,24 @@ MAX_ENDPOINTS: Final = 8
 MAX_ACK_ENTRIES: Final = 256  # entries of the largest size an ACK always holds; it may
 MAX_DIGEST_ENTRIES: Final = 4096  # hold up to this many, within MAX_DIGEST_BODY_BYTES
 MAX_PUSH_ENTRIES: Final = 64
-MIN_SECRET_BYTES: Final = 16
-TAG_BYTES: Final = 16
 U32_MAX: Final = 0xFFFF_FFFF
 U64_MAX: Final = 0xFFFF_FFFF_FFFF_FFFF
 
 REASONS: Final = frozenset(
     ("truncated", "oversized", "magic", "version", "type", "malformed", "auth", "replay"))
 
-_DOMAIN: Final = b"shmhb-v1"
 _ZERO_BOOT: Final = bytes(16)
 _HEADER = struct.Struct("<4sBBBB")
 # Header plus the fixed part of each body, packed and unpacked in one call.
 _PING_HEAD = struct.Struct("<4sBBBB16sQQQ16sQB")  # ids, nonce, known_gen, known id, addr_len
 _ACK_HEAD = struct.Struct("<4sBBBB16sQQQBB")  # id, nonce, gen, full, addr_len
 _PUSH_HEAD = struct.Struct("<4sBBBB16sQQQB")  # id, seq, gen, addr_len
+_ECHO = struct.Struct("<QQ")  # a ping's challenge extension: challenge, echo
 _COUNT = struct.Struct("<H")
 _ENTRY = struct.Struct("<QIIBBB")  # incarnation, pid, age_ms, status, key_len, n_endpoints
 
 MAX_ENTRY_BYTES: Final = _ENTRY.size + MAX_KEY_BYTES + MAX_ENDPOINTS * (1 + MAX_ENDPOINT_BYTES)
-MAX_PING_BYTES: Final = _PING_HEAD.size + MAX_ADDRESS_BYTES + TAG_BYTES
+MAX_PING_BYTES: Final = _PING_HEAD.size + MAX_ADDRESS_BYTES + _ECHO.size + TAG_BYTES
 MAX_ACK_BYTES: Final = (_ACK_HEAD.size + MAX_ADDRESS_BYTES + _COUNT.size
                         + MAX_ACK_ENTRIES * MAX_ENTRY_BYTES + TAG_BYTES)
 MAX_PUSH_BYTES: Final = (_PUSH_HEAD.size + MAX_ADDRESS_BYTES + _COUNT.size
@@ -120,13 +123,17 @@ class DigestEntry:
 @dataclass(frozen=True, slots=True)
 class Ping:
     """``known_gen``/``known_identity``: the responder digest the sender holds (0/None:
-    none); the responder answers with a full digest unless both match its own."""
+    none); the responder answers with a full digest unless both match its own.
+    ``challenge``/``echo`` (both 0: a plain ping, no extension): one the sender issues
+    to the responder, the last the responder issued to the sender (``shmhb.challenge``)."""
 
     identity: Identity
     address: str
     nonce: int
     known_gen: int = 0
     known_identity: Identity | None = None
+    challenge: int = 0
+    echo: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,33 +181,6 @@ def _text(value: str, limit: int, what: str) -> bytes:
     return raw
 
 
-_MACS: dict[bytes, hmac.HMAC] = {}  # secret -> HMAC primed with the domain prefix
-
-
-def _mac(secret: bytes) -> hmac.HMAC:
-    """A fresh HMAC-SHA256 keyed by ``secret`` that has already absorbed ``b"shmhb-v1"``.
-    Priming once per secret and copying halves the cost of a tag on small frames."""
-    base = _MACS.get(secret) if isinstance(secret, bytes) else None
-    if base is None:
-        if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
-            raise InvalidConfig(f"the shared secret must be bytes of length >= {MIN_SECRET_BYTES}")
-        if len(_MACS) >= 8:
-            _MACS.clear()
-        base = _MACS[secret] = hmac.new(secret, _DOMAIN, "sha256")
-    return base.copy()
-
-
-def _tag(secret: bytes, message: bytes) -> bytes:
-    mac = _mac(secret)
-    mac.update(message)
-    return mac.digest()[:TAG_BYTES]
-
-
-def _seal(parts: list[bytes], secret: bytes | None) -> bytes:
-    frame = b"".join(parts)
-    return frame if secret is None else frame + _tag(secret, frame)
-
-
 def _encode_entry(e: DigestEntry) -> bytes:
     key = _text(e.key, MAX_KEY_BYTES, "key")
     if not e.key.isprintable():  # refused by check_key; receivers skip it
@@ -237,7 +217,8 @@ def encode_entries(entries: Iterable[DigestEntry], limit: int = MAX_DIGEST_ENTRI
 
 def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
     """A PING frame; with ``secret``, tagged.  Raises ProtocolError for out-of-limit fields."""
-    flags = 0 if secret is None else FLAG_AUTH
+    ext = p.challenge != 0 or p.echo != 0
+    flags = (0 if secret is None else FLAG_AUTH) | (FLAG_ECHO if ext else 0)
     addr = _text(p.address, MAX_ADDRESS_BYTES, "address")
     known = p.known_identity
     try:
@@ -245,9 +226,10 @@ def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
             MAGIC, VERSION, PING, flags, 0, p.identity.boot_id, p.identity.board_inc,
             p.nonce, p.known_gen, _ZERO_BOOT if known is None else known.boot_id,
             0 if known is None else known.board_inc, len(addr))
+        tail = _ECHO.pack(p.challenge, p.echo) if ext else b""
     except struct.error as exc:
         raise ProtocolError(f"ping field out of range ({exc})") from exc
-    return _seal([head, addr], secret)
+    return _seal([head, addr, tail], secret)
 
 
 def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
@@ -366,10 +348,16 @@ def _decode_ping(buf: bytes, end: int) -> Ping:
         raise FrameRejected("truncated", "ping header")
     _, _, _, _, _, boot, inc, nonce, known_gen, kboot, kinc, alen = _PING_HEAD.unpack_from(buf)
     addr, off = _read_text(buf, _PING_HEAD.size, end, alen, MAX_ADDRESS_BYTES, "address")
+    challenge = echo = 0
+    if buf[6] & FLAG_ECHO:
+        if end - off != _ECHO.size:
+            raise FrameRejected("malformed", "challenge extension")
+        challenge, echo = _ECHO.unpack_from(buf, off)
+        off = end
     if off != end:
         raise FrameRejected("malformed", "trailing bytes")
     known = None if kboot == _ZERO_BOOT and kinc == 0 else Identity(kboot, kinc)
-    return Ping(Identity(boot, inc), addr, nonce, known_gen, known)
+    return Ping(Identity(boot, inc), addr, nonce, known_gen, known, challenge, echo)
 
 
 def _decode_ack(buf: bytes, end: int) -> Ack:
@@ -425,7 +413,7 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
     decoder = _DECODERS.get(ftype)
     if decoder is None:
         raise FrameRejected("type", f"type {ftype}")
-    if flags & ~FLAG_AUTH or reserved:
+    if flags & ~(FLAG_AUTH | FLAG_ECHO if ftype == PING else FLAG_AUTH) or reserved:
         raise FrameRejected("malformed", f"flags {flags:#x}, reserved {reserved}")
     end = size
     if secret is not None:

@@ -4,22 +4,27 @@ pushes of local deaths, leaves and restarts to them.
 It owns the listening ROUTER's traffic: each ping is decoded, (with a secret) checked
 for replay, and answered on the connection it came in on with the local digest, whole
 or "unchanged" (``exchange.wants_full_digest``).  Watchers are remembered by routing id
-for pushes (at most ``4 * npeers`` of them, dropped after three peer-dead periods of
-silence).  The work per wake-up is bounded by time (``DRAIN_BUDGET_NS``).
+for pushes, dropped after three peer-dead periods of silence.  Two bounds of
+``4 * npeers`` each: one for watchers whose ping the pinger verified as a followed
+host's own (``on_ping`` says so: authenticated, or echoing our challenge), one for
+strangers.  Strangers never displace a followed host: 1,024 connections that fill the
+strangers' share leave every followed host's watch, and its pushes, as they were
+(issue 23, case 11).  The work per wake-up is bounded by time (``DRAIN_BUDGET_NS``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import zmq
 
 from .board import Board
+from .challenge import advertised
 from .clock import Clock
 from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
+from .sendcounter import COUNTER_WORD, SendCounter
 from .protocol import (
     MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
     encode_push,
@@ -51,8 +56,9 @@ class Responder:
                  address: str, secret: bytes | None, suspicion: Suspicion, clock: Clock,
                  count: Callable[..., None], bad: Callable[[str, str], None],
                  rate_log: Callable[..., None],
-                 on_ping: Callable[[Ping, int, str | None], None] | None = None,
-                 on_bad_auth: Callable[[str | None, str | None], None] | None = None) -> None:
+                 on_ping: Callable[[Ping, int, str | None], bool] | None = None,
+                 on_bad_auth: Callable[[str | None, str | None], None] | None = None, *,
+                 counter: SendCounter | None = None) -> None:
         self.b = board
         self.router = router
         self.identity = identity
@@ -62,7 +68,7 @@ class Responder:
         self.clock = clock
         self._count, self._bad, self._rate_log = count, bad, rate_log
         # a ping that passed, and the address its connection comes from: the pinger
-        # weighs it as evidence
+        # weighs it as evidence, and says whether it is a followed host's own
         self._on_ping = on_ping
         # a ping that failed authentication: (its connection's address, the address it
         # claims); the pinger counts it and names the host it comes from
@@ -73,9 +79,11 @@ class Responder:
         # Unauthenticated replayed pings are harmless: acks are matched to nonces.
         self.ping_guard: ReplayGuard | None = ReplayGuard() if secret else None
         self.watchers: dict[bytes, int] = {}  # ROUTER routing id -> last ping ns
-        self._max_watchers = 4 * board.sizes.npeers
+        self._followed: set[bytes] = set()  # those verified as a followed host's own
+        self._max_watchers = 4 * board.sizes.npeers  # of each kind
         self.digest = LocalDigest(board, count)
-        self._push_seq = time.time_ns()
+        # push seqs: only grow per board identity, whatever the wall clock does
+        self.counter = counter if counter is not None else SendCounter(board.words, COUNTER_WORD)
         self._unpushed: dict[str, DigestEntry] = {}  # changes held back by _PUSH_GAP_NS
         self._last_push_ns: int | None = None
 
@@ -108,13 +116,12 @@ class Responder:
                 self._bad("replay", "router")
                 continue
             self.suspicion.inbound(now_ns)
-            if rid in self.watchers or len(self.watchers) < self._max_watchers:
-                self.watchers[rid] = now_ns
-            if self._on_ping is not None:
-                self._on_ping(msg, now_ns, source)
+            ours = self._on_ping is not None and self._on_ping(msg, now_ns, source)
+            self._watch(rid, ours, now_ns)
             d = self.digest
-            full = wants_full_digest(msg, self.identity, d.gen)
-            ack = encode_ack_raw(msg.nonce, self.identity, self.address, d.gen,
+            gen = advertised(d.gen)  # says we decode challenges (shmhb.challenge)
+            full = wants_full_digest(msg, self.identity, gen)
+            ack = encode_ack_raw(msg.nonce, self.identity, self.address, gen,
                                  d.body if full else None, self.secret)
             try:
                 r.send(rid, _MORE)
@@ -123,10 +130,26 @@ class Responder:
             except zmq.ZMQError as e:  # EHOSTUNREACH (gone), EAGAIN (slow reader)
                 self._rate_log("ack", "pinger: ack to a watcher not sent: %s", e)
 
+    def _watch(self, rid: bytes, ours: bool, now_ns: int) -> None:
+        """Remember the watcher ``rid`` (``ours``: its ping was a followed host's own).
+        Each kind has its own bound, so strangers cannot fill a followed host's place."""
+        if ours and rid not in self._followed:
+            if len(self._followed) >= self._max_watchers:
+                return
+            self._followed.add(rid)
+        elif rid not in self.watchers and (
+                len(self.watchers) - len(self._followed) >= self._max_watchers):
+            return  # a stranger past its bound: no pushes for it (acks as ever)
+        self.watchers[rid] = now_ns
+
+    def _forget(self, rid: bytes) -> None:
+        self.watchers.pop(rid, None)
+        self._followed.discard(rid)
+
     def expire(self, cutoff_ns: int) -> None:
         for rid, seen in list(self.watchers.items()):
             if seen < cutoff_ns:
-                del self.watchers[rid]
+                self._forget(rid)
 
     def flush(self, now_ns: int) -> None:
         """Rebuild the digest of local slots if anything changed, and push deaths, leaves
@@ -155,8 +178,7 @@ class Responder:
         if self._unpushed:
             entries, self._unpushed = list(self._unpushed.values()), {}
             self._push(entries)
-        self._push_seq = max(self._push_seq + 1, time.time_ns())
-        frame = encode_push(Push(self.identity, self.address, self._push_seq, GOODBYE_GEN, ()),
+        frame = encode_push(Push(self.identity, self.address, self.counter.next(), GOODBYE_GEN, ()),
                             self.secret)
         told = 0
         for rid in list(self.watchers):
@@ -171,9 +193,9 @@ class Responder:
     def _push(self, entries: list[DigestEntry]) -> None:
         r = self.router
         for k in range(0, len(entries), MAX_PUSH_ENTRIES):
-            self._push_seq = max(self._push_seq + 1, time.time_ns())
-            frame = encode_push(Push(self.identity, self.address, self._push_seq,
-                                     self.digest.gen, tuple(entries[k:k + MAX_PUSH_ENTRIES])),
+            frame = encode_push(Push(self.identity, self.address, self.counter.next(),
+                                     advertised(self.digest.gen),
+                                     tuple(entries[k:k + MAX_PUSH_ENTRIES])),
                                 self.secret)
             for rid in list(self.watchers):
                 try:
@@ -181,4 +203,4 @@ class Responder:
                     r.send(frame, _NOBLOCK)
                     self._count("pushes_sent")
                 except zmq.ZMQError:
-                    del self.watchers[rid]  # that connection is gone; its host re-pings us
+                    self._forget(rid)  # that connection is gone; its host re-pings us

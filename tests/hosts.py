@@ -32,6 +32,7 @@ import zmq
 
 import shmhb
 from shmhb import Status
+from shmhb.challenge import advertised
 from shmhb.loopback import child_env, free_port
 from shmhb.protocol import (
     Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_push,
@@ -45,6 +46,19 @@ FAST = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5,
 INTERVAL_S = 0.2
 MAX_HOSTS = 8  # 127.0.0.2 .. 127.0.0.9 are checked free when the port is chosen
 
+
+
+#: ``python -c WALL_SHIFTED OFFSET_S ARGS...``: ``python -m shmhb ARGS...`` with the
+#: process's wall clock (``time.time``, ``time.time_ns``) shifted by OFFSET_S seconds.
+WALL_SHIFTED = textwrap.dedent("""
+    import runpy, sys, time
+    off_ns = int(float(sys.argv[1]) * 1e9)
+    real_ns, real = time.time_ns, time.time
+    time.time_ns = lambda: real_ns() + off_ns
+    time.time = lambda: real() + off_ns / 1e9
+    sys.argv = ["shmhb", *sys.argv[2:]]
+    runpy.run_module("shmhb", run_name="__main__", alter_sys=True)
+""")
 
 
 def rss_kb(pid: int) -> int:
@@ -74,7 +88,8 @@ class Host:
 
     def __init__(self, cluster: Cluster, ip: str, *, policy: shmhb.Policy, slots: int,
                  interval_s: float, secret_file: str | None, curve_keys: str | None,
-                 netns: str | None, peers: tuple[str, ...] = ()) -> None:
+                 netns: str | None, peers: tuple[str, ...] = (),
+                 board_peers: int | None = None) -> None:
         self.cluster = cluster
         self.ip = ip
         self.port = cluster.port
@@ -85,7 +100,7 @@ class Host:
         self.netns = netns
         self.peers = peers
         self.name = f"shmhb-test-h{ip.replace('.', '-')}-{uuid.uuid4().hex[:8]}"
-        self.board = shmhb.Board.create(self.name, slots=slots, policy=policy)
+        self.board = shmhb.Board.create(self.name, slots=slots, policy=policy, peers=board_peers)
         cluster._boards.append(self)
         self.pinger: subprocess.Popen[bytes] | None = None
         self._n = 0
@@ -95,8 +110,12 @@ class Host:
 
     # -- the pinger ---------------------------------------------------------------------
 
-    def pinger_cmd(self, *, configure: bool = True) -> list[str]:
-        cmd = [sys.executable, "-m", "shmhb", "pinger", "--board", self.name, "--tick-s", "0.02"]
+    def pinger_cmd(self, *, configure: bool = True, wall_offset_s: float = 0.0) -> list[str]:
+        """``wall_offset_s``: run it with CLOCK_REALTIME shifted by that much, as after
+        a wall-clock step (Python's ``time.time``/``time_ns`` of that process; stepping
+        the real clock needs root and would move every process of the machine)."""
+        run = ["-c", WALL_SHIFTED, repr(wall_offset_s)] if wall_offset_s else ["-m", "shmhb"]
+        cmd = [sys.executable, *run, "pinger", "--board", self.name, "--tick-s", "0.02"]
         if configure:
             cmd += ["--listen", self.listen, "--interval-s", str(self.interval_s)]
             if self.secret_file:
@@ -109,12 +128,14 @@ class Host:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         return cmd
 
-    def start_pinger(self, *, configure: bool = True, wait: bool = True) -> subprocess.Popen[bytes]:
+    def start_pinger(self, *, configure: bool = True, wait: bool = True,
+                     wall_offset_s: float = 0.0) -> subprocess.Popen[bytes]:
         """Start ``shmhb pinger`` for this host.  ``configure=False``: a bare standby that
         applies the settings stored in the board.  ``wait``: until it holds the role and
-        listens."""
+        listens.  ``wall_offset_s``: see ``pinger_cmd``."""
         self._n += 1
-        p = self.cluster.spawn(self.pinger_cmd(configure=configure), f"{self.name}-pinger{self._n}")
+        p = self.cluster.spawn(self.pinger_cmd(configure=configure, wall_offset_s=wall_offset_s),
+                               f"{self.name}-pinger{self._n}")
         if wait:
             self.wait_pinger(p)
         if self.pinger is None or self.pinger.poll() is not None:
@@ -197,12 +218,14 @@ class Cluster:
     def host(self, *, policy: shmhb.Policy = FAST, slots: int = 64,
              interval_s: float = INTERVAL_S, secret_file: str | None = None,
              curve_keys: str | None = None, ip: str | None = None, netns: str | None = None,
-             peers: tuple[str, ...] = (), start: bool = True) -> Host:
+             peers: tuple[str, ...] = (), start: bool = True,
+             board_peers: int | None = None) -> Host:
         if ip is None:
             assert len(self.hosts) < MAX_HOSTS - 1, "too many hosts (127.0.0.9 is kept for fakes)"
             ip = f"127.0.0.{2 + len(self.hosts)}"
         h = Host(self, ip, policy=policy, slots=slots, interval_s=interval_s,
-                 secret_file=secret_file, curve_keys=curve_keys, netns=netns, peers=peers)
+                 secret_file=secret_file, curve_keys=curve_keys, netns=netns, peers=peers,
+                 board_peers=board_peers)
         self.hosts.append(h)
         if start:
             h.start_pinger()
@@ -296,8 +319,12 @@ class FakePeer:
     ack) to the watcher's DEALER.  ``serve_until`` answers every ping with the current
     digest ``self.entries`` while waiting for a condition."""
 
-    def __init__(self, ip: str, port: int, *, secret: bytes | None = None) -> None:
+    def __init__(self, ip: str, port: int, *, secret: bytes | None = None,
+                 capable: bool = False) -> None:
         self.ip, self.port = ip, port
+        # capable: its acks say it decodes ping challenges (shmhb.challenge), so the
+        # pinger sends it some; else it is a peer that predates them
+        self.capable = capable
         self.address = f"{ip}:{port}"
         self.secret = secret
         self.identity = Identity(os.urandom(16), random.getrandbits(62) | 1)
@@ -345,7 +372,8 @@ class FakePeer:
 
     def ack_frame(self, nonce: int, *, identity: Identity | None = None,
                   secret: Any = "same") -> bytes:
-        return encode_ack(Ack(nonce, identity or self.identity, self.address, self.gen, True,
+        gen = advertised(self.gen) if self.capable else self.gen
+        return encode_ack(Ack(nonce, identity or self.identity, self.address, gen, True,
                               tuple(self.entries.values())),
                           self.secret if secret == "same" else secret)
 
@@ -363,6 +391,10 @@ class FakePeer:
                    secret: Any = "same") -> bytes:
         return encode_push(Push(identity or self.identity, self.address, seq, self.gen, entries),
                            self.secret if secret == "same" else secret)
+
+    def challenge(self) -> int:
+        """The newest challenge the watcher sent in its pings (0: none yet)."""
+        return next((p.challenge for p in reversed(self.pings) if p.challenge), 0)
 
     def drain(self, timeout_s: float) -> int:
         """Swallow the pings that arrive within ``timeout_s`` (leave them unanswered)."""

@@ -110,12 +110,12 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
     assert took <= FAST.peer_dead_after_s + 3 * a.interval_s + 1.5, took
 
 
-def test_without_a_secret_pings_from_the_hosts_own_address_are_evidence(cluster: Cluster) -> None:
-    """No secret: a ping counts only over a connection from the followed host's own IP
-    address.  Pingers on one machine all connect from 127.0.0.1, so a listens there (its
-    pings leave from its own address, as between hosts); the pair halves its messages as
-    it does with a secret, and a death is still seen."""
-    a = cluster.host(ip="127.0.0.1")  # active (the smaller address)
+def test_without_a_secret_pings_that_echo_our_challenge_are_evidence(cluster: Cluster) -> None:
+    """No secret: a ping counts only if it echoes a challenge we sent in our own pings
+    to that host (shmhb.challenge); the source address plays no part (all these
+    pingers connect from 127.0.0.1).  The pair halves its messages as it does with a
+    secret, and a death is still seen."""
+    a = cluster.host()  # 127.0.0.2: active (the smaller address)
     b = cluster.host()  # 127.0.0.3: passive
     a.watch(b)
     b.watch(a)
@@ -140,7 +140,7 @@ def test_the_passive_side_of_a_mutual_pair_hears_of_a_hung_worker_within_interva
     change is pushed, and the push makes its next turn a ping."""
     slow = shmhb.Policy(suspect_after_s=0.5, dead_after_s=30.0, peer_suspect_after_s=1.0,
                         peer_dead_after_s=20.0)  # a refresh only every 20 s
-    a = cluster.host(policy=slow, ip="127.0.0.1")  # active; its pings leave from its address
+    a = cluster.host(policy=slow, ip="127.0.0.1")  # active (the smaller address)
     b = cluster.host(policy=slow)  # 127.0.0.3: passive
     w = a.worker("a-rank-1", a.endpoint(1))
     a.watch(b)
@@ -180,13 +180,15 @@ class _Dealer:
 
     def ping(self, *, nonce: int | None = None, gen: int | None = None,
              known: Identity | None | str = "same", identity: Identity | None = None,
-             secret: bytes | None | str = "same") -> bytes:
+             secret: bytes | None | str = "same", echo: int = 0) -> bytes:
+        """``echo``: the challenge to echo (with one of ours, 1; 0: a plain v1 ping)."""
         if nonce is None:
             self.nonce += 1
             nonce = self.nonce
         frame = encode_ping(Ping(identity or self.fake.identity, self.fake.address, nonce,
                                  self.known[0] if gen is None else gen,
-                                 self.known[1] if known == "same" else known),  # type: ignore[arg-type]
+                                 self.known[1] if known == "same" else known,  # type: ignore[arg-type]
+                                 1 if echo else 0, echo),
                             self.fake.secret if secret == "same" else secret)  # type: ignore[arg-type]
         self.s.send(frame)
         return frame
@@ -322,27 +324,29 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
     assert got is not None and got[1].ping_budget_pps == 12.5
 
 
-def test_without_a_secret_a_ping_from_another_address_never_keeps_a_dead_host_alive(
+def test_without_a_secret_only_a_ping_echoing_our_challenge_keeps_a_silent_host_alive(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
     """No secret: a ping names the followed host, its board identity and our current
-    digest, as an outsider who pinged both of us can, but its connection comes from
-    another address (the kernel's default source, or an address of the outsider's
-    own): it never counts, and the host that stopped answering dies on time.  From the
-    host's own address the same pings count (the control)."""
+    digest, as an outsider who pinged both of us can; even over a connection from the
+    host's own address (another process there, a container behind its NAT) it never
+    counts unless it echoes a challenge from our own pings to that host, which only
+    whoever receives them knows (issue 23, case 1).  The control: the same pings with
+    the echo count, while the host answers none of ours."""
     a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port)
+    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
     fake_peers.append(fake)
     fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
     a.board.watch(f"{fake.ip}:30001")
-    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
+    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
+                     what="fake ALIVE on a, and challenged")
     own = _Dealer(fake, a.listen, source=fake.ip)
-    outsiders = [_Dealer(fake, a.listen), _Dealer(fake, a.listen, source="127.0.0.250")]
+    outsiders = [_Dealer(fake, a.listen), _Dealer(fake, a.listen, source=fake.ip)]
     try:
         own.sync()
         ev0 = a.stats()["pings_evidence"]
         end = time.monotonic() + 3 * FAST.peer_dead_after_s
         while time.monotonic() < end:
-            own.ping()
+            own.ping(echo=fake.challenge())
             fake.drain(0.1)  # its pings to us go unanswered
             assert a.peer_status(fake.ip) is Status.ALIVE
         assert a.stats()["pings_evidence"] > ev0 + 10
@@ -355,7 +359,8 @@ def test_without_a_secret_a_ping_from_another_address_never_keeps_a_dead_host_al
             assert time.monotonic() - t0 < 10, f"not DEAD: {seen[-5:]}"
             for d in outsiders:
                 d.known = own.known  # the current digest, as the host itself holds it
-                d.ping()
+                d.ping()  # no echo: a v1 ping, from its address or not
+                d.ping(echo=int.from_bytes(os.urandom(8), "little") | 1)  # a guessed one
             fake.drain(0.05)
             seen.append(a.peer_status(fake.ip))
         assert a.stats()["pings_evidence"] == ev1
@@ -364,3 +369,27 @@ def test_without_a_secret_a_ping_from_another_address_never_keeps_a_dead_host_al
     finally:
         for d in (own, *outsiders):
             d.close()
+
+
+def test_without_a_secret_a_peer_that_predates_challenges_is_pinged_in_full(
+        cluster: Cluster, fake_peers: list[FakePeer]) -> None:
+    """A v1 peer (its acks do not advertise challenges) gets plain v1 pings, answers
+    them, and its own pings never count without a secret: we keep pinging it every
+    interval, as before mutual pairs existed."""
+    a = cluster.host()
+    fake = FakePeer(cluster.spare_ip(), cluster.port)  # not capable
+    fake_peers.append(fake)
+    a.board.watch(f"{fake.ip}:30001")
+    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
+    fake.serve_until(lambda: len(fake.pings) >= 10, what="ten pings")
+    assert not any(p.challenge or p.echo for p in fake.pings)
+    d = _Dealer(fake, a.listen, source=fake.ip)
+    try:
+        d.sync()
+        ev0 = a.stats()["pings_evidence"]
+        for _ in range(5):
+            d.ping()
+        d.sync()  # its ack comes after every earlier ping was handled
+        assert a.stats()["pings_evidence"] == ev0
+    finally:
+        d.close()

@@ -40,11 +40,14 @@ def max_entry(i: int) -> DigestEntry:
 ENTRIES = tuple(entry(i) for i in range(5))
 FIRST_PING = Ping(ME, "hosta:7070", 1)
 PING_WITH_GEN = Ping(ME, "hosta:7070", 2**64 - 1, known_gen=42, known_identity=PEER)
+ECHO_PING = Ping(ME, "hosta:7070", 5, known_gen=42, known_identity=PEER, challenge=2**64 - 1,
+                 echo=77)
 STEADY_ACK = Ack(1, PEER, "hostb:7070", 42, full=False)
 FULL_ACK = Ack(3, PEER, "hostb:7070", 44, full=True, entries=ENTRIES)
 FRAMES: list[Frame] = [
     FIRST_PING,
     PING_WITH_GEN,
+    ECHO_PING,
     STEADY_ACK,
     Ack(2, PEER, "hostb:7070", 43, full=True, entries=()),
     FULL_ACK,
@@ -437,3 +440,41 @@ def test_outstanding_pings_bounded_total() -> None:
     assert out.take("h0", 0) is None
     with pytest.raises(InvalidConfig):
         OutstandingPings(per_peer=0)
+
+
+# --- the PING challenge extension (issue 23, case 1) --------------------------------------
+
+def test_the_challenge_extension_is_16_bytes_on_pings_only() -> None:
+    plain = encode_ping(PING_WITH_GEN)
+    ext = encode_ping(ECHO_PING)
+    assert len(ext) == len(plain) + 16 and ext[6] == 0x02
+    assert decode(ext) == ECHO_PING
+    assert decode(encode_ping(ECHO_PING, SECRET), SECRET) == ECHO_PING
+    assert reason(ext[:-1]) == "malformed"  # the extension cut short
+    assert reason(ext + b"\x00") == "malformed"
+    assert reason(plain[:6] + b"\x02" + plain[7:]) == "malformed"  # flag, no extension
+    one_sided = Ping(ME, "hosta:7070", 6, echo=9)  # an echo alone still sends both fields
+    assert decode(encode_ping(one_sided)) == one_sided
+    for frame in (encode_ack(STEADY_ACK), encode_push(FRAMES[-1])):  # type: ignore[arg-type]
+        assert reason(frame[:6] + b"\x02" + frame[7:]) == "malformed"
+    biggest = Ping(PEER, "a" * (MAX_ADDRESS_BYTES - 2) + ":1", 2**64 - 1, 2**64 - 1, PEER,
+                   2**64 - 1, 2**64 - 1)
+    assert len(encode_ping(biggest, SECRET)) == 169 <= MAX_FRAME_BYTES
+    with pytest.raises(ProtocolError):
+        encode_ping(Ping(ME, "hosta:7070", 1, challenge=2**64))
+
+
+def test_challenges_kept_echoed_and_advertised() -> None:
+    from shmhb.challenge import KEEP, advertised, capable, echoed, issue, new_challenge
+
+    got = [new_challenge() for _ in range(100)]
+    assert all(0 < c < 2**64 for c in got) and len(set(got)) == 100
+    kept: tuple[int, ...] = ()
+    for c in got[:KEEP + 2]:
+        kept = issue(kept, c)
+    assert kept == tuple(reversed(got[2:KEEP + 2]))
+    assert echoed(kept, got[KEEP + 1]) and echoed(kept, got[2])
+    assert not echoed(kept, got[1]) and not echoed(kept, 0) and not echoed((), 0)
+    gen = random.getrandbits(62) | 1
+    assert capable(advertised(gen)) and not capable(gen) and advertised(gen) != gen
+    assert advertised(advertised(gen)) == advertised(gen)

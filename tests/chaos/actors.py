@@ -249,12 +249,42 @@ signal.pause()
 """
 
 
+def forge(x_identity: str, x_listen: str, y_listen: str, duration_s: float) -> None:
+    """Ping ``y_listen`` as the host at ``x_listen`` (board identity ``x_identity``,
+    hex ``boot_id:board_inc``) every 0.2 s for ``duration_s``, naming y's current digest
+    as x's pinger would: a process on x's host or behind its NAT (nat_forgery)."""
+    boot, inc = x_identity.split(":")
+    ident = Identity(bytes.fromhex(boot), int(inc))
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    # from x's own address, as a process on x or a container behind x's NAT connects
+    s.connect(f"tcp://{x_listen.rsplit(':', 1)[0]}:0;{y_listen}")
+    known: tuple[int, Identity | None] = (0, None)
+    nonce = time.time_ns()
+    end = time.monotonic() + duration_s
+    while time.monotonic() < end:
+        nonce += 1
+        s.send(encode_ping(Ping(ident, x_listen, nonce, known[0], known[1])))
+        while s.poll(200):
+            try:
+                msg = decode(s.recv())
+            except ValueError:
+                continue
+            if isinstance(msg, Ack):
+                known = (msg.gen, msg.identity)
+    s.close(0)
+    ctx.term()
+
+
 def main(argv: list[str]) -> int:
     kind = argv[0]
     if kind == "liar":
         liar(argv[1], int(argv[2]))
     elif kind == "flood":
         flood(argv[1], int(argv[2]), int(argv[3]))
+    elif kind == "forge":
+        forge(argv[1], argv[2], argv[3], float(argv[4]))
     elif kind == "badconfig":
         try:
             out = badconfig(argv[1], argv[2], int(argv[3]), argv[4])

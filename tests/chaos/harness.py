@@ -279,6 +279,7 @@ class _Host:
         self.takeover: dict[str, Any] | None = None  # a failover in progress
         self.all_pids: set[int] = set()  # every process that may have held its agent role
         self.holder_fds: dict[int, tuple[int, int]] = {}  # pid -> (since ns, fds then)
+        self.wall_offset_s = 0.0  # clock_step: pingers spawned from now on run this far off
 
     def live_pingers(self) -> list[_Pinger]:
         return [p for p in self.pingers if p.proc.poll() is None]
@@ -411,7 +412,7 @@ class Harness(HostileFaults, LocalFaults):
         assert self.cluster is not None
         h.h._n += 1
         label = f"{h.name}-pinger{h.h._n}"
-        cmd = h.h.pinger_cmd(configure=configure)
+        cmd = h.h.pinger_cmd(configure=configure, wall_offset_s=h.wall_offset_s)
         if PRLIMIT:  # the file descriptors a systemd unit gets by default
             cmd = [PRLIMIT, "--nofile=1024:1024", *cmd]
         proc = self.cluster.spawn(cmd, label)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -72,6 +73,7 @@ class HostileFaults:
         self.liar_keys: set[str] = {"liar-0"}
         self.flooders: dict[int, subprocess.Popen[str]] = {}
         self.long_regs: list[subprocess.Popen[str]] = []
+        self.forgers: list[subprocess.Popen[str]] = []
         self.bad_rows: dict[int, list[int]] = {}
         self._next_hostile_scan = 0
         main = [h for h in self.hosts if h.group == 0]
@@ -87,7 +89,8 @@ class HostileFaults:
             h.board.watch(f"{LIAR_IP}:30000")
 
     def hostile_teardown(self) -> None:
-        for p in [*self.flooders.values(), *self.long_regs, *([self.liar] if self.liar else [])]:
+        for p in [*self.flooders.values(), *self.long_regs, *self.forgers,
+                  *([self.liar] if self.liar else [])]:
             if p.poll() is None:
                 p.kill()
             p.wait(10)
@@ -96,6 +99,7 @@ class HostileFaults:
                     f.close()
         self.flooders.clear()
         self.long_regs.clear()
+        self.forgers.clear()
         self.liar = None
 
     def _liar_cmd(self, cmd: dict[str, Any]) -> bool:
@@ -311,4 +315,64 @@ class HostileFaults:
             else:
                 self.breach("big-digest", str(got.get("why")), "*")  # type: ignore[attr-defined]
         self.jobs.append((p, now_ns() + 90 * NS, "big_digest", done))
+        return True
+
+    def _f_nat_forgery(self, f: Fault) -> bool:
+        """x's holder stopped, a forger on x's address speaks for it to y (issue 23,
+        case 1): the standing invariants want x DEAD at y on time all the same."""
+        main = [h for h in self.hosts if h.group == 0]
+        if len(main) < 2 or self.ctx is None:
+            return False
+        x = main[f.host % len(main)]
+        y = main[(f.host + 1 + f.worker) % len(main)]
+        if y is x or x.busy or x.outage:
+            return False
+        spy = self.ctx.socket(zmq.DEALER)
+        try:
+            spy.setsockopt(zmq.LINGER, 0)
+            spy.connect(f"tcp://{x.h.listen}")
+            spy.send(encode_ping(Ping(Identity(os.urandom(16), 1), "127.0.0.1:1", 1)))
+            if not spy.poll(300):
+                return False
+            ack = decode(spy.recv())
+        finally:
+            spy.close(0)
+        if not isinstance(ack, Ack):
+            return False
+        ident = f"{ack.identity.boot_id.hex()}:{ack.identity.board_inc}"
+        stop = Fault(f.at_s, f.kind, self.hosts.index(x), f.worker, f.duration_s)
+        if not self._stop_holder(stop):  # type: ignore[attr-defined]
+            return False
+        self.forgers.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.actors", "forge", ident, x.h.listen, y.h.listen,
+             str(f.duration_s)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True,
+            cwd=ROOT, env=self.env))
+        self.note(f"FAULT nat_forgery: a forger on h{x.idx}'s address pings h{y.idx} as h{x.idx} "  # type: ignore[attr-defined]
+                  f"for {f.duration_s:.2f} s", f"h{x.idx}", f"h{y.idx}")
+        return True
+
+    def _f_clock_step(self, f: Fault) -> bool:
+        """Every pinger started on x from now on runs with its wall clock an hour further
+        behind (``Host.pinger_cmd``: a process-level shift, stepping the real clock needs
+        root and moves every host of the run); its standby is replaced by such a one,
+        which takes the role over 6 s later, once warm (issue 23, case 2)."""
+        h = self.hosts[f.host % len(self.hosts)]
+        if h.busy or h.outage:
+            return False
+        holder = self._holder(h)  # type: ignore[attr-defined]
+        standbys = [p for p in h.live_pingers() if p is not holder and not p.expect_exit]
+        if holder is None or not standbys:
+            return False
+        h.wall_offset_s -= 3600.0
+        for p in standbys:  # the harness starts a stepped one in their place
+            p.expect_exit = True
+            p.proc.kill()
+        self.note(f"FAULT clock_step h{h.idx}: pingers started from now on run "  # type: ignore[attr-defined]
+                  f"{-h.wall_offset_s:.0f} s behind; the holder goes in 6 s", f"h{h.idx}")
+
+        def takeover() -> None:
+            if not h.busy and not h.outage:
+                self._end_holder(Fault(f.at_s, "pinger_kill", self.hosts.index(h), 0, 0.0),  # type: ignore[attr-defined]
+                                 signal.SIGKILL, "pkill")
+        self.at(6.0, takeover)  # type: ignore[attr-defined]
         return True

@@ -61,6 +61,14 @@ torn_settings          a throwaway host: settings torn by a SIGKILL read degrade
                        bare standby and are healed by a pinger with options
 forget_fds             a throwaway host: ``forget_after_s`` under a connection flood at 96
                        fds; the pinger keeps running and forgets once fds are back
+nat_forgery            host X's holder is SIGSTOPped for ``duration_s`` while a forger
+                       connected from X's own address (bound as its source)
+                       pings host Y as X with Y's current digest every 0.2 s: Y must
+                       read X DEAD on time all the same
+clock_step             host X's wall clock steps back an hour for every pinger started
+                       there from now on: its standby is replaced by one so stepped,
+                       which takes the role over 6 s later (the holder SIGKILLed);
+                       peers must not drop its pings or pushes as replays
 =====================  ==================================================================
 """
 
@@ -133,6 +141,8 @@ WEIGHTS: dict[str, float] = {
     "registry_attach": 1,
     "torn_settings": 1,
     "forget_fds": 0.7,
+    "nat_forgery": 1.5,
+    "clock_step": 1,
 }
 KINDS = tuple(WEIGHTS)
 #: faults that need the namespaced pair of hosts, or root
@@ -172,7 +182,8 @@ def hostile_duration(kind: str, rng: random.Random) -> float | None:
     """Durations of the hostile-input kinds (``hostile.py``); None for the others."""
     lo_hi = {"conn_flood": (1.0, 5.0), "push_flood": (0.5, 3.0), "relay": (1.0, 4.0),
              "spoof": (1.0, 6.0), "bad_watch": (1.0, 6.0), "long_endpoint": (0.5, 4.0),
-             "forged_ping": None, "bad_config": None, "big_digest": None}
+             "forged_ping": None, "bad_config": None, "big_digest": None,
+             "nat_forgery": (4.0, 8.0), "clock_step": None}
     if kind not in lo_hi:
         return None
     r = lo_hi[kind]
