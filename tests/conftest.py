@@ -12,7 +12,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 import pytest
@@ -20,6 +20,9 @@ import pytest
 import shmhb
 from shmhb import units
 from shmhb.loopback import child_env
+
+if TYPE_CHECKING:
+    from .hosts import Cluster, FakePeer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -184,3 +187,20 @@ def install_args() -> list[str]:
     if units.under_private_tmp(base):
         pytest.skip("no Python outside /tmp to name in the units")
     return ["--exec", base]
+
+
+# -- the loopback cluster (tests/hosts.py imports this module, so it is imported late) ---------
+
+@pytest.fixture
+def cluster(tmp_path: Any) -> Iterator[Cluster]:
+    """Hosts on their own loopback addresses, each its own board and pinger; all ended
+    and their boards removed at the end."""
+    from .hosts import cluster_fixture
+    yield from cluster_fixture(tmp_path)
+
+
+@pytest.fixture
+def fake_peers() -> Iterator[list[FakePeer]]:
+    """Fake followed hosts a test sets up; all closed at the end."""
+    from .hosts import fake_peers_fixture
+    yield from fake_peers_fixture()

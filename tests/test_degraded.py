@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,21 +26,11 @@ from shmhb.loopback import child_env
 from shmhb.netconfig import read_secret, store_config
 
 from .conftest import ROOT, wait_until
-from .hosts import Cluster, FakePeer, Host, cluster_fixture, fake_peers_fixture, listening, write_secret
+from .hosts import Cluster, FakePeer, Host, listening, write_secret
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 #: the invariant: a local SIGKILL is DEAD within this, whatever the network half does
 KILL_BOUND_S = 1.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
-
-
-@pytest.fixture
-def fake_peers() -> Iterator[list[FakePeer]]:
-    yield from fake_peers_fixture()
 
 
 def status(h: Host | str) -> tuple[int, dict[str, Any]]:

@@ -14,6 +14,7 @@ from shmhb.digest import LocalDigest
 from shmhb.layout import TS_SHIFT
 from shmhb.protocol import Ack, Identity, decode, encode_ack_raw
 
+from .chaos.bigdigest import BULK
 from .conftest import Procs, wait_until
 
 
@@ -79,22 +80,6 @@ def test_the_digest_looks_again_at_once_on_a_change_and_within_its_period_on_age
 
 
 # -- past 256 entries (issue 23 case 4) -------------------------------------------------------
-
-BULK = """
-    import signal, sys, time
-    import shmhb
-    name, prefix, n, ip, port0 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-    b = shmhb.Board.attach(name)
-    hbs = [b.register(f"{prefix}{i}", endpoints=(f"{ip}:{port0 + i}",), agent=False) for i in range(n)]
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    print("ready", flush=True)
-    while not stop:
-        for hb in hbs:
-            hb.beat()
-        time.sleep(0.05)
-"""
-
 
 def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(tmp_path: Any, procs: Procs) -> None:
     """260 dead slots (one process that registered them, SIGKILLed), 39 live ones, then

@@ -10,24 +10,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Iterator
-from typing import Any
 
-import pytest
 
 from shmhb import Status
 
 from .conftest import Procs, wait_until
-from .hosts import FAST, Cluster, cluster_fixture
+from .hosts import FAST, Cluster
 from .test_degraded import KILL_BOUND_S
 from .test_hostile import FLOODER
 
 LIMIT = 96
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
 
 
 def _fds(pid: int) -> int:

@@ -10,10 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
 
-import pytest
 
 from shmhb import Status
 from shmhb.events import EventLog
@@ -23,12 +20,7 @@ from shmhb.protocol import Identity, Push, decode, encode_push
 from shmhb.view import read_view
 
 from .conftest import wait_until
-from .hosts import Cluster, Host, cluster_fixture
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
+from .hosts import Cluster, Host
 
 
 def _watch_statuses(h: Host, other: Host, until: float) -> set[Status | None]:

@@ -9,36 +9,23 @@ each a local SIGKILL must still be DEAD within 1 s.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import zmq
 
 import shmhb
 from shmhb import Status
 from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
 
-from .conftest import ROOT, Procs, wait_until
-from .hosts import Cluster, FakePeer, Host, cluster_fixture, entry, fake_peers_fixture, write_secret
+from .conftest import Procs, wait_until
+from .hosts import Cluster, FakePeer, entry, write_secret
 from .test_degraded import KILL_BOUND_S, kill_is_dead_within_bound, status, wait_held, wait_net
 
 SECRET = b"cluster-secret-0123456789abcdef!"
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
-
-
-@pytest.fixture
-def fake_peers() -> Iterator[list[FakePeer]]:
-    yield from fake_peers_fixture()
 
 
 def _dealer(ctx: zmq.Context[Any], address: str) -> zmq.Socket[Any]:

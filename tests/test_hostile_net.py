@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,14 +27,9 @@ from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
 from shmhb.sendcounter import COUNTER_WORD, RESERVE, SendCounter
 
 from .conftest import wait_until
-from .hosts import FAST, Cluster, cluster_fixture, write_secret
+from .hosts import FAST, Cluster, write_secret
 
 SECRET = b"cluster-secret-0123456789abcdef!"
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
 
 
 def _dealer(ctx: zmq.Context[Any], address: str) -> zmq.Socket[Any]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -19,19 +17,9 @@ from shmhb.protocol import Ack, decode, encode_ack
 from shmhb.records import check_key, shown
 
 from .conftest import ROOT, wait_until
-from .hosts import Cluster, FakePeer, cluster_fixture, entry, fake_peers_fixture
+from .hosts import Cluster, FakePeer, entry
 
 EVIL = ("\u009b31m", "\u0085problem: none", "\u202egnp.exe", "\u2028x", "\u200bzw")
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
-
-
-@pytest.fixture
-def fake_peers() -> Iterator[list[FakePeer]]:
-    yield from fake_peers_fixture()
 
 
 @pytest.mark.parametrize("tail", EVIL, ids=ascii)

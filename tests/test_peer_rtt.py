@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from typing import Any
 
-import pytest
 
 from shmhb import Status
 
 from .conftest import wait_until
-from .hosts import Cluster, cluster_fixture
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
+from .hosts import Cluster
 
 
 def test_no_inflated_rtt_when_a_stopped_host_comes_back(cluster: Cluster) -> None:

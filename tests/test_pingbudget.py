@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,19 +23,9 @@ from shmhb.pingplan import DEFAULT_BUDGET_PPS
 from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from .conftest import wait_until
-from .hosts import FAST, Cluster, FakePeer, cluster_fixture, entry, fake_peers_fixture, write_secret
+from .hosts import FAST, Cluster, FakePeer, entry, write_secret
 
 SECRET = b"cluster-secret-0123456789abcdef!"
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
-
-
-@pytest.fixture
-def fake_peers() -> Iterator[list[FakePeer]]:
-    yield from fake_peers_fixture()
 
 
 # -- the stored setting --------------------------------------------------------------------

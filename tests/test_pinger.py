@@ -16,8 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import zmq
@@ -31,24 +29,14 @@ from shmhb.protocol import (
 
 from .conftest import wait_until
 from .hosts import (
-    FAST, INTERVAL_S, Cluster, FakePeer, Host, NetNs, cluster_fixture, entry, fake_peers_fixture,
-    netns_unavailable, rss_kb, write_secret,
+    FAST, INTERVAL_S, Cluster, FakePeer, Host, NetNs, entry, netns_unavailable, rss_kb,
+    write_secret,
 )
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 OTHER_SECRET = b"another-secret-0123456789abcdef!"
 #: slack added to every "within X" bound for scheduling noise on a loaded machine
 SLACK_S = 1.5
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
-
-
-@pytest.fixture
-def fake_peers() -> Iterator[list[FakePeer]]:
-    yield from fake_peers_fixture()
 
 
 def alive_pair(cluster: Cluster, **kw: object) -> tuple[Host, Host]:

@@ -14,8 +14,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -25,8 +23,7 @@ from shmhb.protocol import Identity
 
 from .conftest import wait_until
 from .hosts import (
-    FORKED_WORKERS, Cluster, FakePeer, Host, cluster_fixture, entry, fake_peers_fixture,
-    write_secret,
+    FORKED_WORKERS, Cluster, FakePeer, Host, entry, write_secret,
 )
 
 LONG_INTERVAL_S = 2.0
@@ -40,16 +37,6 @@ PUSH_BOUND_S = 1.5
 BURST_BOUND_S = 1.5  # 32 processes to tear down first
 SECRET = b"cluster-secret-0123456789abcdef!"
 OTHER_SECRET = b"another-secret-0123456789abcdef!"
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
-
-
-@pytest.fixture
-def fake_peers() -> Iterator[list[FakePeer]]:
-    yield from fake_peers_fixture()
 
 
 def push_pair(cluster: Cluster) -> tuple[Host, Host]:

@@ -16,10 +16,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 
 import shmhb
 from shmhb import DropReason, LinkReaper, Status
@@ -27,7 +25,7 @@ from shmhb.agent import Agent
 from shmhb.loopback import child_env
 
 from .conftest import Procs, wait_until
-from .hosts import Cluster, cluster_fixture
+from .hosts import Cluster
 
 HOLDER = textwrap.dedent("""
     import os, signal, sys
@@ -69,11 +67,6 @@ def refs(board: shmhb.Board, host: str) -> int:
     """How many watches of ``host`` the board counts, over all processes."""
     rows = board._watches.copy()
     return sum(int(r["refs"]) for r in rows if int(r["checksum"]) and bytes(r["address"]) == host.encode())
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
 
 
 def test_a_graceful_leave_neither_waits_nor_fails(board: shmhb.Board, procs: Procs, agent: Any) -> None:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import sys
 import textwrap
-from collections.abc import Iterator
-from typing import Any
 
-import pytest
 
 from .conftest import wait_until
-from .hosts import Cluster, cluster_fixture
+from .hosts import Cluster
 from .test_degraded import kill_is_dead_within_bound, status, wait_held, wait_net
 
 TEARER = textwrap.dedent("""
@@ -29,11 +26,6 @@ TEARER = textwrap.dedent("""
         h["cfg_listen"] = sys.argv[2].encode()
         os.kill(os.getpid(), signal.SIGKILL)
 """)
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
-    yield from cluster_fixture(tmp_path)
 
 
 def _tear(cluster: Cluster, name: str, listen: str) -> None:

@@ -19,7 +19,8 @@ import uuid
 from typing import Any
 
 BOUND_S = 5.0
-_BULK = """
+#: a process holding N registrations of a board, beating them until SIGTERM
+BULK = """
 import signal, sys, time
 import shmhb
 name, prefix, n, ip, port0 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
@@ -70,13 +71,13 @@ def big_digest(ip_a: str, ip_b: str) -> dict[str, Any]:
         for board, ip in ((a, ip_a), (b, ip_b)):
             spawn("-m", "shmhb", "pinger", "--board", board.name, "--tick-s", "0.02",
                   "--listen", f"{ip}:{port}", "--interval-s", "0.2", ready=False)
-        gone = spawn("-c", _BULK, a.name, "gone-", "260", ip_a, "32000")
+        gone = spawn("-c", BULK, a.name, "gone-", "260", ip_a, "32000")
         gone.kill()
         gone.wait(10)
         _until(lambda: sum(s.status is shmhb.Status.DEAD for s in a.slots()) == 260, 30,
                "260 dead slots")
-        spawn("-c", _BULK, a.name, "live-", "39", ip_a, "33000")
-        w = spawn("-c", _BULK, a.name, "rank-", "1", ip_a, "30001")
+        spawn("-c", BULK, a.name, "live-", "39", ip_a, "33000")
+        w = spawn("-c", BULK, a.name, "rank-", "1", ip_a, "30001")
         ep = f"{ip_a}:30001"
         b.watch(ep)
         _until(lambda: (r := b.remote(ep)) is not None and r.status is shmhb.Status.ALIVE, 30,
