@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -18,7 +19,7 @@ import pytest
 import shmhb
 from shmhb import Status
 
-from .conftest import Procs, wait_until
+from .conftest import ROOT, Procs, wait_until
 
 NOBODY = 65534
 # /root is often 0700: the interpreter under it is bind-mounted back for nobody to reach
@@ -35,24 +36,37 @@ exec setpriv --reuid {uid} --regid {uid} --clear-groups "$@"
 """
 
 
+def _as_nobody(*argv: str) -> list[str]:
+    """``python ARGV`` as nobody, in a mount namespace whose /proc hides other uids."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SETUP.format(uid=NOBODY),
+            "sh", sys.executable, sys.executable, *argv]
+
+
 def _usable() -> str | None:
     if os.geteuid() != 0:
         return "needs root (a mount namespace, and a second account)"
     if not (shutil.which("unshare") and shutil.which("setpriv")):
         return "needs unshare and setpriv (util-linux)"
+    # the interpreter and this checkout must be reachable by nobody (a venv in a 0700
+    # directory such as mktemp -d's is not)
+    r = subprocess.run(_as_nobody("-c", "import shmhb"), cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0:
+        return f"nobody cannot run this interpreter with shmhb: {r.stderr.strip()[-200:]}"
     return None
 
 
-@pytest.mark.skipif(_usable() is not None, reason=str(_usable()))
+_WHY_NOT = _usable()
+
+
+@pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
 def test_a_worker_hidden_by_hidepid_is_not_dead_and_its_death_is_seen(
         board_name: str, procs: Procs) -> None:
     board = shmhb.Board.create(board_name, slots=16, mode=0o666, suspect_after_s=0.5,
                                dead_after_s=1.5)
     try:
         w = procs.worker(board_name, "hidden")  # root's: invisible to nobody
-        cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-               SETUP.format(uid=NOBODY), "sh", sys.executable, sys.executable, "-m", "shmhb",
-               "pinger", "--board", board_name, "--tick-s", "0.02"]
+        cmd = _as_nobody("-m", "shmhb", "pinger", "--board", board_name, "--tick-s", "0.02")
         agent = procs.spawn(cmd, ready=False)
         wait_until(lambda: agent.poll() is not None or board.agent().status is Status.ALIVE,
                    timeout_s=30, what="the hidepid agent holds the role")

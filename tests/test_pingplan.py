@@ -262,7 +262,7 @@ def test_evidence_keeps_a_host_alive_but_never_makes_an_unheard_one_alive() -> N
 
 # -- inbound pings as evidence: the pure rule ------------------------------------------------
 
-def test_only_an_authenticated_or_own_address_fresh_ping_naming_our_current_digest_counts() -> None:
+def test_only_an_authenticated_or_echoing_fresh_ping_naming_our_current_digest_counts() -> None:
     import os
 
     from shmhb.evidence import counts_as_evidence
@@ -277,11 +277,11 @@ def test_only_an_authenticated_or_own_address_fresh_ping_naming_our_current_dige
         assert not counts_as_evidence(good, **{**kw, **change}), change  # type: ignore[arg-type]
     assert not counts_as_evidence(Ping(them, "10.0.0.1:45645", 100, 0, None), **kw)  # type: ignore[arg-type]
     assert not counts_as_evidence(Ping(other, "10.0.0.1:45645", 100, 77, me), **kw)  # type: ignore[arg-type]
-    # without authentication, a connection from the host's own address stands in for it,
-    # and nothing else changes
-    plain = {**kw, "authenticated": False, "from_its_address": True}
+    # without authentication, echoing a challenge we sent that host stands in for it (a
+    # connection from its address no longer does: issue 23, case 1), and nothing else changes
+    plain = {**kw, "authenticated": False, "echoed": True}
     assert counts_as_evidence(good, **plain)  # type: ignore[arg-type]
-    for change in ({"from_its_address": False}, {"known": other}, {"last_nonce": 100},
+    for change in ({"echoed": False}, {"known": other}, {"last_nonce": 100},
                    {"my_gen": 78}, {"me": other}):
         assert not counts_as_evidence(good, **{**plain, **change}), change  # type: ignore[arg-type]
 
