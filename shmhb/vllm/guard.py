@@ -67,7 +67,7 @@ class WorkerGuard:
         if w_consumes:
             # Serves grants only for the incarnation set below: none before that.
             host = eps["engine"].rsplit(":", 1)[0].strip("[]")
-            self.fence_server = FenceServer(host, 0, self.loads.grant)
+            self.fence_server = FenceServer(host, 0, self._grant)
             eps["fence"] = self.fence_server.endpoint
         hb = self.board.register(self.key, endpoints=tuple(eps.values()))
         if self.fence_server is not None:
@@ -152,6 +152,14 @@ class WorkerGuard:
                          for r, b in reqs.items())
         self._track(endpoint, ("producer", engine_id), None)
         return True
+
+    def _grant(self, producer: str, req_ids: list[str]) -> list[str]:
+        """On the fence server's thread: the loads granted (counted: a granted load
+        is never failed early, so the count explains a load that waits)."""
+        ok = self.loads.grant(producer, req_ids)
+        if ok:
+            self.counts.add("granted_loads", len(ok))
+        return ok
 
     def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]:
         return [ld.req_id for ld in self.loads.end(req_ids, endpoint)
