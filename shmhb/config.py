@@ -14,6 +14,7 @@ from .address import (
 from .errors import InvalidConfig, InvalidName
 from .layout import PATH_BYTES, TS_UNIT_NS
 from .pingplan import DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS
+from .protocol import MAX_DIGEST_ENTRIES
 
 __all__ = [
     "BOARD_ENV", "DEFAULT_BOARD", "DEFAULT_PORT", "MAX_ADDRESS_TEXT", "Address", "AgentConfig",
@@ -119,7 +120,8 @@ def policy_differences(have: Policy, want: Policy) -> list[str]:
 
 @dataclass(frozen=True)
 class Capacity:
-    """Row counts of a board's tables, fixed at creation."""
+    """Row counts of a board's tables, fixed at creation.  ``slots`` at most the entries
+    one ACK's digest lists (4,096): other hosts never see a slot past that."""
 
     slots: int = 64
     peers: int = 256
@@ -127,7 +129,7 @@ class Capacity:
     watches: int = 512
 
     def __post_init__(self) -> None:
-        for f, hi in (("slots", 1 << 16), ("peers", 4096), ("remote_slots", 1 << 17),
+        for f, hi in (("slots", MAX_DIGEST_ENTRIES), ("peers", 4096), ("remote_slots", 1 << 17),
                       ("watches", 1 << 14)):
             v = getattr(self, f)
             if not isinstance(v, int) or not 1 <= v <= hi:

@@ -52,6 +52,8 @@ MESSAGE_COUNTERS = {
                       "change only an ack may confirm (a new registration, ALIVE again)."),
     "digest_cut": ("shmhb_digest_cut", "Local slots left out of a new digest generation because "
                    "the digest was full (dead and left slots go first): other hosts read them gone."),
+    "digest_cut_seen": ("shmhb_digest_cut_seen", "ACKs from followed hosts whose digest was "
+                        "cut at the sender: their slots past the cut read gone here."),
 }
 
 

@@ -245,6 +245,7 @@ STAT_NAMES: Final = (
     "intake_muted",
     "pings_confirm",
     "digest_cut",
+    "digest_cut_seen",
 )
 NSTATS: Final = 32
 

@@ -301,6 +301,12 @@ class NetworkHalf(BadInput, Following):
                     self.rows.free_remote(held[0])
                 t.remotes.clear()
         if a.full:
+            if a.cut:  # slots it has beyond these read GONE here: never silently
+                self.w.count("digest_cut_seen")
+                self._ratelog.warn(f"cut {t.address}", "pinger: %s holds more slots than "
+                                   "one ack carries: the %d it sent are live ones first, the "
+                                   "rest read GONE here (see its digest_cut warning)",
+                                   t.address, len(a.entries))
             self._apply_digest(t, a.entries, now_ns)
             t.digest_gen = a.gen
         elif a.gen != t.digest_gen:

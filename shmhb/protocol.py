@@ -42,6 +42,9 @@ PUSH: Final = 3
 FLAG_AUTH: Final = 0x01
 #: PING only: ``u64 challenge, u64 echo`` follow the address (see ``shmhb.challenge``).
 FLAG_ECHO: Final = 0x02
+#: ACK ``full`` byte: 0 no digest follows, 1 the digest, 2 the digest cut to what fits
+FULL: Final = 1
+FULL_CUT: Final = 2
 
 STATUS_ALIVE: Final = 1
 STATUS_SUSPECT: Final = 2
@@ -140,7 +143,9 @@ class Ping:
 class Ack:
     """Answer to the ping with ``nonce``.  ``full=False``: the sender's copy of digest
     ``gen`` is current and ``entries`` is empty; ``full=True``: ``entries`` is the whole
-    digest of generation ``gen`` (possibly empty)."""
+    digest of generation ``gen`` (possibly empty).  ``cut``: the responder's board holds
+    more slots than one ACK carries, and ``entries`` are those that fit (live ones
+    first): a slot absent from it is not known gone (the ``full`` byte reads 2)."""
 
     nonce: int
     identity: Identity
@@ -148,6 +153,7 @@ class Ack:
     gen: int
     full: bool
     entries: tuple[DigestEntry, ...] = ()
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,10 +239,12 @@ def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
 
 
 def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
-                   body: bytes | None = None, secret: bytes | None = None) -> bytes:
+                   body: bytes | None = None, secret: bytes | None = None,
+                   cut: bool = False) -> bytes:
     """An ACK from parts: ``body`` is a cached :func:`encode_entries` result (full
-    digest) or None (the pinger's copy of ``gen`` is current).  The body is trusted, not
-    re-parsed: this is the responder's fast path."""
+    digest) or None (the pinger's copy of ``gen`` is current); ``cut``: that body left
+    slots out (``Ack.cut``).  The body is trusted, not re-parsed: this is the
+    responder's fast path."""
     flags = 0 if secret is None else FLAG_AUTH
     addr = _text(address, MAX_ADDRESS_BYTES, "address")
     if body is None:
@@ -245,7 +253,9 @@ def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
           or _COUNT.unpack_from(body)[0] > MAX_DIGEST_ENTRIES):
         raise ProtocolError("body must be the bytes returned by encode_entries")
     else:
-        full = 1
+        # 2 only where the digest is cut, that is, holds more than 256 entries, which a
+        # receiver that predates the cut flag refuses anyway (its limit was 256)
+        full = FULL_CUT if cut else FULL
     try:
         head = _ACK_HEAD.pack(MAGIC, VERSION, ACK, flags, 0, identity.boot_id,
                               identity.board_inc, nonce, gen, full, len(addr))
@@ -259,7 +269,8 @@ def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
     if not a.full and a.entries:
         raise ProtocolError("an ack with full=False carries no entries")
     body = encode_entries(a.entries, MAX_DIGEST_ENTRIES) if a.full else None
-    return encode_ack_raw(a.nonce, a.identity, a.address, a.gen, body, secret)
+    return encode_ack_raw(a.nonce, a.identity, a.address, a.gen, body, secret,
+                          cut=a.full and a.cut)
 
 
 def encode_push(p: Push, secret: bytes | None = None) -> bytes:
@@ -364,7 +375,7 @@ def _decode_ack(buf: bytes, end: int) -> Ack:
     if end < _ACK_HEAD.size:
         raise FrameRejected("truncated", "ack header")
     _, _, _, _, _, boot, inc, nonce, gen, full, alen = _ACK_HEAD.unpack_from(buf)
-    if full > 1:
+    if full > FULL_CUT:
         raise FrameRejected("malformed", f"full={full}")
     addr, off = _read_text(buf, _ACK_HEAD.size, end, alen, MAX_ADDRESS_BYTES, "address")
     entries: tuple[DigestEntry, ...] = ()
@@ -372,7 +383,7 @@ def _decode_ack(buf: bytes, end: int) -> Ack:
         entries, off = _read_entries(buf, off, end, MAX_DIGEST_ENTRIES)
     if off != end:
         raise FrameRejected("malformed", "trailing bytes")
-    return Ack(nonce, Identity(boot, inc), addr, gen, bool(full), entries)
+    return Ack(nonce, Identity(boot, inc), addr, gen, bool(full), entries, full == FULL_CUT)
 
 
 def _decode_push(buf: bytes, end: int) -> Push:

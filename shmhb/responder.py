@@ -122,7 +122,7 @@ class Responder:
             gen = advertised(d.gen)  # says we decode challenges (shmhb.challenge)
             full = wants_full_digest(msg, self.identity, gen)
             ack = encode_ack_raw(msg.nonce, self.identity, self.address, gen,
-                                 d.body if full else None, self.secret)
+                                 d.body if full else None, self.secret, cut=d.cut > 0)
             try:
                 r.send(rid, _MORE)
                 r.send(ack, _NOBLOCK)

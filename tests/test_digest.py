@@ -7,12 +7,14 @@ import os
 import time
 from typing import Any
 
+import pytest
+
 import shmhb
 from shmhb import Status
 from shmhb.clock import FakeClock
 from shmhb.digest import LocalDigest
 from shmhb.layout import TS_SHIFT
-from shmhb.protocol import Ack, Identity, decode, encode_ack_raw
+from shmhb.protocol import Ack, FrameRejected, Identity, decode, encode_ack_raw, encode_entries
 
 from .chaos.bigdigest import BULK
 from .conftest import Procs, wait_until
@@ -152,3 +154,57 @@ def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
         for hb in hbs:
             hb.close()
         board.close()
+
+
+def test_a_cut_digest_says_so_and_its_receiver_counts_it(tmp_path: Any, procs: Procs) -> None:
+    """1,800 live slots of 60-byte keys: more than one ACK carries (about 1,560 of that
+    size).  The ACK says it is cut (its ``full`` byte reads 2) and the host that follows
+    counts it (``digest_cut_seen``) and warns: before, the receiver took the cut digest for
+    the whole board and nothing on its side said why 240 live workers read GONE."""
+    from .hosts import cluster_fixture
+    for cluster in cluster_fixture(tmp_path):
+        a = cluster.host(slots=2000)
+        b = cluster.host()
+        procs.python(BULK, a.name, "x" * 55 + "-", "1800", a.ip, "34000")
+        b.watch(a)
+        wait_until(lambda: b.stats()["digest_cut_seen"] >= 1, timeout_s=60,
+                   what="b counting a's cut digest")
+        wait_until(lambda: a.stats()["digest_cut"] >= 1800 - 1600, timeout_s=60,
+                   what="a counting what it cut")
+
+        def carried() -> list[shmhb.SlotStatus] | None:
+            peer = b.peer(a)
+            return peer.slots if peer is not None and len(peer.slots) > 1400 else None
+
+        def all_alive() -> bool:
+            got = carried()
+            return got is not None and all(s.status is Status.ALIVE for s in got)
+        slots = wait_until(carried, timeout_s=60, poll_s=0.1, what="b holding what fitted")
+        assert len(slots) < 1800
+        wait_until(all_alive, timeout_s=30, poll_s=0.1,
+                   what="every slot carried alive (live ones go first)")
+
+
+def test_the_cut_byte_round_trips_and_nothing_past_it_is_accepted() -> None:
+    ident = Identity(os.urandom(16), 9)
+    body = encode_entries(())
+    for cut in (False, True):
+        ack = decode(encode_ack_raw(7, ident, "127.0.0.1:1", 3, body, None, cut=cut))
+        assert isinstance(ack, Ack) and ack.full and ack.cut is cut
+    plain = decode(encode_ack_raw(7, ident, "127.0.0.1:1", 3, None, None, cut=True))
+    assert isinstance(plain, Ack) and not plain.full and not plain.cut  # no digest, no cut
+    frame = bytearray(encode_ack_raw(7, ident, "127.0.0.1:1", 3, body, None, cut=True))
+    assert frame[48] == 2
+    frame[48] = 3
+    with pytest.raises(FrameRejected, match="malformed"):
+        decode(bytes(frame))
+
+
+def test_a_board_holds_no_more_slots_than_one_ack_lists() -> None:
+    """The door uses the wire's limit: a slot past 4,096 would never reach another host."""
+    from shmhb.config import Capacity
+    from shmhb.errors import InvalidConfig
+    from shmhb.protocol import MAX_DIGEST_ENTRIES
+    assert Capacity(slots=MAX_DIGEST_ENTRIES).slots == 4096
+    with pytest.raises(InvalidConfig, match=r"slots must be an integer in 1\.\.4096"):
+        Capacity(slots=MAX_DIGEST_ENTRIES + 1)

@@ -268,8 +268,11 @@ def test_body_reasons(body: bytes, why: str) -> None:
     assert reason(_ack_with(body)) == why
 
 
-def test_ack_full_flag_must_be_boolean() -> None:
-    assert reason(_ack_with(struct.pack("<H", 0), full=2)) == "malformed"
+def test_ack_full_byte_is_0_1_or_2() -> None:
+    assert reason(_ack_with(struct.pack("<H", 0), full=3)) == "malformed"
+    assert reason(_ack_with(struct.pack("<H", 0), full=255)) == "malformed"
+    cut = decode(_ack_with(struct.pack("<H", 0), full=2))  # a digest cut at its sender
+    assert isinstance(cut, Ack) and cut.full and cut.cut
     assert reason(_ack_with(struct.pack("<H", 0), full=0)) == "malformed"  # body after non-full
     ack = decode(_ack_with(struct.pack("<H", 1) + _entry_bytes("é".encode())))
     assert isinstance(ack, Ack) and ack.full and ack.entries[0].key == "é"
