@@ -17,7 +17,8 @@ so that imports only go down: the agent is built on the board, never the reverse
 
 Readers take no lock and make no syscall but the clock: they load single aligned
 64-bit words and judge them with ``shmhb.judge``.  Registration and watches take the
-kernel-released registry lock.  See ``shmhb.layout`` for the byte map and the
+kernel-released registry lock, except a registration past a stopped holder of it
+(``shmhb.registration``).  See ``shmhb.layout`` for the byte map and the
 one-writer-per-word rules.
 """
 
@@ -38,18 +39,19 @@ from .boardcore import REGISTRY_TIMEOUT_S, UNIT_S
 from .clock import MONOTONIC, Clock
 from .config import Capacity, Policy, board_name, policy_differences
 from .errors import (
-    BoardFull, BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch,
+    BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch,
     StaleBoard,
 )
 from .heartbeat import Heartbeat
 from .layout import (
     FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC,
-    STATE_READY, TS39_MASK, TS_SHIFT, Sizes, inc_tag, pack_hb, record_checksum,
+    STATE_READY, TS39_MASK, TS_SHIFT, Sizes, inc_tag,
 )
 from .localreads import LocalReads
 from .native import extension
-from .procinfo import boot_id, own_pid_namespace, start_time
+from .procinfo import boot_id
 from .records import check_key, check_registration
+from .registration import Registrar, key_bucket
 from .remotereads import RemoteReads
 from .status import SlotStatus, Status
 from .timens import monotonic_offset_ns
@@ -102,6 +104,8 @@ class Board(LocalReads, WatchTable, RemoteReads):
     def __init__(self, seg: segment.Segment, clock: Clock = MONOTONIC) -> None:
         super().__init__(seg, clock)
         self._bind_hot_paths(extension())
+        self._registrar = Registrar(self.name, self._records, self._hb, self._head,
+                                    self.registry, self._now_ns)
 
     @classmethod
     def create(
@@ -282,7 +286,7 @@ class Board(LocalReads, WatchTable, RemoteReads):
         self.check_clock()
         fd = self.new_fd()
         try:
-            index, inc = self._claim(key, kb, eb, fd)
+            index, inc, _ = self._registrar.claim(key, kb, eb, fd)
         except BaseException:
             os.close(fd)
             raise
@@ -308,64 +312,6 @@ class Board(LocalReads, WatchTable, RemoteReads):
                 f"this process's monotonic clock is offset by {mine / 1e9:+.3f} s (a time "
                 f"namespace) from board {self.name!r}'s ({board / 1e9:+.3f} s): its beats "
                 "would be misjudged; run it in the board's time namespace")
-
-    def _claim(self, key: str, kb: bytes, eb: bytes, fd: int) -> tuple[int, int]:
-        with self.registry():
-            recs = self._records
-            valid = np.flatnonzero(recs["checksum"] != 0)
-            same = [int(i) for i in valid[recs["key"][valid] == kb]]
-            index = -1
-            for i in same:
-                if locks.try_lock(fd, LOCK_SLOT_BASE + i):
-                    index = i
-                    break
-                raise KeyInUse(
-                    f"key {key!r} is registered by live process {int(recs[i]['pid'])}: "
-                    "close its heartbeat or choose another key"
-                )
-            if index < 0:
-                index = self._free_slot(fd, valid)
-            h = self._head
-            inc = int(h["inc_counter"]) + 1
-            if inc_tag(inc) == 0:
-                inc += 1  # tag 0 would read as "never registered"
-            h["inc_counter"] = inc
-            now = self._now_ns()
-            rec = recs[index]
-            rec["checksum"] = 0
-            rec["incarnation"] = inc
-            rec["pid"] = os.getpid()
-            rec["pid_start"] = start_time() or 0
-            rec["pid_ns"] = own_pid_namespace()
-            rec["registered_ns"] = now
-            rec["key"] = kb
-            rec["endpoints"] = eb
-            rec["checksum"] = record_checksum(rec)
-            # The record first, then the word that names it: a reader that sees the new
-            # word but an old record notices the incarnation mismatch and retries.
-            self._q[self._hb0 + index * 8] = pack_hb(inc, now >> TS_SHIFT)
-            h["reg_gen"] = int(h["reg_gen"]) + 1
-            log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
-            return index, inc
-
-    def _free_slot(self, fd: int, valid: np.ndarray) -> int:
-        """A slot nobody holds: never used first, then left, then the longest dead."""
-        recs = self._records
-        unused = np.flatnonzero(recs["checksum"] == 0)
-        if len(unused):
-            i = int(unused[0])
-            if locks.try_lock(fd, LOCK_SLOT_BASE + i):
-                return i
-        hb = self._hb
-        order = sorted((int(i) for i in valid), key=lambda i: (not int(hb[i]) >> 39 & 1,
-                                                              int(recs[i]["registered_ns"])))
-        for i in order:
-            if locks.try_lock(fd, LOCK_SLOT_BASE + i):
-                return i
-        raise BoardFull(
-            f"board {self.name!r} is full: all {self.sizes.nslots} slots are held by live "
-            "processes; create it with more slots (Board.create(slots=...))"
-        )
 
     # -- forgetting dead slots ----------------------------------------------------------
 
@@ -436,7 +382,10 @@ class Board(LocalReads, WatchTable, RemoteReads):
         must wait for both locks."""
         fd = self.new_fd()
         try:
-            if not locks.try_lock(fd, LOCK_SLOT_BASE + i):
+            # the key's bucket first: registrants of it take it to decide, without the
+            # registry lock, whether a live process holds the key (shmhb.registration)
+            kb = bytes(self._records[i]["key"])
+            if not locks.try_lock(fd, key_bucket(kb)) or not locks.try_lock(fd, LOCK_SLOT_BASE + i):
                 return False
             wi = self._hb0 + i * 8
             if self._q[wi] >> INC_SHIFT != inc_tag(incarnation):

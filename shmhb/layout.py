@@ -196,8 +196,9 @@ NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
 # features              creator: which of the fields above it wrote
 # created_ns, creator_pid
 # state                 creator                                 last, under the init lock
-# inc_counter           registrants, under the registration lock
-# reg_gen               registrants, under the registration lock (bumped on register/leave/watch)
+# inc_counter           registrants, under the registry lock (shmhb.registration: one kept
+#                       from it issues above counter + LOCKFREE_GAP and writes neither)
+# reg_gen               registrants, under the registry lock (bumped on register/leave/watch)
 # agent_hb, agent_id    the agent role holder
 # agent_gen             the agent role holder (bumped on every verdict or remote change)
 # agent_term            the agent role holder, at its takeover (a takeover counter; the
@@ -361,7 +362,7 @@ WATCH_ROW_DTYPE: Final = np.dtype(
 
 # --- OFD lock bytes (byte ranges of the segment file; they need not lie inside it) --------
 
-LOCK_REGISTRY: Final = 0  # registration, watch writes and pinger settings; also init
+LOCK_REGISTRY: Final = 0  # registration counters, watch writes, pinger settings; init
 LOCK_AGENT: Final = 1  # the host agent role (local watch + pinger)
 #: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
 #: hands it over to it, and embedded standbys leave the role to it (shmhb.agent)
@@ -370,6 +371,8 @@ LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK
 #: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
 #: owners in another pid namespace, whose pids mean nothing here, are judged
 LOCK_WATCH_BASE: Final = 1 << 21
+#: a key's registrants hold LOCK_KEY_BASE + crc32(key) % 65536 (shmhb.registration)
+LOCK_KEY_BASE: Final = 1 << 22
 
 
 class Sizes:

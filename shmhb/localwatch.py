@@ -220,6 +220,10 @@ class LocalWatch:
         rec = self.board.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
+        # Readers learn of a registration from the change counter; the registrant moves
+        # the registry's half of it, unless the registry lock was out of its reach (held
+        # by a stopped process: shmhb.registration): ours is always within reach.
+        self.w.changed()
         if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
             pidfd = None
             try:
