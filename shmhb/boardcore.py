@@ -35,10 +35,11 @@ import numpy as np
 from . import locks, segment
 from .clock import MONOTONIC, Clock
 from .config import Capacity, Policy
+from .agentterm import TERM_WORD, term_byte
 from .errors import BoardCorrupt, InvalidConfig, LockTimeout
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE,
+    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LOCK_REGISTRY, PEER_ROW_DTYPE,
     REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, TS_SHIFT, TS_UNIT_NS,
     WATCH_ROW_DTYPE, Sizes,
 )
@@ -329,7 +330,7 @@ class BoardCore:
 
     def agent_held(self) -> bool:
         """Whether a live process holds the agent role (a syscall: not for hot paths)."""
-        return locks.is_held(self._seg.fd, LOCK_AGENT)
+        return locks.is_held(self._seg.fd, term_byte(int(self._q[TERM_WORD])))
 
     def stats(self) -> dict[str, int]:
         """The agent's counters (pings, acks, bad frames by reason, deaths seen)."""
