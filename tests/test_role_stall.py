@@ -1,0 +1,176 @@
+"""Issue 23 case 3, the stalled holder: a holder of the agent role stopped as a whole
+(SIGSTOP, or a C call holding its GIL, so neither its loop nor its watchdog runs) keeps
+its lock byte; a standby replaces it within seconds (shmhb.agentterm), and the holder,
+once it resumes, stands down and writes no more."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import shmhb
+from shmhb import Status
+from shmhb.loopback import child_env
+
+from .conftest import Procs, wait_until
+
+PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
+
+#: a worker whose embedded agent logs to stderr; "stall" on stdin makes its main thread
+#: block in read(2) called through ctypes.PyDLL, which keeps the GIL held for the call
+WORKER = textwrap.dedent("""
+    import ctypes, logging, sys
+    import shmhb
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+    b = shmhb.Board.attach(sys.argv[1])
+    hb = b.register(sys.argv[2], agent=True).start(0.02)
+    print("ready", flush=True)
+    libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
+    for line in sys.stdin:
+        if line.strip() == "stall":
+            buf = ctypes.create_string_buffer(1)
+            libc.read(0, buf, 1)  # until the test writes a byte: GIL held throughout
+            print("resumed", flush=True)
+""")
+
+
+def _spawn(procs: Procs, args: list[str], log: Path, *, ready: bool) -> subprocess.Popen[str]:
+    with open(log, "w") as err:
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=err,
+                             text=True, env=child_env())
+    procs.procs.append(p)
+    if ready:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("ready"), f"worker did not start: {line!r}"
+    return p
+
+
+def _worker(procs: Procs, board: shmhb.Board, key: str, tmp: Path) -> subprocess.Popen[str]:
+    return _spawn(procs, [sys.executable, "-c", WORKER, board.name, key], tmp / f"{key}.log",
+                  ready=True)
+
+
+def _pinger(procs: Procs, board: shmhb.Board, tmp: Path, n: int = 0) -> subprocess.Popen[str]:
+    return _spawn(procs, PINGER + ["--board", board.name], tmp / f"pinger{n}.log", ready=False)
+
+
+def _holds(board: shmhb.Board, pid: int) -> bool:
+    a = board.agent()
+    return a.pid == pid and a.status is Status.ALIVE
+
+
+def _stays(pred: object, for_s: float) -> bool:
+    """Whether ``pred()`` holds at every look for ``for_s`` (an observation window)."""
+    assert callable(pred)
+    end = time.monotonic() + for_s
+    while time.monotonic() < end:
+        if not pred():
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _kill_is_dead(procs: Procs, board: shmhb.Board, key: str) -> None:
+    victim = procs.worker(board.name, key)
+    victim.kill()
+    wait_until(lambda: board.status(key) is Status.DEAD, timeout_s=1.5, poll_s=0.001,
+               what=f"{key}'s kill judged DEAD")
+
+
+def test_a_daemon_replaces_a_stopped_embedded_holder_which_stands_down_on_resume(
+        board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
+    holder = _worker(procs, board, "holder", tmp_path)
+    wait_until(lambda: _holds(board, holder.pid), what="the embedded agent holds the role")
+    term0 = board.agent().term
+    os.kill(holder.pid, signal.SIGSTOP)  # before it can hand the role over
+    try:
+        daemon = _pinger(procs, board, tmp_path)
+        t0 = time.monotonic()
+        wait_until(lambda: _holds(board, daemon.pid), timeout_s=15,
+                   what="the daemon took the role from the stopped holder")
+        took = time.monotonic() - t0
+        assert took < 10, f"the takeover took {took:.1f} s"
+        assert board.agent().term > term0 and board.agent_held()
+        _kill_is_dead(procs, board, "victim")
+        term1 = board.agent().term
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    log = tmp_path / "holder.log"
+    wait_until(lambda: "standing down" in log.read_text(), timeout_s=10,
+               what="the resumed holder says it stands down")
+    # once it let its byte go, the daemon sets the role up anew: the repair
+    wait_until(lambda: board.agent().term > term1 and _holds(board, daemon.pid), timeout_s=10,
+               what="the daemon renewed its term")
+    assert _stays(lambda: _holds(board, daemon.pid), 1.0), "the resumed holder wrote again"
+    wait_until(lambda: board.status("holder") is Status.ALIVE, timeout_s=5,
+               what="the resumed holder's own heartbeat ALIVE again")
+    assert holder.poll() is None and daemon.poll() is None
+    text = (tmp_path / "pinger0.log").read_text()
+    assert "stalled" in text and "takes the role over" in text, text
+
+
+def test_a_holder_in_a_c_call_holding_the_gil_is_replaced_by_an_embedded_standby(
+        board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
+    holder = _worker(procs, board, "holder", tmp_path)
+    wait_until(lambda: _holds(board, holder.pid), what="the embedded agent holds the role")
+    standby = _worker(procs, board, "standby", tmp_path)
+    assert holder.stdin is not None and holder.stdout is not None
+    holder.stdin.write("stall\n")
+    holder.stdin.flush()
+    try:
+        # the GIL is held: the agent thread of the holder stops beating
+        wait_until(lambda: board.agent().status is not Status.ALIVE, timeout_s=5,
+                   what="the holder's agent thread stops beating (GIL held)")
+        wait_until(lambda: _holds(board, standby.pid), timeout_s=15,
+                   what="the embedded standby took the role over")
+        _kill_is_dead(procs, board, "victim")
+    finally:
+        holder.stdin.write("x")
+        holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "resumed"
+    wait_until(lambda: "standing down" in (tmp_path / "holder.log").read_text(),
+               timeout_s=10, what="the holder stands down after the C call")
+    assert _stays(lambda: _holds(board, standby.pid), 1.0)
+
+
+_TERM = re.compile(r"pid (\d+)\) holds the agent role, term (\d+)")
+
+
+def test_racing_standbys_one_holder_per_term(board: shmhb.Board, procs: Procs,
+                                             tmp_path: Path) -> None:
+    daemons = [_pinger(procs, board, tmp_path, n) for n in range(3)]
+    pids = {p.pid for p in daemons}
+    wait_until(lambda: board.agent().pid in pids and board.agent().status is Status.ALIVE,
+               timeout_s=15, what="a daemon holds the role")
+    for _round in range(4):
+        old = board.agent().pid
+        os.kill(old, signal.SIGSTOP)
+        try:
+            wait_until(lambda: board.agent().pid in pids - {old}
+                       and board.agent().status is Status.ALIVE, timeout_s=15,
+                       what="another daemon took over from the stopped holder")
+        finally:
+            os.kill(old, signal.SIGCONT)
+        new = board.agent().pid
+        wait_until(lambda: "standing down" in (tmp_path / f"pinger{_index(daemons, old)}.log")
+                   .read_text(), timeout_s=10, what="the resumed holder stands down")
+        assert board.agent().pid == new
+    assert all(p.poll() is None for p in daemons)
+    taken: dict[int, list[int]] = {}
+    for n in range(3):
+        for pid, term in _TERM.findall((tmp_path / f"pinger{n}.log").read_text()):
+            taken.setdefault(int(term), []).append(int(pid))
+    assert all(len(v) == 1 for v in taken.values()), taken  # one holder per term
+    assert sorted(taken) == list(range(1, max(taken) + 1)), taken  # no term skipped
+    assert len(taken) >= 5 and board.agent().term == max(taken)
+
+
+def _index(ps: list[subprocess.Popen[str]], pid: int) -> int:
+    return next(i for i, p in enumerate(ps) if p.pid == pid)
