@@ -174,3 +174,30 @@ def test_racing_standbys_one_holder_per_term(board: shmhb.Board, procs: Procs,
 
 def _index(ps: list[subprocess.Popen[str]], pid: int) -> int:
     return next(i for i, p in enumerate(ps) if p.pid == pid)
+
+
+def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
+        board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
+    from shmhb.loopback import free_port
+
+    listen = ["--listen", f"127.0.0.1:{free_port(['127.0.0.1'])}"]
+    first = _spawn(procs, PINGER + ["--board", board.name, *listen], tmp_path / "pinger0.log",
+                   ready=False)
+    wait_until(lambda: _holds(board, first.pid) and board.network().state == "listening",
+               timeout_s=20, what="the first pinger listens")
+    second = _pinger(procs, board, tmp_path, 1)  # a bare standby: settings are the board's
+    wait_until(lambda: "waiting for the agent role" in (tmp_path / "pinger1.log").read_text(),
+               timeout_s=10, what="the standby runs")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: _holds(board, second.pid), timeout_s=15,
+                   what="the standby replaced the stopped holder")
+        _kill_is_dead(procs, board, "victim")
+        # the stopped process still has the address bound: degraded, retried
+        wait_until(lambda: board.network().state == "degraded", timeout_s=10,
+                   what="degraded while the stopped holder keeps the address")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    wait_until(lambda: _holds(board, second.pid) and board.network().state == "listening",
+               timeout_s=10, what="listening once the resumed holder stood down")
+    assert first.poll() is None and "standing down" in (tmp_path / "pinger0.log").read_text()
