@@ -1,9 +1,15 @@
 """The host agent role: one process per host watches local workers (and, with the
 network half, remote hosts) and writes verdicts into the board.
 
-Election: the role is an OFD lock on the board (``LOCK_AGENT``); the kernel drops it
-when its holder dies, and a standby polling every ``election_poll_s`` takes over.  Each
-takeover bumps ``agent_term``, so the agent's words name the term that wrote them.  The
+Election (``shmhb.agentterm``): term T of the role is an OFD lock byte on the board; the
+kernel drops it when its holder dies, and a standby polling every ``election_poll_s``
+takes term T+1, bumping ``agent_term`` (the agent's words name the term that wrote
+them).  A holder stalled as a whole -- SIGSTOPped, or a C call holding its GIL, so
+neither its loop nor its watchdog runs -- keeps its byte: a standby replaces it once its
+heartbeat stood still for 3 x ``agent_stale_s`` (3 s by default; a daemon first, embedded
+standbys 1 s later).  The stalled holder, when it resumes, sees the term moved before it
+writes and stands down (a standby again, embedded or daemon); once it let its byte go,
+the new holder takes a fresh term, which repairs what it may have written.  The
 role never waits for the registry lock (a process stopped while holding it keeps it):
 nothing on the agent's path takes it but the periodic reclaim of dead processes'
 watches, which gives up at once and tries again later.
@@ -194,7 +200,7 @@ class Agent:
             if now - self._free_since_ns < DAEMON_GRACE_NS:
                 return None
         if not claim(fd, words, t):
-            if stalled:
+            if stalled and still >= 2 * stall_bound_ns(words):  # not a passing race
                 _rlog.warn("claim", "board %s: the agent role's holder (term %d) is "
                            "stalled, but the lock byte of term %d is held too (a racing "
                            "standby, or a holder of %d terms ago still stopped): "

@@ -56,7 +56,9 @@ Meanwhile readers may see, for that bounded window (the stale writer's one step,
 until the new holder's next poll of the bytes, ~0.1 s), the old term's heartbeat (the
 agent's pid then reads 0: its id word names another term), its ``net_state`` (named by
 its term, so shown as not the holder's), or a peer or remote verdict of its frozen view;
-no word has two writers at once outside that window.
+no word has two writers at once outside that window.  (One window stays as it was:
+the in-process watchdog of a loop stuck mid-step lets its byte go at once, so that loop,
+should its call return, may finish that step after a plain takeover; see ``Agent``.)
 """
 
 from __future__ import annotations

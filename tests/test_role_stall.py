@@ -149,6 +149,7 @@ def test_racing_standbys_one_holder_per_term(board: shmhb.Board, procs: Procs,
     pids = {p.pid for p in daemons}
     wait_until(lambda: board.agent().pid in pids and board.agent().status is Status.ALIVE,
                timeout_s=15, what="a daemon holds the role")
+    downs: dict[int, int] = {}
     for _round in range(4):
         old = board.agent().pid
         os.kill(old, signal.SIGSTOP)
@@ -159,8 +160,10 @@ def test_racing_standbys_one_holder_per_term(board: shmhb.Board, procs: Procs,
         finally:
             os.kill(old, signal.SIGCONT)
         new = board.agent().pid
-        wait_until(lambda: "standing down" in (tmp_path / f"pinger{_index(daemons, old)}.log")
-                   .read_text(), timeout_s=10, what="the resumed holder stands down")
+        downs[old] = downs.get(old, 0) + 1
+        wait_until(lambda: (tmp_path / f"pinger{_index(daemons, old)}.log").read_text()
+                   .count("standing down") == downs[old], timeout_s=10,
+                   what="the resumed holder stands down")
         assert board.agent().pid == new
     assert all(p.poll() is None for p in daemons)
     taken: dict[int, list[int]] = {}
@@ -201,3 +204,49 @@ def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
     wait_until(lambda: _holds(board, second.pid) and board.network().state == "listening",
                timeout_s=10, what="listening once the resumed holder stood down")
     assert first.poll() is None and "standing down" in (tmp_path / "pinger0.log").read_text()
+
+
+CLAIMER = textwrap.dedent("""
+    import os, sys
+    import shmhb
+    from shmhb import agentterm, locks
+    b = shmhb.Board.attach(sys.argv[1])
+    fd = b.new_fd()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd, t, flag = line.split()
+        if cmd == "go":  # armed: spin until the flag appears, then all claim at once
+            print("armed", flush=True)
+            while not os.path.exists(flag):
+                pass
+            print(1 if agentterm.claim(fd, b.words, int(t)) else 0, flush=True)
+        else:  # let the term's byte go, as a holder standing down does
+            locks.unlock(fd, agentterm.term_byte(int(t)))
+            print("released", flush=True)
+""")
+
+
+def test_processes_claiming_one_term_at_once_exactly_one_wins(
+        board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
+    from shmhb.agentterm import TERM_WORD
+
+    claimers = [_spawn(procs, [sys.executable, "-c", CLAIMER, board.name],
+                       tmp_path / f"claimer{i}.log", ready=True) for i in range(6)]
+    for _round in range(10):
+        t = int(board.words[TERM_WORD])
+        flag = tmp_path / f"go{_round}"
+        for p in claimers:  # all at once: each claims term t+1 having read t
+            assert p.stdin is not None
+            p.stdin.write(f"go {t} {flag}\n")
+            p.stdin.flush()
+        assert all(p.stdout is not None and p.stdout.readline().strip() == "armed"
+                   for p in claimers)
+        flag.touch()
+        won = [int(p.stdout.readline()) for p in claimers if p.stdout is not None]
+        assert sum(won) == 1, won
+        assert int(board.words[TERM_WORD]) == t + 1
+        winner = claimers[won.index(1)]
+        assert winner.stdin is not None and winner.stdout is not None
+        winner.stdin.write(f"release {t + 1} -\n")
+        winner.stdin.flush()
+        assert winner.stdout.readline().strip() == "released"
