@@ -250,3 +250,77 @@ def test_processes_claiming_one_term_at_once_exactly_one_wins(
         winner.stdin.write(f"release {t + 1} -\n")
         winner.stdin.flush()
         assert winner.stdout.readline().strip() == "released"
+
+
+class _Notify:
+    """A ``$NOTIFY_SOCKET`` whose datagrams are collected, with their arrival times."""
+
+    def __init__(self, path: Path) -> None:
+        import socket
+        import threading
+
+        self.path = str(path)
+        self.got: list[tuple[float, str]] = []
+        self._s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._s.bind(self.path)
+        self._s.settimeout(0.1)
+        self._done = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                msg = self._s.recv(4096).decode()
+            except OSError:  # the timeout: look at _done again
+                continue
+            self.got.append((time.monotonic(), msg))
+
+    def max_watchdog_gap_s(self, since: float) -> float:
+        ts = [since] + [t for t, m in self.got if t >= since and "WATCHDOG=1" in m.split("\n")]
+        return max(b - a for a, b in zip(ts, [*ts[1:], time.monotonic()]))
+
+    def close(self) -> None:
+        self._done.set()
+        self._t.join(5)
+        self._s.close()
+
+
+def test_the_systemd_watchdog_is_fed_through_a_takeover_and_a_stand_down(
+        board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
+    na, nb = _Notify(tmp_path / "a.sock"), _Notify(tmp_path / "b.sock")
+    try:
+        def daemon(n: _Notify, log: str) -> subprocess.Popen[str]:
+            with open(tmp_path / log, "w") as err:
+                p = subprocess.Popen(PINGER + ["--board", board.name], stdout=subprocess.DEVNULL,
+                                     stderr=err, text=True,
+                                     env=child_env(NOTIFY_SOCKET=n.path, WATCHDOG_USEC="2000000"))
+            procs.procs.append(p)
+            return p
+
+        a = daemon(na, "a.log")
+        wait_until(lambda: _holds(board, a.pid), timeout_s=15, what="a holds the role")
+        b = daemon(nb, "b.log")
+        wait_until(lambda: any("WATCHDOG=1" in m for _t, m in nb.got), timeout_s=15,
+                   what="b runs as a standby, fed")
+        t0 = time.monotonic()
+        os.kill(a.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: _holds(board, b.pid), timeout_s=15, what="b replaced a")
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        t1 = time.monotonic()
+        wait_until(lambda: "standing down" in (tmp_path / "a.log").read_text(), timeout_s=10,
+                   what="a stood down")
+        wait_until(lambda: any("standby" in m for t, m in na.got if t > t1), timeout_s=10,
+                   what="a says it stands by again")
+        wait_until(lambda: any("WATCHDOG=1" in m for t, m in na.got if t > t1 + 2.5),
+                   timeout_s=10, what="a fed as a standby for a while")
+        # WatchdogSec=2: neither went 2 s unfed (a from its resumption on)
+        assert nb.max_watchdog_gap_s(t0) < 2.0
+        assert na.max_watchdog_gap_s(t1) < 2.0
+        assert any("holding" in m for t, m in nb.got if t > t0)
+        assert a.poll() is None and b.poll() is None and _holds(board, b.pid)
+    finally:
+        na.close()
+        nb.close()
