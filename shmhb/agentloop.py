@@ -80,6 +80,7 @@ class AgentLoop:
         self._window_end = self.next_tick_ns + _WINDOW_NS
         self.steps = 0
         self.ticks = 0
+        self._closed = False
 
     def _sync(self) -> None:
         """Poll exactly the components' current fds and sockets.  Costs one sum per step
@@ -164,6 +165,7 @@ class AgentLoop:
         self._check()
         self.w.alive(t)
         for c in self.comps:
+            self._check()  # a tick writes much: the role may have moved on meanwhile
             c.tick(t, late)
         self.ticks += 1
         # On time (or a little late): keep the phase.  Later than a whole tick: start
@@ -176,6 +178,9 @@ class AgentLoop:
     def close(self, *, leaving: bool = False) -> None:
         """Close every component, the local watch first.  ``leaving``: a graceful stop,
         so the network half says goodbye first (``NetworkHalf.leave``)."""
+        if self._closed:
+            return
+        self._closed = True
         if leaving and self.net is not None:
             self.net.leave()
         for c in self.comps:

@@ -35,6 +35,7 @@ import numpy as np
 from . import locks, segment
 from .clock import MONOTONIC, Clock
 from .config import Capacity, Policy
+from .agentterm import TERM_WORD, term_byte
 from .errors import BoardCorrupt, InvalidConfig, LockTimeout
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
@@ -329,7 +330,8 @@ class BoardCore:
 
     def agent_held(self) -> bool:
         """Whether a live process holds the agent role (a syscall: not for hot paths)."""
-        return locks.is_held(self._seg.fd, LOCK_AGENT)
+        fd = self._seg.fd  # LOCK_AGENT alone: a holder of an earlier version
+        return locks.is_held(fd, term_byte(int(self._q[TERM_WORD]))) or locks.is_held(fd, LOCK_AGENT)
 
     def stats(self) -> dict[str, int]:
         """The agent's counters (pings, acks, bad frames by reason, deaths seen)."""

@@ -201,8 +201,8 @@ NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
 # reg_gen               registrants, under the registry lock (bumped on register/leave/watch)
 # agent_hb, agent_id    the agent role holder
 # agent_gen             the agent role holder (bumped on every verdict or remote change)
-# agent_term            the agent role holder, at its takeover (a takeover counter; the
-#                       role lock makes it the only writer)
+# agent_term            the agent role holder, at its takeover (a takeover counter; only
+#                       the holder of the new term's lock byte writes it: shmhb.agentterm)
 # agent_lateness_us     the agent role holder: its worst loop lateness of the last second
 # stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
 # cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings
@@ -363,10 +363,13 @@ WATCH_ROW_DTYPE: Final = np.dtype(
 # --- OFD lock bytes (byte ranges of the segment file; they need not lie inside it) --------
 
 LOCK_REGISTRY: Final = 0  # registration counters, watch writes, pinger settings; init
-LOCK_AGENT: Final = 1  # the host agent role (local watch + pinger)
+LOCK_AGENT: Final = 1  # the role's holder takes it too: earlier versions know only this byte
 #: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
 #: hands it over to it, and embedded standbys leave the role to it (shmhb.agent)
 LOCK_DAEMON: Final = 2
+#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.agentterm)
+LOCK_TERM_BASE: Final = 1 << 19
+TERM_RING: Final = 64
 LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
 #: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
 #: owners in another pid namespace, whose pids mean nothing here, are judged

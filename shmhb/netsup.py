@@ -80,6 +80,7 @@ class NetSupervisor:
         self._last_log: dict[NetReason, int] = {}
         self.failures = 0
         self._settled = False  # settings not read yet: "starting"
+        self._reserved = 0  # the highest send-counter reservation of our closed halves
         self._publish()
 
     # -- Component interface ----------------------------------------------------------------
@@ -117,6 +118,12 @@ class NetSupervisor:
 
     def close(self) -> None:
         self._stop()
+
+    def reserved(self) -> int:
+        """The highest ``net_counter`` reservation any of our halves stored (the agent
+        restores it after a stale writer may have stored a lower one: shmhb.agentterm)."""
+        h = self.half
+        return max(self._reserved, h.counter.reserved if h is not None else 0)
 
     # -- failures from outside the half (the agent's poll) ----------------------------------
 
@@ -246,6 +253,7 @@ class NetSupervisor:
         h, self.half = self.half, None
         self._up_since_ns = None
         if h is not None:
+            self._reserved = max(self._reserved, h.counter.reserved)
             self._base_gen += 1 + h.pollables_gen
             h.close()
 

@@ -48,7 +48,7 @@ class SendCounter:
     """Strictly increasing u64 values for one board identity (see the module text).
     ``words``: the board header as u64 words; ``index``: the reservation word's."""
 
-    __slots__ = ("_words", "_i", "_next", "_limit")
+    __slots__ = ("_words", "_i", "_next", "_limit", "_stored")
 
     def __init__(self, words: memoryview, index: int, wall_ns: int | None = None) -> None:
         self._words = words
@@ -57,14 +57,20 @@ class SendCounter:
         wall = time.time_ns() if wall_ns is None else wall_ns
         self._next = min(max(floor + 1, wall), _TOP)
         self._limit = self._next - 1  # nothing reserved by this holder yet
+        self._stored = 0
 
     def next(self) -> int:
         v = self._next
         if v > self._limit:
             self._limit = min(v + RESERVE, _TOP + RESERVE)
-            self._words[self._i] = self._limit  # stored before v leaves this process
+            self._words[self._i] = self._stored = self._limit  # stored before v leaves us
         self._next = v + 1
         return v
+
+    @property
+    def reserved(self) -> int:
+        """The highest reservation this counter stored (0: none yet)."""
+        return self._stored
 
     def peek(self) -> int:
         """The value ``next()`` returns next (not reserved by this)."""

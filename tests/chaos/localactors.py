@@ -5,7 +5,11 @@ to the cluster (``python -m tests.chaos.localactors KIND ...``); each prints one
 ``embstall``
     A worker's embedded agent holds the role; a ``shmhb pinger`` daemon starts and must
     take it; the worker is then SIGSTOPped (what a long C call holding the GIL does to
-    its agent thread): a local SIGKILL must still be DEAD within 1 s.
+    its agent thread): a local SIGKILL must still be DEAD within 1 s.  Then the daemon
+    goes, the worker holds the role again and is SIGSTOPped *before* a new daemon starts:
+    that daemon must replace the stalled holder within 10 s (a kill DEAD within 1 s), and
+    the worker, resumed, must stand down: the daemon keeps the role, renews its term,
+    and the worker's own heartbeat is ALIVE again.
 ``regattach``
     A process stops while holding the registry lock: ``Board.attach`` and ``shmhb
     status`` must not wait for it, and a registration must fail naming its pid.
@@ -148,7 +152,33 @@ def embstall(r: _Run) -> dict[str, Any]:
     os.kill(holder.pid, signal.SIGSTOP)
     kill = r.kill_is_dead("victim")
     os.kill(holder.pid, signal.SIGCONT)
-    return {"ok": True, "handover_ms": round(took * 1e3, 1), "kill_ms": round(kill * 1e3, 1)}
+    # the stalled holder replaced: the worker holds the role again, then stops first
+    daemon.kill()
+    daemon.wait(10)
+    r.until(lambda: _holds(r, holder.pid), 10, "the worker took the role back")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        second = r.spawn(PINGER + ["--board", r.name])
+        stalled = r.until(lambda: _holds(r, second.pid), 10,
+                          "a daemon replaced the stopped embedded holder")
+        term = r.board.agent().term
+        kill2 = r.kill_is_dead("victim2")
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    r.until(lambda: r.board.agent().term > term and _holds(r, second.pid), 10,
+            "the daemon renewed its term once the resumed worker stood down")
+    r.until(lambda: (s := r.board.slot("holder")) is not None and s.status is Status.ALIVE,
+            5, "the resumed worker's heartbeat ALIVE")
+    if r.board.agent().pid != second.pid or holder.poll() is not None:
+        raise _Fail("the resumed worker took the role back or died")
+    return {"ok": True, "handover_ms": round(took * 1e3, 1), "kill_ms": round(kill * 1e3, 1),
+            "stalled_takeover_ms": round(stalled * 1e3, 1),
+            "kill2_ms": round(kill2 * 1e3, 1)}
+
+
+def _holds(r: _Run, pid: int) -> bool:
+    a = r.board.agent()
+    return a.pid == pid and a.status is Status.ALIVE
 
 
 def regattach(r: _Run) -> dict[str, Any]:

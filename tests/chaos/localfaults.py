@@ -5,7 +5,8 @@ cannot disturb the verdicts the checker follows) and breaches ``local-<kind>`` w
 actor reports a failure:
 
 - ``embedded_stall``: a daemon takes the role from a worker's embedded agent, and a kill
-  is DEAD within 1 s while that worker is stopped;
+  is DEAD within 1 s while that worker is stopped; a daemon started while the worker
+  holding the role is stopped replaces it within 10 s, and the worker stands down;
 - ``registry_attach``: attach and ``status`` do not wait for a stopped registry holder,
   and the registration that does wait names it;
 - ``torn_settings``: a torn settings write reads degraded (never "not configured" with

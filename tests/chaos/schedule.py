@@ -54,7 +54,9 @@ bad_config             a throwaway host next to the cluster whose pinger cannot 
 big_digest             a throwaway host with 300 slots (260 dead) next to the cluster: the
                        300th worker's kill must be seen on another throwaway host
 embedded_stall         a throwaway board: a daemon takes the role from a worker's embedded
-                       agent; that worker SIGSTOPped, a kill is still DEAD within 1 s
+                       agent; that worker SIGSTOPped, a kill is still DEAD within 1 s;
+                       then the worker stopped while it holds the role: a daemon started
+                       then replaces it within 10 s and the worker, resumed, stands down
 registry_attach        a throwaway board: attach and ``status`` do not wait for a stopped
                        registry holder; a registration names it in its LockTimeout
 torn_settings          a throwaway host: settings torn by a SIGKILL read degraded for a
