@@ -43,6 +43,7 @@ from .layout import (
     WATCH_ROW_DTYPE, Sizes,
 )
 from .native import WordMemo
+from .netword import decode_network
 from .status import AgentStatus, NetworkStatus, Status
 
 UNIT_S = TS_UNIT_NS / 1e9
@@ -323,7 +324,6 @@ class BoardCore:
     def network(self) -> NetworkStatus:
         """The agent's network half (the pinger): listening or not, on which address,
         degraded and why, as the holder of the agent role recorded it."""
-        from .netstate import decode_network
         a = self.agent()
         return decode_network(self._head.copy(), a.term, a.status is Status.ALIVE)
 

@@ -182,6 +182,10 @@ ADDR_BYTES: Final = 64  # "host:port" of a pinger or watched endpoint
 PATH_BYTES: Final = 256
 MAX_ENDPOINTS: Final = 8
 NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
+# text limits, one for the board and the wire (shmhb.protocol, shmhb.address use these)
+MAX_KEY_BYTES: Final = KEY_BYTES - 1  # a key, UTF-8: what a slot holds with its NUL
+MAX_ENDPOINT_BYTES: Final = 63  # one endpoint "host:port"
+MAX_ADDRESS_BYTES: Final = ADDR_BYTES  # a pinger address in a frame (a row holds one less)
 
 # --- header -----------------------------------------------------------------------------
 #
