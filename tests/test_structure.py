@@ -1,6 +1,6 @@
 """The package's structure, checked from its source: imports only go down (no cycle in
-the import graph), no module is over the length limit, and no module touches another
-object's private attributes.
+the import graph, and no module imports one of a higher layer), no module or function is
+over its length limit, and no module touches another object's private attributes.
 
 Each check is a function over a package directory, so the tests below first prove that
 it fails on a tiny package built to break it, then run it on ``shmhb``.
@@ -21,6 +21,75 @@ MAX_LINES = 450
 #: modules over MAX_LINES that are being split; an entry is ignored once its module
 #: fits, and must then be removed (the tests say so)
 LONG_FOR_NOW: dict[str, str] = {}
+
+MAX_FUNCTION_LINES = 60
+
+#: functions over MAX_FUNCTION_LINES (``file:qualname``, def line to last line) with their
+#: length today as a ceiling: one may shrink (then lower its entry, or remove it once it
+#: fits), never grow; a new long function fails.  Split them when next touched.
+LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
+    "board.py:Board.create": 64,
+    "boardcore.py:BoardCore.__init__": 61,
+    "check.py:_check_rows": 103,
+    "cli.py:build_parser": 111,
+    "digest.py:LocalDigest.rebuild": 62,
+    "exporter.py:BoardCollector._families": 122,
+    "localwatch.py:LocalWatch._examine": 72,
+    "vllm/adapters.py:MooncakeAdapter._install_consumer": 111,
+    "vllm/adapters.py:MooncakeAdapter._install_producer": 63,
+}
+
+#: the package's layers: each module (named relative to the package, "" for its
+#: ``__init__``) belongs to exactly one.  Lowest first:
+#:
+#: base     vocabulary every half shares: errors, the byte map and its decoding (layout,
+#:          judge), statuses, settings values (config, address), clocks, small helpers
+#: storage  the board: the segment, its locks, reads and writes of its rows, the worker
+#:          and reaper APIs on it
+#: net      the network half: the wire protocol, the pinger and what it is made of
+#: agent    the host agent: the local death watch and the loop running both halves
+#: tools    operator tools: the CLI, status views, exporter, gc, check, router feeds
+#: vllm     the vLLM connector (a client of the board, like any worker)
+#: package  the package's facade (``shmhb``)
+LAYERS: dict[str, frozenset[str]] = {
+    "base": frozenset({
+        "address", "clock", "config", "errors", "judge", "layout", "loopback", "native",
+        "periodic", "procinfo", "ratelog", "status", "timens", "version",
+    }),
+    "storage": frozenset({
+        "board", "boardcore", "heartbeat", "instances", "localreads", "locks", "netword",
+        "reaper", "records", "remotereads", "segment", "watchtable",
+    }),
+    "net": frozenset({
+        "badinput", "challenge", "digest", "evidence", "exchange", "faketransport",
+        "followed", "following", "frametag", "netconfig", "netstate", "netsup", "pinger",
+        "pingplan", "protocol", "responder", "rows", "sendcounter", "suspicion",
+        "transport",
+    }),
+    "agent": frozenset({"agent", "agentloop", "agentwriter", "localwatch"}),
+    "tools": frozenset({
+        "__main__", "boardopts", "check", "cli", "demo", "events", "exporter", "feedcli",
+        "feeder", "gc", "httpserve", "instview", "monitor", "pipes", "routerapi", "screen",
+        "sdnotify", "stopsignal", "units", "view",
+    }),
+    "vllm": frozenset({
+        "vllm", "vllm.adapters", "vllm.connector", "vllm.fence", "vllm.guard",
+        "vllm.instance", "vllm.loads", "vllm.mooncake_pulls", "vllm.settings", "vllm.stats",
+        "vllm.verdict",
+    }),
+    "package": frozenset({""}),
+}
+
+#: which layers a module of each layer may import (its own included)
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "base": frozenset({"base"}),
+    "storage": frozenset({"base", "storage"}),
+    "net": frozenset({"base", "storage", "net"}),
+    "agent": frozenset({"base", "storage", "net", "agent"}),
+    "tools": frozenset({"base", "storage", "net", "agent", "tools"}),
+    "vllm": frozenset({"base", "storage", "vllm"}),
+    "package": frozenset({"base", "storage", "net", "agent"}),
+}
 
 #: ``module._name`` accesses that are allowed, with the reason.  Only for names of
 #: modules the file imports (a private attribute of an object stays forbidden).
@@ -153,6 +222,57 @@ def long_modules(pkg_dir: Path, limit: int = MAX_LINES) -> dict[str, int]:
     return out
 
 
+def layer_violations(graph: dict[str, set[str]], root: str, layers: dict[str, frozenset[str]],
+                     may_import: dict[str, frozenset[str]]) -> list[str]:
+    """``a (layer) imports b (layer)`` for every edge of the import graph that goes up or
+    sideways to a layer its own may not import, ``a: in no layer`` / ``in layers ...``
+    for a module the map does not place exactly once, and ``a: no such module`` for a
+    stale entry of the map."""
+    def short(m: str) -> str:
+        return "" if m == root else m[len(root) + 1:]
+
+    where: dict[str, list[str]] = {}
+    for layer, mods in layers.items():
+        for m in mods:
+            where.setdefault(m, []).append(layer)
+    out = [f"{root}.{m}: no such module" for m in sorted(set(where) - {short(g) for g in graph})]
+    for m in sorted(graph):
+        got = where.get(short(m), [])
+        if len(got) != 1:
+            out.append(f"{m}: in {'no layer' if not got else 'layers ' + ', '.join(got)}")
+    for m in sorted(graph):
+        mine = where.get(short(m), [])
+        if len(mine) != 1:
+            continue
+        for dep in sorted(graph[m]):
+            theirs = where.get(short(dep), [])
+            if len(theirs) == 1 and theirs[0] not in may_import[mine[0]]:
+                out.append(f"{m} ({mine[0]}) imports {dep} ({theirs[0]})")
+    return out
+
+
+def long_functions(pkg_dir: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``file:qualname`` -> its length in lines (the ``def`` line to its last), for every
+    function or method over ``limit`` lines, nested ones included."""
+    out: dict[str, int] = {}
+
+    def walk(node: ast.AST, file: str, prefix: str) -> None:
+        for n in ast.iter_child_nodes(node):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n_lines = (n.end_lineno or n.lineno) - n.lineno + 1
+                if n_lines > limit:
+                    out[f"{file}:{prefix}{n.name}"] = n_lines
+                walk(n, file, f"{prefix}{n.name}.")
+            elif isinstance(n, ast.ClassDef):
+                walk(n, file, f"{prefix}{n.name}.")
+            else:
+                walk(n, file, prefix)
+
+    for p in sorted(pkg_dir.rglob("*.py")):
+        walk(ast.parse(p.read_text()), str(p.relative_to(pkg_dir)), "")
+    return out
+
+
 def _imported_modules(tree: ast.Module) -> set[str]:
     """Names under which a file imports a module (``import os``, ``import numpy as np``,
     ``from . import locks``)."""
@@ -228,6 +348,43 @@ def test_length_check_counts_lines(tmp_path: Path) -> None:
     assert long_modules(pkg) == {"big.py": 451}
 
 
+def test_layer_check_flags_upward_and_unplaced_modules(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {
+        "__init__.py": "from .top import T\n",
+        "low.py": "def f():\n    from .mid import g  # a late upward import still counts\n",
+        "mid.py": "from . import low\n",
+        "top.py": "from .mid import g\nclass T: ...\n",
+        "side.py": "from .top import T\n",
+        "stray.py": "",
+    })
+    layers = {"low": frozenset({"low", "gone"}), "mid": frozenset({"mid"}),
+              "top": frozenset({"top", ""}), "side": frozenset({"side", "top"})}
+    may = {"low": frozenset({"low"}), "mid": frozenset({"low", "mid"}),
+           "top": frozenset({"low", "mid", "top"}), "side": frozenset({"low", "side"})}
+    got = layer_violations(import_graph(pkg), "pkg", layers, may)
+    assert got == ["pkg.gone: no such module", "pkg.stray: in no layer",
+                   "pkg.top: in layers top, side",
+                   "pkg.low (low) imports pkg.mid (mid)"], got
+    layers["side"] = frozenset({"side", "stray"})
+    layers["low"] = frozenset({"low"})
+    got = layer_violations(import_graph(pkg), "pkg", layers, may)
+    assert got == ["pkg.low (low) imports pkg.mid (mid)",
+                   "pkg.side (side) imports pkg.top (top)"], got
+
+
+def test_function_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
+    body = "    x = 1\n"
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "m.py": ("def ok():\n" + body * 59 + "\n"
+                 "class C:\n    async def big(self):\n" + body.replace("    ", "        ") * 60
+                 + "\ndef outer():\n    def inner():\n" + "        x = 1\n" * 60
+                 + "    return inner\n"),
+    })
+    assert long_functions(pkg) == {"m.py:C.big": 61, "m.py:outer": 63,
+                                   "m.py:outer.inner": 61}
+
+
 def test_private_check_flags_other_objects_only(tmp_path: Path) -> None:
     pkg = _package(tmp_path, {"__init__.py": "", "m.py": """
         import os
@@ -264,6 +421,22 @@ def test_no_module_over_the_limit() -> None:
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
     fits = sorted(f for f in LONG_FOR_NOW if f not in long_modules(PKG_DIR))
     assert not fits, f"these fit now: remove them from LONG_FOR_NOW: {fits}"
+
+
+def test_imports_go_down_the_layers() -> None:
+    got = layer_violations(import_graph(PKG_DIR), PKG_DIR.name, LAYERS, MAY_IMPORT)
+    assert not got, ("imports against the layers (move what is shared down, or place a new "
+                     "module in LAYERS):\n" + "\n".join(got))
+
+
+def test_no_function_over_the_limit() -> None:
+    got = long_functions(PKG_DIR)
+    over = {f: n for f, n in got.items() if n > LONG_FUNCTIONS_FOR_NOW.get(f, MAX_FUNCTION_LINES)}
+    assert not over, (f"functions over {MAX_FUNCTION_LINES} lines, or longer than their "
+                      f"LONG_FUNCTIONS_FOR_NOW ceiling (split them): {over}")
+    stale = {f: got.get(f) for f, n in LONG_FUNCTIONS_FOR_NOW.items() if got.get(f) != n}
+    assert not stale, ("these shrank or fit now: lower their LONG_FUNCTIONS_FOR_NOW entry "
+                       f"to the length shown, or remove it (None): {stale}")
 
 
 def test_no_cross_object_private_access() -> None:
