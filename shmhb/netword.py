@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from .layout import INC_MASK, INC_SHIFT, TS40_MASK, net_checksum, unpack_net_state
+from .layout import inc_tag, net_cfg_gen, net_checksum, unpack_net_state, word_tag
 from .status import NetworkStatus
 
 
@@ -84,7 +84,7 @@ def decode_network(head: object, agent_term: int, agent_running: bool) -> Networ
         # the role, or whether anyone does (README: "network not configured").
         return NetworkStatus(NetState.OFF.label, True, False, None, "none", None, 0, None, 0,
                              None, agent_term)
-    if not agent_running or word == 0 or term != agent_term & INC_MASK or state is NetState.NONE:
+    if not agent_running or word == 0 or term != inc_tag(agent_term) or state is NetState.NONE:
         # No running holder, or one that has not written its state yet: nothing is
         # claimed either way (``status`` reports a missing agent on its own).
         return NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0,
@@ -95,7 +95,7 @@ def decode_network(head: object, agent_term: int, agent_running: bool) -> Networ
     ok = int(h["net_ck"]) == net_checksum(word, gen_word, listen_b, error_b)  # type: ignore[index]
     listen = listen_b.decode(errors="replace") if ok and listen_b and listening else None
     error = error_b.decode(errors="replace") if ok and error_b else None
-    gen = gen_word & TS40_MASK if ok and gen_word >> INC_SHIFT == term else None
+    gen = net_cfg_gen(gen_word) if ok and word_tag(gen_word) == term else None
     try:
         why: str | None = NetReason(reason).label if reason else None
     except ValueError:
