@@ -41,8 +41,9 @@ from . import locks
 from .board import Board
 from .boardcore import BoardCore
 from .layout import (
-    LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum, record_checksum,
-    remote_checksum, row_code, row_gen, ts_units, verdict_ts, watch_checksum, word_tag,
+    LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum,
+    record_checksum, remote_checksum, row_code, row_gen, ts_units, verdict_ts, watch_checksum,
+    word_tag,
 )
 
 RETRIES = 30  # reads of a row that looks invalid: ~0.1 s in all
