@@ -66,16 +66,14 @@ from __future__ import annotations
 import logging
 
 from . import locks
-from .layout import HEADER_DTYPE, LOCK_TERM_BASE, TERM_RING
+from .layout import LOCK_TERM_BASE, TERM_RING, header_index
 
 log = logging.getLogger(__name__)
 
-_F = HEADER_DTYPE.fields
-assert _F is not None
 #: indices among the header's u64 words (``Board.words``)
-TERM_WORD = _F["agent_term"][1] // 8
-HB_WORD = _F["agent_hb"][1] // 8
-STALE_WORD = _F["agent_stale_ns"][1] // 8
+TERM_WORD = header_index("agent_term")
+HB_WORD = header_index("agent_hb")
+STALE_WORD = header_index("agent_stale_ns")
 
 #: a holder whose heartbeat stands still for this many ``agent_stale_ns`` is replaced
 STALL_FACTOR = 3

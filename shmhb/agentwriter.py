@@ -11,8 +11,8 @@ import os
 
 from .board import Board
 from .layout import (
-    ADDR_BYTES, HEADER_DTYPE, NET_ERROR_BYTES, STAT_NAMES, TS_SHIFT, net_checksum,
-    pack_agent_id, pack_hb, pack_net_gen, pack_net_state,
+    ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
+    pack_hb, pack_net_gen, pack_net_state, ts_units,
 )
 from .netstate import NetAuth, NetReason, NetState
 
@@ -26,21 +26,19 @@ class AgentWriter:
         self.board = board
         self.term = term
         q = board.words
-        fields = HEADER_DTYPE.fields
-        assert fields is not None
         self._q = q
-        self._hb_i = fields["agent_hb"][1] // 8
-        self._gen_i = fields["agent_gen"][1] // 8
-        self._late_i = fields["agent_lateness_us"][1] // 8
-        self._stats0 = fields["stats"][1] // 8
-        self._net_i = fields["net_state"][1] // 8
-        q[fields["agent_id"][1] // 8] = pack_agent_id(term, os.getpid())
+        self._hb_i = header_index("agent_hb")
+        self._gen_i = header_index("agent_gen")
+        self._late_i = header_index("agent_lateness_us")
+        self._stats0 = header_index("stats")
+        self._net_i = header_index("net_state")
+        q[header_index("agent_id")] = pack_agent_id(term, os.getpid())
 
     def alive(self, now_ns: int) -> None:
-        self._q[self._hb_i] = pack_hb(self.term, now_ns >> TS_SHIFT)
+        self._q[self._hb_i] = pack_hb(self.term, ts_units(now_ns))
 
     def left(self, now_ns: int) -> None:
-        self._q[self._hb_i] = pack_hb(self.term, now_ns >> TS_SHIFT, left=True)
+        self._q[self._hb_i] = pack_hb(self.term, ts_units(now_ns), left=True)
 
     def changed(self) -> None:
         """Bump the change counter readers use to skip work when nothing moved."""

@@ -44,8 +44,9 @@ from .errors import (
 )
 from .heartbeat import Heartbeat
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC,
-    STATE_READY, TS39_MASK, TS_SHIFT, Sizes, inc_tag,
+    FEATURE_TIMENS, HEADER_DTYPE, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC, SLOT_STRIDE,
+    STATE_READY, Sizes, hb_ts_array, inc_tag, ts_units,
+    word_tag,
 )
 from .localreads import LocalReads
 from .native import extension
@@ -290,7 +291,7 @@ class Board(LocalReads, WatchTable, RemoteReads):
         except BaseException:
             os.close(fd)
             raise
-        hb = Heartbeat(self, index, key, inc, eps, fd, self._hb0 + index * 8)
+        hb = Heartbeat(self, index, key, inc, eps, fd, self._hb0 + index * SLOT_STRIDE)
         hook = _register_hook
         if agent and hook is not None:
             try:
@@ -348,9 +349,8 @@ class Board(LocalReads, WatchTable, RemoteReads):
         if not units:
             return []
         hb = self._hb.copy()
-        now = self._now_ns() >> TS_SHIFT
-        old = np.flatnonzero((hb != 0) & (now - (hb & np.uint64(TS39_MASK)).astype(np.int64)
-                                          >= units))
+        now = ts_units(self._now_ns())
+        old = np.flatnonzero((hb != 0) & (now - hb_ts_array(hb).astype(np.int64) >= units))
         todo = [int(i) for i in old if (int(i), int(hb[i])) not in refused]
         if not todo:
             return []
@@ -387,8 +387,8 @@ class Board(LocalReads, WatchTable, RemoteReads):
             kb = bytes(self._records[i]["key"])
             if not locks.try_lock(fd, key_bucket(kb)) or not locks.try_lock(fd, LOCK_SLOT_BASE + i):
                 return False
-            wi = self._hb0 + i * 8
-            if self._q[wi] >> INC_SHIFT != inc_tag(incarnation):
+            wi = self._hb0 + i * SLOT_STRIDE
+            if word_tag(self._q[wi]) != inc_tag(incarnation):
                 return False  # not the incarnation judged (cannot happen under the registry lock)
             self._q[wi] = 0  # readers see an empty slot from here on
             self._records[i]["checksum"] = 0  # free: a registrant may take it

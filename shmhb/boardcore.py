@@ -39,11 +39,12 @@ from .agentterm import TERM_WORD, term_byte
 from .errors import BoardCorrupt, InvalidConfig, LockTimeout
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, INC_SHIFT, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE,
-    REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_WORDS_DTYPE, STAT_NAMES, TS_SHIFT, TS_UNIT_NS,
-    WATCH_ROW_DTYPE, Sizes,
+    FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
+    SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, TS_UNIT_NS, VERDICT_WORD,
+    WATCH_ROW_DTYPE, Sizes, agent_pid, header_index, ts_units, word_index, word_tag,
 )
 from .native import WordMemo
+from .netword import decode_network
 from .status import AgentStatus, NetworkStatus, Status
 
 UNIT_S = TS_UNIT_NS / 1e9
@@ -62,19 +63,6 @@ def _reset_fork_guard() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_fork_guard)
-
-
-def _word_index(byte_offset: int) -> int:
-    assert byte_offset % 8 == 0, "board words must be 8-byte aligned"
-    return byte_offset // 8
-
-
-def header_index(field: str) -> int:
-    """The index, in the segment's array of 64-bit words, of the header word ``field``
-    (a field of ``layout.HEADER_DTYPE`` that is one aligned word)."""
-    fields = HEADER_DTYPE.fields
-    assert fields is not None
-    return _word_index(fields[field][1])
 
 
 class BoardCore:
@@ -102,13 +90,11 @@ class BoardCore:
         self._verdict = self._words["verdict"]
         # Whole-segment array of words for the hot path: q[i] is one aligned 8-byte load.
         self._q = memoryview(mm).cast("B").cast("Q")
-        self._hb0 = _word_index(sz.slot_off)
-        off = HEADER_DTYPE.fields
-        assert off is not None
-        self._agent_hb_i = _word_index(off["agent_hb"][1])
-        self._agent_id_i = _word_index(off["agent_id"][1])
-        self._reg_gen_i = _word_index(off["reg_gen"][1])
-        self._agent_gen_i = _word_index(off["agent_gen"][1])
+        self._hb0 = word_index(sz.slot_off)
+        self._agent_hb_i = header_index("agent_hb")
+        self._agent_id_i = header_index("agent_id")
+        self._reg_gen_i = header_index("reg_gen")
+        self._agent_gen_i = header_index("agent_gen")
         forget_ns = int(h["forget_after_ns"])  # 0: off (and in boards of earlier versions)
         try:
             self.policy = Policy(
@@ -123,8 +109,8 @@ class BoardCore:
             raise BoardCorrupt(f"board {self.name!r} holds a policy this shmhb refuses ({e}): "
                                "remove it (`shmhb gc`) and let its users create it again") from None
         # (forget_after in units, 0: off; (slot, hb word) pairs not to try again)
-        self._forget: tuple[int, set[tuple[int, int]]] = (forget_ns >> TS_SHIFT, set())
-        self.thresholds = Thresholds(*(int(h[f]) >> TS_SHIFT for f in (
+        self._forget: tuple[int, set[tuple[int, int]]] = (ts_units(forget_ns), set())
+        self.thresholds = Thresholds(*(ts_units(int(h[f])) for f in (
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
         self.board_inc = int(h["board_inc"])
@@ -210,9 +196,12 @@ class BoardCore:
         return self._verdict
 
     def hb_index(self, i: int) -> int:
-        """The index in ``words`` of slot ``i``'s heartbeat word; its verdict word is the
-        next one."""
-        return self._hb0 + i * 8
+        """The index in ``words`` of slot ``i``'s heartbeat word."""
+        return self._hb0 + i * SLOT_STRIDE
+
+    def verdict_index(self, i: int) -> int:
+        """The index in ``words`` of slot ``i``'s verdict word (the agent's)."""
+        return self._hb0 + i * SLOT_STRIDE + VERDICT_WORD
 
     @property
     def reg_gen_index(self) -> int:
@@ -310,21 +299,20 @@ class BoardCore:
         """The holder of the host agent role: its pid and whether it is running."""
         q = self._q
         ahb, aid = q[self._agent_hb_i], q[self._agent_id_i]
-        now = self._now_ns() >> TS_SHIFT
+        now = ts_units(self._now_ns())
         st, age = judge_agent(ahb, now, self.thresholds)
-        term = ahb >> INC_SHIFT
-        pid = aid & ((1 << 40) - 1) if aid >> INC_SHIFT == term else 0
+        term = word_tag(ahb)
+        pid = agent_pid(aid) if word_tag(aid) == term else 0
         return AgentStatus(pid, st, None if age is None else age * UNIT_S, term)
 
     def agent_fresh(self) -> bool:
         """Whether this host's agent is observing now (its heartbeat is fresh): when it
         is not, every remote status reads UNKNOWN.  One word and the clock."""
-        return self._agent_ok(self._now_ns() >> TS_SHIFT)
+        return self._agent_ok(ts_units(self._now_ns()))
 
     def network(self) -> NetworkStatus:
         """The agent's network half (the pinger): listening or not, on which address,
         degraded and why, as the holder of the agent role recorded it."""
-        from .netstate import decode_network
         a = self.agent()
         return decode_network(self._head.copy(), a.term, a.status is Status.ALIVE)
 

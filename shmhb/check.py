@@ -39,28 +39,15 @@ import numpy as np
 
 from . import locks
 from .board import Board
-from .boardcore import BoardCore, header_index
+from .boardcore import BoardCore
 from .layout import (
-    CODE_MASK,
-    CODE_SHIFT,
-    GEN_MASK,
-    GEN_SHIFT,
-    INC_MASK,
-    INC_SHIFT,
-    LOCK_SLOT_BASE,
-    TS39_MASK,
-    TS40_MASK,
-    TS_SHIFT,
-    inc_tag,
-    peer_checksum,
-    record_checksum,
-    remote_checksum,
-    watch_checksum,
+    LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum,
+    record_checksum, remote_checksum, row_code, row_gen, ts_units, verdict_ts, watch_checksum,
+    word_tag,
 )
 
 RETRIES = 30  # reads of a row that looks invalid: ~0.1 s in all
 _CODES = frozenset((1, 2, 3, 4, 5))  # status codes a row may carry
-_PID_MASK = (1 << 40) - 1
 _FUTURE_UNITS = 2  # clock units a timestamp may lead ours by (rounding)
 
 
@@ -115,11 +102,11 @@ def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> 
         return None
     if ck != checksum(row):
         return f"{what} checksum mismatch"
-    gen = int(row["gen"]) & GEN_MASK
+    gen = gen_tag(int(row["gen"]))
     sw = int(row["status"])
-    if (sw >> GEN_SHIFT) & GEN_MASK != gen:
-        return f"{what} status word gen {(sw >> GEN_SHIFT) & GEN_MASK} != row gen {gen}"
-    code = (sw >> CODE_SHIFT) & CODE_MASK
+    if row_gen(sw) != gen:
+        return f"{what} status word gen {row_gen(sw)} != row gen {gen}"
+    code = row_code(sw)
     if code not in _CODES:
         return f"{what} status code {code}"
     return None
@@ -128,17 +115,17 @@ def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> 
 def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Finding]:
     out: list[Finding] = []
     q, head, now_ns = board.words, board.header, board.now_ns
-    records, hb0 = board.record_table, board.hb_index(0)
+    records = board.record_table
     agent_hb_i, agent_id_i = header_index("agent_hb"), header_index("agent_id")
 
     def nowu() -> int:
-        return now_ns() >> TS_SHIFT
+        return ts_units(now_ns())
 
     for i in map(int, np.flatnonzero(board.hb_words.copy())):
 
         def slot_ok(i: int = i) -> str | None:
-            hb = int(q[hb0 + i * 8])
-            tag = hb >> INC_SHIFT
+            hb = int(q[board.hb_index(i)])
+            tag = word_tag(hb)
             if tag == 0:
                 return None
             rec = records[i].copy()
@@ -149,10 +136,10 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
                 return "record checksum mismatch"
             if inc_tag(int(rec["incarnation"])) != tag:
                 return f"hb tag {tag} != record incarnation {int(rec['incarnation'])}"
-            if (hb & TS39_MASK) > nowu() + _FUTURE_UNITS:
+            if hb_ts(hb) > nowu() + _FUTURE_UNITS:
                 return "hb timestamp in the future"
-            v = int(q[hb0 + i * 8 + 1])
-            if v and (v & TS40_MASK) > nowu() + _FUTURE_UNITS:
+            v = int(q[board.verdict_index(i)])
+            if v and verdict_ts(v) > nowu() + _FUTURE_UNITS:
                 return "verdict timestamp in the future"
             return None
         why = _settle(slot_ok)
@@ -163,15 +150,15 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
         ahb, aid = int(q[agent_hb_i]), int(q[agent_id_i])
         if ahb == 0:
             return None
-        term = ahb >> INC_SHIFT
-        if aid >> INC_SHIFT != term:
-            return f"agent hb term {term} != agent id term {aid >> INC_SHIFT}"
-        if term > (int(head["agent_term"]) & INC_MASK):
+        term = word_tag(ahb)
+        if word_tag(aid) != term:
+            return f"agent hb term {term} != agent id term {word_tag(aid)}"
+        if term > inc_tag(int(head["agent_term"])):
             return f"agent term {term} above the board's counter {int(head['agent_term'])}"
-        pid = aid & _PID_MASK
+        pid = agent_pid(aid)
         if pinger_pids and pid not in pinger_pids:
             return f"agent pid {pid} is none of this host's pingers {sorted(pinger_pids)}"
-        if (ahb & TS39_MASK) > nowu() + _FUTURE_UNITS:
+        if hb_ts(ahb) > nowu() + _FUTURE_UNITS:
             return "agent timestamp in the future"
         return None
     why = _settle(agent_ok)
@@ -186,10 +173,10 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
             why = _status_row("peer", row, peer_checksum)
             if why or not int(row["checksum"]):
                 return why
-            gen = int(row["gen"]) & GEN_MASK
+            gen = gen_tag(int(row["gen"]))
             rtt = int(row["rtt"])
-            if rtt and rtt >> GEN_SHIFT != gen:
-                return f"rtt word gen {rtt >> GEN_SHIFT} != row gen {gen}"
+            if rtt and row_gen(rtt) != gen:
+                return f"rtt word gen {row_gen(rtt)} != row gen {gen}"
             return None
         why = _settle(peer_ok)
         if why:

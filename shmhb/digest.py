@@ -22,7 +22,7 @@ import numpy as np
 
 from .board import Board
 from .judge import Thresholds, judge_local_array
-from .layout import INC_MASK, INC_SHIFT, TS_SHIFT
+from .layout import hb_ts, inc_tag, units_to_ms, units_to_ns, word_tag, word_tag_array
 from .errors import ProtocolError
 from .protocol import MAX_DIGEST_BODY_BYTES, MAX_DIGEST_ENTRIES, DigestEntry, encode_entries
 
@@ -35,11 +35,14 @@ REJUDGE_MAX_NS = 250_000_000
 _COUNT_BYTES = len(encode_entries(()))  # a digest body's entry count
 
 
+_REJUDGE_PARTS = 8  # judgements per suspect_after while only time moves
+
+
 def rejudge_ns(th: Thresholds) -> int:
     """How long the digest may go without a judgement while nothing but time changed:
     an eighth of ``suspect_after`` (a worker's staleness is seen within 1/8 of the time
     it takes), at most ``REJUDGE_MAX_NS`` (250 ms at the default 2 s)."""
-    return max(1, min(REJUDGE_MAX_NS, (th.suspect << TS_SHIFT) // 8))
+    return max(1, min(REJUDGE_MAX_NS, units_to_ns(th.suspect) // _REJUDGE_PARTS))
 
 
 class LocalDigest:
@@ -90,7 +93,7 @@ class LocalDigest:
         self._seen_changes = ch
         hb, v, now = b.snapshot()
         codes, _ = judge_local_array(hb, v, int(now), b.thresholds)
-        key = (codes.tobytes(), (hb >> np.uint64(INC_SHIFT)).tobytes())
+        key = (codes.tobytes(), word_tag_array(hb).tobytes())
         if key == self._key:
             return []
         self._key = key
@@ -105,10 +108,10 @@ class LocalDigest:
             if info is None:
                 continue
             k, pid, inc, eps = info
-            if (int(hb[i]) >> INC_SHIFT) != inc & INC_MASK:
+            w = int(hb[i])
+            if word_tag(w) != inc_tag(inc):
                 continue
-            e = DigestEntry(k, inc, int(codes[i]), pid,
-                            int((int(now) - (int(hb[i]) & ((1 << 39) - 1))) * 1.048576), eps)
+            e = DigestEntry(k, inc, int(codes[i]), pid, int(units_to_ms(int(now) - hb_ts(w))), eps)
             if (n := self._fits(e)) and used + n <= MAX_DIGEST_BODY_BYTES \
                     and len(entries) < MAX_DIGEST_ENTRIES:
                 entries[k], used = e, used + n

@@ -35,23 +35,8 @@ an old record, or the reverse, notices the mismatch instead of mixing them.  Rec
 (several words, written rarely) carry a checksum over all their fields, incarnation
 included; a reader that catches one half-written sees a bad checksum and retries.
 
-Timestamps are CLOCK_MONOTONIC nanoseconds shifted right by ``TS_SHIFT`` (units of
-2**20 ns, about 1.05 ms): coarse enough to fit next to an incarnation in one word, fine
-enough for verdicts measured in seconds.
-
-Word maps (bit 63 on the left)::
-
-    hb        | incarnation:24 | left:1 | ts:39 |      worker; left=1 after a graceful close
-    verdict   | incarnation:24 | ts:40          |      agent; DEAD for that incarnation, ts of death
-    agent_hb  | term:24        | left:1 | ts:39 |      agent; term = takeover counter
-    agent_id  | term:24        | pid:40         |      agent
-    peer/remote row status word
-              | gen:20 | code:4 | ts:40         |      agent; code is a Status code
-    rtt word  | gen:20 | rtt_us:44              |      agent
-    auth word | gen:20 | failing:1 | count:43   |      agent; frames from that host failing auth
-    net_state | term:24 | state:4 | auth:2 | listening:1 | reason:8 | errno:16 | skipped:9 |
-                                                   agent; the network half (see netstate.py)
-    net_gen   | term:24 | cfg_gen:40             |      agent; the settings generation applied
+The bit map of each 64-bit word (which field sits where, the packing and the reading of
+every field) is ``shmhb.words``; this module re-exports it.
 """
 
 from __future__ import annotations
@@ -61,118 +46,12 @@ from typing import Final
 
 import numpy as np
 
+from .words import *  # noqa: F401,F403 (the bit map of each word: re-exported)
+
 MAGIC: Final = int.from_bytes(b"SHMHBRD\x01", "little")
 LAYOUT_VERSION: Final = 1
 HEADER_BYTES: Final = 4096
 ALIGN: Final = 64
-
-# --- word packing ---------------------------------------------------------------------
-
-TS_SHIFT: Final = 20
-TS_UNIT_NS: Final = 1 << TS_SHIFT
-INC_BITS: Final = 24
-INC_SHIFT: Final = 40
-INC_MASK: Final = (1 << INC_BITS) - 1
-LEFT_BIT: Final = 1 << 39
-TS39_MASK: Final = (1 << 39) - 1
-TS40_MASK: Final = (1 << 40) - 1
-GEN_BITS: Final = 20
-GEN_SHIFT: Final = 44
-GEN_MASK: Final = (1 << GEN_BITS) - 1
-CODE_SHIFT: Final = 40
-CODE_MASK: Final = 0xF
-RTT_MASK: Final = (1 << 44) - 1
-
-
-def ts_units(ns: int) -> int:
-    """A monotonic-nanosecond instant in the board's timestamp units."""
-    return ns >> TS_SHIFT
-
-
-def units_to_s(units: int) -> float:
-    return units * TS_UNIT_NS / 1e9
-
-
-def inc_tag(incarnation: int) -> int:
-    """The 24 low bits of an incarnation, as stored in words. Never 0 for a real one."""
-    return incarnation & INC_MASK
-
-
-def pack_hb(incarnation: int, ts: int, left: bool = False) -> int:
-    return (inc_tag(incarnation) << INC_SHIFT) | (LEFT_BIT if left else 0) | (ts & TS39_MASK)
-
-
-def pack_verdict(incarnation: int, ts: int) -> int:
-    return (inc_tag(incarnation) << INC_SHIFT) | (ts & TS40_MASK)
-
-
-def pack_agent_id(term: int, pid: int) -> int:
-    return ((term & INC_MASK) << INC_SHIFT) | (pid & TS40_MASK)
-
-
-def pack_row(gen: int, code: int, ts: int) -> int:
-    return ((gen & GEN_MASK) << GEN_SHIFT) | ((code & CODE_MASK) << CODE_SHIFT) | (ts & TS40_MASK)
-
-
-def unpack_row(word: int) -> tuple[int, int, int]:
-    """(gen, code, ts) of a peer or remote row word."""
-    return (word >> GEN_SHIFT) & GEN_MASK, (word >> CODE_SHIFT) & CODE_MASK, word & TS40_MASK
-
-
-AUTH_FAILING_BIT: Final = 1 << 43
-AUTH_COUNT_MASK: Final = AUTH_FAILING_BIT - 1
-
-
-def pack_auth(gen: int, failing: bool, count: int) -> int:
-    """A peer row's auth word ``gen:20 | failing:1 | count:43``: frames from that host
-    that failed authentication (saturating), and whether the last word from it did."""
-    return (((gen & GEN_MASK) << GEN_SHIFT) | (AUTH_FAILING_BIT if failing else 0)
-            | min(count, AUTH_COUNT_MASK))
-
-
-def unpack_auth(word: int, gen: int) -> tuple[bool, int]:
-    """(failing, count) of an auth word of record generation ``gen``; (False, 0) for a
-    word of another generation (or 0: never written)."""
-    if (word >> GEN_SHIFT) & GEN_MASK != gen & GEN_MASK:
-        return False, 0
-    return bool(word & AUTH_FAILING_BIT), word & AUTH_COUNT_MASK
-
-
-def pack_rtt(gen: int, rtt_us: int) -> int:
-    return ((gen & GEN_MASK) << GEN_SHIFT) | (min(rtt_us, RTT_MASK) & RTT_MASK)
-
-
-# network half state word (net_state): see the word map above and shmhb.netstate
-NET_STATE_SHIFT: Final = 36
-NET_AUTH_SHIFT: Final = 34
-NET_LISTENING_BIT: Final = 1 << 33
-NET_REASON_SHIFT: Final = 25
-NET_ERRNO_SHIFT: Final = 9
-NET_SKIPPED_MASK: Final = (1 << 9) - 1
-
-
-def pack_net_state(term: int, state: int, auth: int, listening: bool, reason: int,
-                   err: int, skipped: int) -> int:
-    return (((term & INC_MASK) << INC_SHIFT) | ((state & 0xF) << NET_STATE_SHIFT)
-            | ((auth & 0x3) << NET_AUTH_SHIFT) | (NET_LISTENING_BIT if listening else 0)
-            | ((reason & 0xFF) << NET_REASON_SHIFT) | ((err & 0xFFFF) << NET_ERRNO_SHIFT)
-            | min(max(skipped, 0), NET_SKIPPED_MASK))
-
-
-def unpack_net_state(word: int) -> tuple[int, int, int, bool, int, int, int]:
-    """(term, state, auth, listening, reason, errno, skipped) of a net_state word."""
-    return (word >> INC_SHIFT, (word >> NET_STATE_SHIFT) & 0xF, (word >> NET_AUTH_SHIFT) & 0x3,
-            bool(word & NET_LISTENING_BIT), (word >> NET_REASON_SHIFT) & 0xFF,
-            (word >> NET_ERRNO_SHIFT) & 0xFFFF, word & NET_SKIPPED_MASK)
-
-
-def pack_net_gen(term: int, cfg_gen: int) -> int:
-    return ((term & INC_MASK) << INC_SHIFT) | (cfg_gen & TS40_MASK)
-
-
-def net_checksum(state_word: int, gen_word: int, listen: bytes, error: bytes) -> int:
-    return checksum(state_word, gen_word, listen, error)
-
 
 # --- sizes of fixed fields --------------------------------------------------------------
 
@@ -182,6 +61,12 @@ ADDR_BYTES: Final = 64  # "host:port" of a pinger or watched endpoint
 PATH_BYTES: Final = 256
 MAX_ENDPOINTS: Final = 8
 NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
+# text limits, one for the board and the wire (shmhb.protocol, shmhb.address use these)
+MAX_KEY_BYTES: Final = KEY_BYTES - 1  # a key, UTF-8: what a slot holds with its NUL
+MAX_ENDPOINT_BYTES: Final = 63  # one endpoint "host:port"
+MAX_ADDRESS_BYTES: Final = ADDR_BYTES  # a pinger address in a frame (a row holds one less)
+#: the most entries one ACK's digest lists, and so the most slots a board holds
+MAX_DIGEST_ENTRIES: Final = 4096
 
 # --- header -----------------------------------------------------------------------------
 #
@@ -404,6 +289,35 @@ def _align(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
 
 
+# --- where the words are: word indices ---------------------------------------------------
+
+WORD_BYTES: Final = 8
+
+
+def word_index(byte_offset: int) -> int:
+    """The index, in the segment's array of 64-bit words, of the word at ``byte_offset``."""
+    assert byte_offset % WORD_BYTES == 0, "board words must be 8-byte aligned"
+    return byte_offset // WORD_BYTES
+
+
+def field_word(dtype: np.dtype, field: str) -> int:
+    """The index of ``field`` among the words of one row (or the header) of ``dtype``."""
+    return word_index(dtype.fields[field][1])  # type: ignore[index]
+
+
+def header_index(field: str) -> int:
+    """The word index of header field ``field`` (of ``stats``: its first word)."""
+    return field_word(HEADER_DTYPE, field)
+
+
+SLOT_STRIDE: Final = SLOT_WORDS_DTYPE.itemsize // WORD_BYTES  # words per slot line
+VERDICT_WORD: Final = field_word(SLOT_WORDS_DTYPE, "verdict")  # from the slot's hb word
+PEER_STRIDE: Final = PEER_ROW_DTYPE.itemsize // WORD_BYTES
+PEER_RTT_WORD: Final = field_word(PEER_ROW_DTYPE, "rtt")  # from the row's status word
+PEER_AUTH_WORD: Final = field_word(PEER_ROW_DTYPE, "auth")
+REMOTE_STRIDE: Final = REMOTE_ROW_DTYPE.itemsize // WORD_BYTES
+
+
 # --- checksums --------------------------------------------------------------------------
 
 
@@ -417,6 +331,10 @@ def checksum(*parts: bytes | int) -> int:
             h.update(len(p).to_bytes(2, "little"))
             h.update(p)
     return int.from_bytes(h.digest(), "little") or 1
+
+
+def net_checksum(state_word: int, gen_word: int, listen: bytes, error: bytes) -> int:
+    return checksum(state_word, gen_word, listen, error)
 
 
 def record_checksum(rec: np.void) -> int:

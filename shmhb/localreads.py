@@ -15,7 +15,10 @@ import numpy as np
 
 from .boardcore import RETRIES, UNIT_S, BoardCore, SlotInfo
 from .judge import judge_local
-from .layout import INC_SHIFT, TS39_MASK, TS_SHIFT, inc_tag, record_checksum
+from .layout import (
+    INC_SHIFT, SLOT_STRIDE, TS_SHIFT, VERDICT_WORD, hb_ts_array, inc_tag, record_checksum,
+    ts_units, word_tag,
+)
 from .native import clock_arg
 from .records import stored_endpoints, stored_key
 from .status import SlotStatus, Status
@@ -81,12 +84,12 @@ class LocalReads(BoardCore):
             got = self.read_slot(int(i))
             if got is not None and got[0] == key:
                 _, pid, inc, eps = got
-                wi = self._hb0 + int(i) * 8
+                wi = self._hb0 + int(i) * SLOT_STRIDE
                 # [word index, tag, pid, incarnation, endpoints, memo (hb, verdict, now, answer)]
                 self._by_key[key] = [wi, inc_tag(inc), pid, inc, eps, (-1, -1, -1, None)]
                 hb = self._q[wi]
-                if hb >> INC_SHIFT == inc_tag(inc):
-                    st, age = judge_local(hb, self._q[wi + 1], self._now_ns() >> TS_SHIFT,
+                if word_tag(hb) == inc_tag(inc):
+                    st, age = judge_local(hb, self._q[wi + VERDICT_WORD], ts_units(self._now_ns()),
                                           self.thresholds)
                     return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
         self._by_key.pop(key, None)
@@ -96,7 +99,7 @@ class LocalReads(BoardCore):
         """The validated record of slot ``i`` that matches its heartbeat word, or None if
         the slot is empty or being rewritten."""
         for _ in range(RETRIES):
-            tag = self._q[self._hb0 + i * 8] >> INC_SHIFT
+            tag = word_tag(self._q[self._hb0 + i * SLOT_STRIDE])
             if tag == 0:
                 return None
             cached = self._rec_cache.get(i)
@@ -118,7 +121,7 @@ class LocalReads(BoardCore):
         """Every registered local slot, judged now."""
         hbs = self._hb.copy()
         verdicts = self._verdict.copy()
-        now = self._now_ns() >> TS_SHIFT
+        now = ts_units(self._now_ns())
         out = []
         for i0 in np.flatnonzero(hbs):
             i = int(i0)
@@ -127,8 +130,8 @@ class LocalReads(BoardCore):
                 continue
             key, pid, inc, eps = info
             hb = int(hbs[i])
-            if hb >> INC_SHIFT != inc_tag(inc):
-                hb = self._q[self._hb0 + i * 8]
+            if word_tag(hb) != inc_tag(inc):
+                hb = self._q[self._hb0 + i * SLOT_STRIDE]
             st, age = judge_local(hb, int(verdicts[i]), now, self.thresholds)
             out.append(SlotStatus(key, pid, inc, st, age * UNIT_S, eps))
         return out
@@ -137,12 +140,12 @@ class LocalReads(BoardCore):
         """The slot index of ``key`` as this handle's last ``slot(key)`` found it, or None
         if it has not looked it up (or found nothing)."""
         c = self._by_key.get(key)
-        return None if c is None else (c[0] - self._hb0) // 8
+        return None if c is None else (c[0] - self._hb0) // SLOT_STRIDE
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.uint64]:
         """Vectorised view of every slot: (hb words, verdict words, now) for
         ``judge.judge_local_array``; the cheap way to scan a large board."""
-        return self._hb.copy(), self._verdict.copy(), np.uint64(self._now_ns() >> TS_SHIFT)
+        return self._hb.copy(), self._verdict.copy(), np.uint64(ts_units(self._now_ns()))
 
     def oldest_beat_age(self, slots: np.ndarray) -> int | None:
         """Board time units since the oldest last beat among the local slots ``slots``
@@ -151,18 +154,18 @@ class LocalReads(BoardCore):
         whether a tracked slot may have gone stale."""
         if not len(slots):
             return None
-        ts = self._hb[slots] & np.uint64(TS39_MASK)
-        return (self._now_ns() >> TS_SHIFT) - int(ts.min())
+        return ts_units(self._now_ns()) - int(hb_ts_array(self._hb[slots]).min())
 
     def _slot_at(self, i: int) -> SlotStatus | None:
         info = self.read_slot(i)
         if info is None:
             return None
         key, pid, inc, eps = info
-        hb = self._q[self._hb0 + i * 8]
-        if hb >> INC_SHIFT != inc_tag(inc):
+        wi = self._hb0 + i * SLOT_STRIDE
+        hb = self._q[wi]
+        if word_tag(hb) != inc_tag(inc):
             return None
-        st, age = judge_local(hb, self._q[self._hb0 + i * 8 + 1], self._now_ns() >> TS_SHIFT,
+        st, age = judge_local(hb, self._q[wi + VERDICT_WORD], ts_units(self._now_ns()),
                               self.thresholds)
         return SlotStatus(key, pid, inc, st, age * UNIT_S, eps)
 

@@ -19,12 +19,11 @@ from . import locks
 from .agentwriter import AgentWriter
 from .board import Board
 from .errors import BoardOpenError, ShmhbError
-from .layout import INC_SHIFT, LEFT_BIT, LOCK_SLOT_BASE, TS_SHIFT, pack_verdict
+from .layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from .procinfo import own_pid_namespace, pidfd_open, start_time
 
 log = logging.getLogger(__name__)
 
-_SHIFT39 = np.uint64(39)  # hb >> 39: incarnation tag and left bit
 #: The longest wait between two scans of the slot words while the board's change
 #: counter stands still (see ``LocalWatch.tick``).
 SCAN_FALLBACK_NS = 250_000_000
@@ -123,9 +122,9 @@ class LocalWatch:
         wt.done = True
         self._by_lock.discard(i)
         hb = self.board.words[self.board.hb_index(i)]
-        if hb >> INC_SHIFT != wt.tag or hb & LEFT_BIT:
+        if word_tag(hb) != wt.tag or hb_left(hb):
             return  # it left gracefully, or the slot was registered again meanwhile
-        self.board.words[self.board.hb_index(i) + 1] = pack_verdict(wt.tag, now_ns >> TS_SHIFT)
+        self.board.words[self.board.verdict_index(i)] = pack_verdict(wt.tag, ts_units(now_ns))
         self.w.changed()
         self.w.count("deaths_seen")
         info = self.board.read_slot(i)
@@ -177,7 +176,7 @@ class LocalWatch:
     def _scan(self, now_ns: int) -> None:
         b = self.board
         hbs = b.hb_words.copy()
-        marks = hbs >> _SHIFT39
+        marks = hb_marks_array(hbs)
         todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
         self._marks = marks
         self._retry = set()
@@ -197,10 +196,10 @@ class LocalWatch:
                                        self.board.name, i, e)
 
     def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
-        tag = hb >> INC_SHIFT
+        tag = word_tag(hb)
         wt = self._watched.get(i)
         if wt is not None and wt.tag == tag:
-            if hb & LEFT_BIT and not wt.done:  # it left gracefully: stop watching
+            if hb_left(hb) and not wt.done:  # it left gracefully: stop watching
                 self._forget(i)
                 self._watched[i] = _Watched(tag, wt.pid, None, True)
                 # Readers learn of changes from the change counter; the leaver moves the
@@ -209,7 +208,7 @@ class LocalWatch:
                 self.w.changed()
             return
         self._forget(i)
-        if hb & LEFT_BIT or verdict >> INC_SHIFT == tag:
+        if hb_left(hb) or word_tag(verdict) == tag:
             self._watched[i] = _Watched(tag, 0, None, True)
             return
         info = self.board.read_slot(i)
@@ -220,10 +219,7 @@ class LocalWatch:
         rec = self.board.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
-        # Readers learn of a registration from the change counter; the registrant moves
-        # the registry's half of it, unless the registry lock was out of its reach (held
-        # by a stopped process: shmhb.registration): ours is always within reach.
-        self.w.changed()
+        self.w.changed()  # as for a leave: the registrant may not have (shmhb.registration)
         if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
             pidfd = None
             try:

@@ -22,10 +22,10 @@ from typing import NamedTuple, Protocol
 import zmq
 
 from .board import Board
-from .boardcore import header_index
 from .clock import Clock
 from .config import PingerConfig
 from .errors import InvalidConfig
+from .layout import header_index
 from .netconfig import load_config
 from .netstate import Backoff, NetAuth, NetDown, NetReason, NetState
 from .pinger import NetworkHalf

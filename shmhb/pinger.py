@@ -48,6 +48,7 @@ from .challenge import advertised, capable, echoed, issue, new_challenge
 from .evidence import counts_as_evidence
 from .followed import Target, confirm_now, own_endpoints, speaks_for_another
 from .following import Following
+from .layout import row_code, units_to_ns
 from .pingplan import PingPlan
 from .ratelog import RateLimitedLog
 from .rows import RowWriter
@@ -108,7 +109,7 @@ class NetworkHalf(BadInput, Following):
         self.push_guard = ReplayGuard()
         self.suspicion = Suspicion(board.thresholds, late_ns=int(0.25e9))
         self.plan = PingPlan(cfg.ping_budget_pps, int(cfg.interval_s * 1e9),
-                             board.thresholds.peer_dead << 20, me=cfg.listen)
+                             units_to_ns(board.thresholds.peer_dead), me=cfg.listen)
         self._down: set[str] = set()  # targets whose connection is down: retried every tick
         self._states: list[PeerState] | None = None  # the targets' verdict states, cached
         self._next_expire_ns = 0
@@ -215,7 +216,7 @@ class NetworkHalf(BadInput, Following):
                 self._ping(down, now_ns)
         if now_ns >= self._next_expire_ns:  # once a second: O(watchers)
             self._next_expire_ns = now_ns + 1_000_000_000
-            self.responder.expire(now_ns - 3 * (self.b.thresholds.peer_dead << 20))
+            self.responder.expire(now_ns - 3 * units_to_ns(self.b.thresholds.peer_dead))
 
     # -- pings and acks -------------------------------------------------------------------
 
@@ -344,7 +345,7 @@ class NetworkHalf(BadInput, Following):
             # The status code this row held before: read it before put_remote rewrites
             # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
             # to itself and never bump the change counter that readers rely on.
-            before = (int(self.b.remote_table[held[0]]["status"]) >> 40) & 0xF if held else None
+            before = row_code(int(self.b.remote_table[held[0]]["status"])) if held else None
             got = self.rows.put_remote(t.row, t.gen, held, e, now_ns)
             if got is None:
                 continue

@@ -34,13 +34,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-#: Default total rate of pings, all followed hosts together (pings/s).  At the default
-#: interval (0.2 s) it lets 10 hosts be pinged 5 times a second; from 40 hosts on, each
-#: gets the floor below (4 pings per 5 s window: one every 1.25 s).  Measured on two
-#: shared cores, a ping costs the pinger ~0.1 ms of CPU (mostly pyzmq and libzmq's I/O
-#: thread), and answering one about as much: 50 pings/s is ~0.5 % of a core.
-DEFAULT_BUDGET_PPS = 50.0
-MAX_BUDGET_PPS = 100_000.0
+from .config import DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS  # noqa: F401 (re-exported)
+
+# DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS (the total ping rate): settings values, defined
+# with the settings in config.py, the lower layer that validates PingerConfig by them
 #: Each host gets at least this many pings per ``peer_dead_after`` window.
 MIN_PINGS_PER_WINDOW = 4
 #: Turns are released in batches at most this often (and at most once per interval):

@@ -32,6 +32,9 @@ from typing import Final, Union
 from shmhb.errors import ProtocolError
 from shmhb.frametag import MIN_SECRET_BYTES, TAG_BYTES
 from shmhb.frametag import fresh_mac as _mac
+from shmhb.layout import (
+    MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,
+)
 from shmhb.frametag import seal as _seal
 
 MAGIC: Final = b"SHHB"
@@ -52,12 +55,9 @@ STATUS_DEAD: Final = 3
 STATUS_LEFT: Final = 4
 STATUSES: Final = frozenset((STATUS_ALIVE, STATUS_SUSPECT, STATUS_DEAD, STATUS_LEFT))
 
-MAX_ADDRESS_BYTES: Final = 64
-MAX_KEY_BYTES: Final = 63
-MAX_ENDPOINT_BYTES: Final = 63
-MAX_ENDPOINTS: Final = 8
-MAX_ACK_ENTRIES: Final = 256  # entries of the largest size an ACK always holds; it may
-MAX_DIGEST_ENTRIES: Final = 4096  # hold up to this many, within MAX_DIGEST_BODY_BYTES
+# MAX_ADDRESS_BYTES, MAX_KEY_BYTES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, and
+# MAX_DIGEST_ENTRIES (an ACK holds up to this many, within MAX_DIGEST_BODY_BYTES): layout
+MAX_ACK_ENTRIES: Final = 256  # entries of the largest size an ACK always holds
 MAX_PUSH_ENTRIES: Final = 64
 U32_MAX: Final = 0xFFFF_FFFF
 U64_MAX: Final = 0xFFFF_FFFF_FFFF_FFFF

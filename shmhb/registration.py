@@ -58,7 +58,7 @@ import numpy as np
 from . import locks
 from .errors import BoardFull, KeyInUse, LockTimeout
 from .layout import (
-    LEFT_BIT, LOCK_KEY_BASE, LOCK_SLOT_BASE, TS_SHIFT, inc_tag, pack_hb, record_checksum,
+    LOCK_KEY_BASE, LOCK_SLOT_BASE, hb_left, inc_tag, pack_hb, record_checksum, ts_units,
 )
 from .procinfo import own_pid_namespace, start_time
 
@@ -168,7 +168,7 @@ class Registrar:
             rec["checksum"] = record_checksum(rec)
             # The record first, then the word that names it: a reader that sees the new
             # word but an old record notices the incarnation mismatch and retries.
-            self._hb[index] = pack_hb(inc, now >> TS_SHIFT)
+            self._hb[index] = pack_hb(inc, ts_units(now))
         except BaseException:
             locks.unlock(fd, LOCK_SLOT_BASE + index)
             raise
@@ -219,7 +219,7 @@ class Registrar:
         valid = np.flatnonzero(ck != 0)
         order = [int(i) for i in np.flatnonzero(ck == 0)] + sorted(
             (int(i) for i in valid),
-            key=lambda i: (not int(hb[i]) & LEFT_BIT, int(recs[i]["registered_ns"])))
+            key=lambda i: (not hb_left(int(hb[i])), int(recs[i]["registered_ns"])))
         for i in order:
             other = None
             old = self._other_key(i, kb)  # read unlocked: checked again below

@@ -15,7 +15,8 @@ from .boardcore import RETRIES, UNIT_S, BoardCore
 from .config import parse_address
 from .judge import combine_remote, judge_row
 from .layout import (
-    PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS_SHIFT, peer_checksum, remote_checksum, unpack_auth,
+    PEER_STRIDE, REMOTE_STRIDE, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units,
+    unpack_auth, word_index,
 )
 from .records import stored_address, stored_endpoints, stored_key
 from .status import PeerStatus, SlotStatus, Status
@@ -41,9 +42,9 @@ class RemoteReads(BoardCore):
             if j is None:
                 continue
             st, age = j
-            rtt = int(row["rtt"])
-            rtt_ms = (rtt & ((1 << 44) - 1)) / 1000.0 if rtt >> 44 == gen & 0xFFFFF and rtt else None
-            last = int(row["status"]) & ((1 << 40) - 1)
+            us = rtt_us(int(row["rtt"]), gen)
+            rtt_ms = None if us is None else us / 1000.0
+            last = row_ts(int(row["status"]))
             addr = stored_address(bytes(row["address"]), "peer row", i)
             if addr is None:
                 return None
@@ -82,7 +83,7 @@ class RemoteReads(BoardCore):
 
     def peers(self) -> list[PeerStatus]:
         """Every remote host this host's pinger follows, with its workers."""
-        now = self._now_ns() >> TS_SHIFT
+        now = ts_units(self._now_ns())
         ok = self._agent_ok(now)
         heads = {}
         for i in np.flatnonzero(self._peers["checksum"] != 0):
@@ -109,7 +110,7 @@ class RemoteReads(BoardCore):
     def remote(self, endpoint: str) -> SlotStatus | None:
         """The remote worker that advertises ``endpoint``, as this host's pinger last
         heard from its host; None if no followed host reports it."""
-        now = self._now_ns() >> TS_SHIFT
+        now = ts_units(self._now_ns())
         c = self._remote_cache.get(endpoint)
         if c is not None:
             # The answer depends on the agent's heartbeat, the row's and its host's status
@@ -143,8 +144,8 @@ class RemoteReads(BoardCore):
             return None
         ri, gen, p, got = best
         self._remote_cache[endpoint] = (ri, gen, p, changes, self._word_memo(
-            self._agent_hb_i, (self.sizes.remote_off + ri * REMOTE_ROW_DTYPE.itemsize) // 8,
-            (self.sizes.peer_off + p * PEER_ROW_DTYPE.itemsize) // 8))
+            self._agent_hb_i, word_index(self.sizes.remote_off) + ri * REMOTE_STRIDE,
+            word_index(self.sizes.peer_off) + p * PEER_STRIDE))
         return got
 
     def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool

@@ -16,18 +16,15 @@ import numpy as np
 
 from .board import Board
 from .layout import (
-    ENDPOINTS_BYTES, GEN_MASK, GEN_SHIFT, KEY_BYTES, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, TS40_MASK,
-    TS_SHIFT, encode_endpoints, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
-    unpack_auth,
+    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_STRIDE,
+    encode_endpoints, next_gen, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
+    ts_units, unpack_auth, unpack_row, word_index,
 )
 from .protocol import DigestEntry, Identity
 from .status import Status
 
 log = logging.getLogger(__name__)
 
-_PEER_WORDS = PEER_ROW_DTYPE.itemsize // 8
-_REMOTE_WORDS = REMOTE_ROW_DTYPE.itemsize // 8
-_AUTH_WORD = PEER_ROW_DTYPE.fields["auth"][1] // 8  # type: ignore[index]
 
 
 class RowWriter:
@@ -35,8 +32,8 @@ class RowWriter:
         self.b = board
         self._q = board.words
         sz = board.sizes
-        self._peer0 = sz.peer_off // 8
-        self._remote0 = sz.remote_off // 8
+        self._peer0 = word_index(sz.peer_off)
+        self._remote0 = word_index(sz.remote_off)
 
     # -- peers ------------------------------------------------------------------------------
 
@@ -70,11 +67,11 @@ class RowWriter:
         forever, if it runs without the network half.  Returns the rows reset."""
         n = 0
         for i in np.flatnonzero(self.b.peer_table["checksum"] != 0):
-            wi = self._peer0 + int(i) * _PEER_WORDS
+            wi = self._peer0 + int(i) * PEER_STRIDE
             word = self._q[wi]
             if word:
-                self._q[wi] = pack_row((word >> GEN_SHIFT) & GEN_MASK, Status.UNKNOWN.code,
-                                       word & TS40_MASK)
+                gen, _, ts = unpack_row(word)
+                self._q[wi] = pack_row(gen, Status.UNKNOWN.code, ts)
                 n += 1
         return n
 
@@ -86,7 +83,7 @@ class RowWriter:
             return None
         i = int(free[0])
         row = self.b.peer_table[i]
-        gen = (int(row["gen"]) + 1) & GEN_MASK or 1
+        gen = next_gen(int(row["gen"]))
         row["gen"] = gen
         row["address"] = address.encode()
         row["board_inc"] = 0
@@ -94,7 +91,7 @@ class RowWriter:
         row["rtt"] = 0
         row["auth"] = 0
         row["checksum"] = peer_checksum(row)
-        self._q[self._peer0 + i * _PEER_WORDS] = pack_row(gen, Status.UNKNOWN.code, 0)
+        self._q[self._peer0 + i * PEER_STRIDE] = pack_row(gen, Status.UNKNOWN.code, 0)
         return i, gen
 
     def peer_identity(self, i: int, identity: Identity) -> None:
@@ -107,26 +104,26 @@ class RowWriter:
         row["checksum"] = peer_checksum(row)
 
     def peer_status(self, i: int, gen: int, status: Status, last_ack_ns: int) -> None:
-        self._q[self._peer0 + i * _PEER_WORDS] = pack_row(gen, status.code, last_ack_ns >> TS_SHIFT)
+        self._q[self._peer0 + i * PEER_STRIDE] = pack_row(gen, status.code, ts_units(last_ack_ns))
 
     def peer_rtt(self, i: int, gen: int, rtt_ns: int) -> None:
-        self._q[self._peer0 + i * _PEER_WORDS + 1] = pack_rtt(gen, max(1, rtt_ns // 1000))
+        self._q[self._peer0 + i * PEER_STRIDE + PEER_RTT_WORD] = pack_rtt(gen, max(1, rtt_ns // 1000))
 
     def clear_rtt(self, i: int) -> None:
         """No round trip measured (yet): readers read rtt None."""
-        self._q[self._peer0 + i * _PEER_WORDS + 1] = 0
+        self._q[self._peer0 + i * PEER_STRIDE + PEER_RTT_WORD] = 0
 
     def peer_auth(self, i: int, gen: int, failing: bool) -> None:
         """A frame from that host failed authentication (``failing``: count it), or one
         passed (clear the flag, keep the count).  One word, written by the agent only."""
-        wi = self._peer0 + i * _PEER_WORDS + _AUTH_WORD
+        wi = self._peer0 + i * PEER_STRIDE + PEER_AUTH_WORD
         was_failing, count = unpack_auth(int(self._q[wi]), gen)
         if failing or was_failing:
             self._q[wi] = pack_auth(gen, failing, count + 1 if failing else count)
 
     def free_peer(self, i: int) -> None:
         self.b.peer_table[i]["checksum"] = 0
-        self._q[self._peer0 + i * _PEER_WORDS] = 0
+        self._q[self._peer0 + i * PEER_STRIDE] = 0
 
     # -- remote slots -----------------------------------------------------------------------
 
@@ -134,14 +131,14 @@ class RowWriter:
                    e: DigestEntry, now_ns: int) -> tuple[int, int, int] | None:
         """Write entry ``e`` for a peer; ``held`` is the row it had.  Returns the new
         (row, gen, incarnation), or None if the remote table is full."""
-        ts = now_ns >> TS_SHIFT
+        ts = ts_units(now_ns)
         r = self.b.remote_table
         eps = _fit_endpoints(e.endpoints)
         if held is not None:
             i, gen, inc = held
             row = r[i]
             if inc == e.incarnation and int(row["pid"]) == e.pid and bytes(row["endpoints"]) == eps:
-                self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, e.status, ts)
+                self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, e.status, ts)
                 return held
         else:
             free = np.flatnonzero(r["checksum"] == 0)
@@ -150,7 +147,7 @@ class RowWriter:
                 return None
             i = int(free[0])
             row = r[i]
-        gen = (int(row["gen"]) + 1) & GEN_MASK or 1
+        gen = next_gen(int(row["gen"]))
         row["checksum"] = 0
         row["gen"] = gen
         row["peer"] = peer_row
@@ -160,16 +157,16 @@ class RowWriter:
         row["key"] = e.key.encode()[: KEY_BYTES - 1]
         row["endpoints"] = eps
         row["checksum"] = remote_checksum(row)
-        self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, e.status, ts)
+        self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, e.status, ts)
         return i, gen, e.incarnation
 
     def remote_status(self, held: tuple[int, int, int], code: int, now_ns: int) -> None:
         i, gen, _ = held
-        self._q[self._remote0 + i * _REMOTE_WORDS] = pack_row(gen, code, now_ns >> TS_SHIFT)
+        self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, code, ts_units(now_ns))
 
     def free_remote(self, i: int) -> None:
         self.b.remote_table[i]["checksum"] = 0
-        self._q[self._remote0 + i * _REMOTE_WORDS] = 0
+        self._q[self._remote0 + i * REMOTE_STRIDE] = 0
 
 
 def _fit_endpoints(endpoints: tuple[str, ...]) -> bytes:

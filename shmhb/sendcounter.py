@@ -33,15 +33,13 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from .layout import HEADER_DTYPE
+from .layout import WORD_MAX, header_index
 
 #: Values reserved per store of the reservation word.
 RESERVE: Final = 1 << 24
-_TOP: Final = (1 << 64) - 1 - RESERVE
-_FIELDS = HEADER_DTYPE.fields
-assert _FIELDS is not None
+_TOP: Final = WORD_MAX - RESERVE
 #: The reservation word's index among the header's u64 words (``Board.words``).
-COUNTER_WORD: Final = _FIELDS["net_counter"][1] // 8
+COUNTER_WORD: Final = header_index("net_counter")
 
 
 class SendCounter:

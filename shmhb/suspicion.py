@@ -36,7 +36,7 @@ import logging
 from dataclasses import dataclass, field
 
 from .judge import Thresholds, peer_verdict
-from .layout import TS_SHIFT
+from .layout import ts_units, units_to_ns
 from .status import Status
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class Suspicion:
         return old
 
     def doubting_self(self, peers: list[PeerState], now_ns: int) -> bool:
-        suspect_ns = self.th.peer_suspect << TS_SHIFT
+        suspect_ns = units_to_ns(self.th.peer_suspect)
         if self._last_late_ns is not None and now_ns - self._last_late_ns < suspect_ns:
             return True
         active = [p for p in peers if p.status is not Status.LEFT]  # silent by their word
@@ -141,7 +141,7 @@ class Suspicion:
             if p.unanswered > MISSED_IN_A_ROW:  # the latest ping may still be answered
                 if doubt is None:
                     doubt = self.doubting_self(peers, now_ns)
-                new = peer_verdict(p.silent_ns >> TS_SHIFT, self.th, self_suspect=doubt)
+                new = peer_verdict(ts_units(p.silent_ns), self.th, self_suspect=doubt)
                 if new is alive and not p.acked:
                     new = unknown
             elif p.status is (alive if p.acked else unknown):

@@ -1,6 +1,6 @@
 """The package's structure, checked from its source: imports only go down (no cycle in
-the import graph), no module is over the length limit, and no module touches another
-object's private attributes.
+the import graph, and no module imports one of a higher layer), no module or function is
+over its length limit, and no module touches another object's private attributes.
 
 Each check is a function over a package directory, so the tests below first prove that
 it fails on a tiny package built to break it, then run it on ``shmhb``.
@@ -9,7 +9,9 @@ it fails on a tiny package built to break it, then run it on ``shmhb``.
 from __future__ import annotations
 
 import ast
+import io
 import textwrap
+import tokenize
 from pathlib import Path
 
 import shmhb
@@ -21,6 +23,94 @@ MAX_LINES = 450
 #: modules over MAX_LINES that are being split; an entry is ignored once its module
 #: fits, and must then be removed (the tests say so)
 LONG_FOR_NOW: dict[str, str] = {}
+
+#: the modules that know where each bit of a board word sits: the byte map, the bit map
+#: (packing and the one decoder) and the judge; the C mirror of them (_native.c, shmhb.h)
+#: is not Python.  Everyone else reads words through their named helpers.
+DECODERS = frozenset({"layout.py", "words.py", "judge.py"})
+
+#: functions allowed to inline a decoder's shift, with the reason: a call there would
+#: cost more than the 5 % the hot path may move (a call is ~20-35 ns).  They shift by
+#: layout's named constants only, never by a literal.
+HOT_INLINE: dict[str, str] = {
+    "heartbeat.py:Heartbeat._make_beat": "the pure-Python beat closure (~220 ns a beat): "
+                                         "pack_hb(inc, ts_units(now)) inlined",
+    "localreads.py:LocalReads.slot": "the pure-Python slot read (~390 ns): ts_units and "
+                                     "word_tag inlined",
+}
+
+#: files whose hex literals are not board words, with the reason
+HEX_FILES: dict[str, str] = {
+    "protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
+}
+
+MAX_FUNCTION_LINES = 60
+
+#: functions over MAX_FUNCTION_LINES (``file:qualname``, def line to last line) with their
+#: length today as a ceiling: one may shrink (then lower its entry, or remove it once it
+#: fits), never grow; a new long function fails.  Split them when next touched.
+LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
+    "board.py:Board.create": 64,
+    "check.py:_check_rows": 103,
+    "cli.py:build_parser": 111,
+    "digest.py:LocalDigest.rebuild": 62,
+    "exporter.py:BoardCollector._families": 122,
+    "localwatch.py:LocalWatch._examine": 73,
+    "vllm/adapters.py:MooncakeAdapter._install_consumer": 111,
+    "vllm/adapters.py:MooncakeAdapter._install_producer": 63,
+}
+
+#: the package's layers: each module (named relative to the package, "" for its
+#: ``__init__``) belongs to exactly one.  Lowest first:
+#:
+#: base     vocabulary every half shares: errors, the byte and bit maps and their decoding
+#:          (layout, words, judge), statuses, settings values (config, address), clocks
+#: storage  the board: the segment, its locks, reads and writes of its rows, the worker
+#:          and reaper APIs on it
+#: net      the network half: the wire protocol, the pinger and what it is made of
+#: agent    the host agent: the local death watch and the loop running both halves
+#: tools    operator tools: the CLI, status views, exporter, gc, check, router feeds
+#: vllm     the vLLM connector (a client of the board, like any worker)
+#: package  the package's facade (``shmhb``)
+LAYERS: dict[str, frozenset[str]] = {
+    "base": frozenset({
+        "address", "clock", "config", "errors", "judge", "layout", "loopback", "native",
+        "periodic", "procinfo", "ratelog", "status", "timens", "version", "words",
+    }),
+    "storage": frozenset({
+        "agentterm", "board", "boardcore", "heartbeat", "instances", "localreads", "locks",
+        "netword", "reaper", "records", "registration", "remotereads", "segment", "watchtable",
+    }),
+    "net": frozenset({
+        "badinput", "challenge", "digest", "evidence", "exchange", "faketransport",
+        "followed", "following", "frametag", "netconfig", "netstate", "netsup", "pinger",
+        "pingplan", "protocol", "responder", "rows", "sendcounter", "suspicion",
+        "transport",
+    }),
+    "agent": frozenset({"agent", "agentloop", "agentwriter", "embedded", "localwatch"}),
+    "tools": frozenset({
+        "__main__", "boardopts", "check", "cli", "demo", "events", "exporter", "feedcli",
+        "feeder", "gc", "httpserve", "instview", "monitor", "pipes", "routerapi", "screen",
+        "sdnotify", "stopsignal", "units", "view",
+    }),
+    "vllm": frozenset({
+        "vllm", "vllm.adapters", "vllm.connector", "vllm.fence", "vllm.guard",
+        "vllm.instance", "vllm.loads", "vllm.mooncake_pulls", "vllm.settings", "vllm.stats",
+        "vllm.verdict",
+    }),
+    "package": frozenset({""}),
+}
+
+#: which layers a module of each layer may import (its own included)
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "base": frozenset({"base"}),
+    "storage": frozenset({"base", "storage"}),
+    "net": frozenset({"base", "storage", "net"}),
+    "agent": frozenset({"base", "storage", "net", "agent"}),
+    "tools": frozenset({"base", "storage", "net", "agent", "tools"}),
+    "vllm": frozenset({"base", "storage", "vllm"}),
+    "package": frozenset({"base", "storage", "net", "agent"}),
+}
 
 #: ``module._name`` accesses that are allowed, with the reason.  Only for names of
 #: modules the file imports (a private attribute of an object stays forbidden).
@@ -153,6 +243,132 @@ def long_modules(pkg_dir: Path, limit: int = MAX_LINES) -> dict[str, int]:
     return out
 
 
+def layer_violations(graph: dict[str, set[str]], root: str, layers: dict[str, frozenset[str]],
+                     may_import: dict[str, frozenset[str]]) -> list[str]:
+    """``a (layer) imports b (layer)`` for every edge of the import graph that goes up or
+    sideways to a layer its own may not import, ``a: in no layer`` / ``in layers ...``
+    for a module the map does not place exactly once, and ``a: no such module`` for a
+    stale entry of the map."""
+    def short(m: str) -> str:
+        return "" if m == root else m[len(root) + 1:]
+
+    where: dict[str, list[str]] = {}
+    for layer, mods in layers.items():
+        for m in mods:
+            where.setdefault(m, []).append(layer)
+    out = [f"{root}.{m}: no such module" for m in sorted(set(where) - {short(g) for g in graph})]
+    for m in sorted(graph):
+        got = where.get(short(m), [])
+        if len(got) != 1:
+            out.append(f"{m}: in {'no layer' if not got else 'layers ' + ', '.join(got)}")
+    for m in sorted(graph):
+        mine = where.get(short(m), [])
+        if len(mine) != 1:
+            continue
+        for dep in sorted(graph[m]):
+            theirs = where.get(short(dep), [])
+            if len(theirs) == 1 and theirs[0] not in may_import[mine[0]]:
+                out.append(f"{m} ({mine[0]}) imports {dep} ({theirs[0]})")
+    return out
+
+
+def long_functions(pkg_dir: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``file:qualname`` -> its length in lines (the ``def`` line to its last), for every
+    function or method over ``limit`` lines, nested ones included."""
+    out: dict[str, int] = {}
+
+    def walk(node: ast.AST, file: str, prefix: str) -> None:
+        for n in ast.iter_child_nodes(node):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n_lines = (n.end_lineno or n.lineno) - n.lineno + 1
+                if n_lines > limit:
+                    out[f"{file}:{prefix}{n.name}"] = n_lines
+                walk(n, file, f"{prefix}{n.name}.")
+            elif isinstance(n, ast.ClassDef):
+                walk(n, file, f"{prefix}{n.name}.")
+            else:
+                walk(n, file, prefix)
+
+    for p in sorted(pkg_dir.rglob("*.py")):
+        walk(ast.parse(p.read_text()), str(p.relative_to(pkg_dir)), "")
+    return out
+
+
+def _word_bit_names(pkg_dir: Path) -> frozenset[str]:
+    """The bit-position constants the bit map (``words.py``) defines: *_SHIFT, *_MASK,
+    *_BIT, *_BITS."""
+    path = pkg_dir / "words.py"
+    if not path.exists():
+        return frozenset()
+    names = _bound_names(path)
+    return frozenset(n for n in names if n.endswith(("_SHIFT", "_MASK", "_BIT", "_BITS")))
+
+
+def raw_decodes(pkg_dir: Path, decoders: frozenset[str] = DECODERS,
+                hot: dict[str, str] | None = None,
+                hex_files: dict[str, str] | None = None) -> list[str]:
+    """``file:line: what`` for every hand-made decode of a word outside ``decoders``: a
+    shift of a value (``x >> n``; one of constants only, ``1 << 16``, is a number), a
+    ``(1 << n) - 1`` mask, a hex literal, a use of the bit map's *_SHIFT / *_MASK / *_BIT
+    constants, the time unit written as a number (1048576, 1.048576), a word index by
+    hand (``* 8``, ``// 8``, ``hb_index(i) + 1``).  In ``hot`` functions (and those nested
+    in them) shifts and the bit map's constants are allowed; shifts by a literal are not."""
+    hot = HOT_INLINE if hot is None else hot
+    hex_files = HEX_FILES if hex_files is None else hex_files
+    bit_names = _word_bit_names(pkg_dir)
+    out: list[str] = []
+
+    def literal(n: ast.AST) -> bool:
+        return isinstance(n, ast.Constant) or (
+            isinstance(n, ast.BinOp) and literal(n.left) and literal(n.right)) or (
+            isinstance(n, ast.UnaryOp) and literal(n.operand))
+
+    for p in sorted(pkg_dir.rglob("*.py")):
+        file = str(p.relative_to(pkg_dir))
+        if file in decoders:
+            continue
+        text = p.read_text()
+        if file not in hex_files:
+            for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+                if tok.type == tokenize.NUMBER and tok.string[:2].lower() == "0x":
+                    out.append(f"{file}:{tok.start[0]}: hex literal {tok.string}")
+
+        def visit(node: ast.AST, where: str) -> None:
+            for n in ast.iter_child_nodes(node):
+                inner = where
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    inner = f"{where}.{n.name}" if where else n.name
+                here = f"{file}:{inner}"
+                is_hot = any(here == k or here.startswith(k + ".") for k in hot)
+                line = getattr(n, "lineno", 0)
+                if isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(
+                        n.op, (ast.LShift, ast.RShift)):
+                    operands = [n.left, n.right] if isinstance(n, ast.BinOp) else [n.target, n.value]
+                    if not all(map(literal, operands)) and (not is_hot or literal(operands[1])):
+                        out.append(f"{file}:{line}: shift {ast.unparse(n)}")
+                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and isinstance(
+                        n.left, ast.BinOp) and isinstance(n.left.op, ast.LShift) and isinstance(
+                        n.right, ast.Constant) and n.right.value == 1:
+                    out.append(f"{file}:{line}: mask {ast.unparse(n)}")
+                if isinstance(n, ast.Name) and n.id in bit_names and not is_hot:
+                    out.append(f"{file}:{line}: bit map constant {n.id}")
+                if isinstance(n, ast.Constant) and n.value in (1 << 20, 1.048576) \
+                        and not isinstance(n.value, bool):
+                    out.append(f"{file}:{line}: time unit as a number {n.value!r}")
+                if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.FloorDiv)) \
+                        and any(isinstance(o, ast.Constant) and o.value == 8
+                                for o in (n.left, n.right)):
+                    out.append(f"{file}:{line}: word index by hand {ast.unparse(n)}")
+                if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub)) \
+                        and isinstance(n.left, ast.Call) and isinstance(n.right, ast.Constant) \
+                        and ast.unparse(n.left.func).endswith("_index"):
+                    out.append(f"{file}:{line}: word index by hand {ast.unparse(n)}")
+                visit(n, inner)
+
+        visit(ast.parse(text), "")
+    return sorted(set(out), key=lambda s: (s.split(":")[0], int(s.split(":")[1]), s))
+
+
 def _imported_modules(tree: ast.Module) -> set[str]:
     """Names under which a file imports a module (``import os``, ``import numpy as np``,
     ``from . import locks``)."""
@@ -228,6 +444,76 @@ def test_length_check_counts_lines(tmp_path: Path) -> None:
     assert long_modules(pkg) == {"big.py": 451}
 
 
+def test_layer_check_flags_upward_and_unplaced_modules(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {
+        "__init__.py": "from .top import T\n",
+        "low.py": "def f():\n    from .mid import g  # a late upward import still counts\n",
+        "mid.py": "from . import low\n",
+        "top.py": "from .mid import g\nclass T: ...\n",
+        "side.py": "from .top import T\n",
+        "stray.py": "",
+    })
+    layers = {"low": frozenset({"low", "gone"}), "mid": frozenset({"mid"}),
+              "top": frozenset({"top", ""}), "side": frozenset({"side", "top"})}
+    may = {"low": frozenset({"low"}), "mid": frozenset({"low", "mid"}),
+           "top": frozenset({"low", "mid", "top"}), "side": frozenset({"low", "side"})}
+    got = layer_violations(import_graph(pkg), "pkg", layers, may)
+    assert got == ["pkg.gone: no such module", "pkg.stray: in no layer",
+                   "pkg.top: in layers top, side",
+                   "pkg.low (low) imports pkg.mid (mid)"], got
+    layers["side"] = frozenset({"side", "stray"})
+    layers["low"] = frozenset({"low"})
+    got = layer_violations(import_graph(pkg), "pkg", layers, may)
+    assert got == ["pkg.low (low) imports pkg.mid (mid)",
+                   "pkg.side (side) imports pkg.top (top)"], got
+
+
+def test_function_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
+    body = "    x = 1\n"
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "m.py": ("def ok():\n" + body * 59 + "\n"
+                 "class C:\n    async def big(self):\n" + body.replace("    ", "        ") * 60
+                 + "\ndef outer():\n    def inner():\n" + "        x = 1\n" * 60
+                 + "    return inner\n"),
+    })
+    assert long_functions(pkg) == {"m.py:C.big": 61, "m.py:outer": 63,
+                                   "m.py:outer.inner": 61}
+
+
+def test_decode_check_flags_hand_made_decodes(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "words.py": "TS_SHIFT = 20\nINC_MASK = (1 << 24) - 1\nLEFT_BIT = 1 << 39\n",
+        "layout.py": "x = 0xFF\ny = 5 >> 1\n",  # a decoder: anything goes
+        "m.py": """
+            LIMIT = 1 << 16  # a number, not a decode
+            MODE = 0o600
+            def f(w, b):
+                a = w >> 39 & 1
+                c = w & ((1 << 40) - 1)
+                d = w & 0xF
+                e = w & INC_MASK
+                g = (w - 1) * 1.048576
+                h = b.hb_index(3) + 1
+                i = b.off // 8
+                w <<= 2
+                return a, c, d, e, g, h, i
+            def hot(q, now):
+                q[0] = now() >> TS_SHIFT
+                q[1] = now() >> 20
+            """,
+    })
+    got = [g.split(": ", 1)[1] for g in raw_decodes(pkg, hot={"m.py:hot": "why"}, hex_files={})]
+    assert got == [
+        "shift w >> 39", "mask (1 << 40) - 1", "hex literal 0xF", "bit map constant INC_MASK",
+        "time unit as a number 1.048576", "word index by hand b.hb_index(3) + 1",
+        "word index by hand b.off // 8", "shift w <<= 2", "shift now() >> 20",
+    ], got
+    assert [g for g in raw_decodes(pkg, hot={}, hex_files={}) if "TS_SHIFT" in g] == [
+        "m.py:15: bit map constant TS_SHIFT", "m.py:15: shift now() >> TS_SHIFT"]
+
+
 def test_private_check_flags_other_objects_only(tmp_path: Path) -> None:
     pkg = _package(tmp_path, {"__init__.py": "", "m.py": """
         import os
@@ -264,6 +550,31 @@ def test_no_module_over_the_limit() -> None:
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
     fits = sorted(f for f in LONG_FOR_NOW if f not in long_modules(PKG_DIR))
     assert not fits, f"these fit now: remove them from LONG_FOR_NOW: {fits}"
+
+
+def test_imports_go_down_the_layers() -> None:
+    got = layer_violations(import_graph(PKG_DIR), PKG_DIR.name, LAYERS, MAY_IMPORT)
+    assert not got, ("imports against the layers (move what is shared down, or place a new "
+                     "module in LAYERS):\n" + "\n".join(got))
+
+
+def test_no_function_over_the_limit() -> None:
+    got = long_functions(PKG_DIR)
+    over = {f: n for f, n in got.items() if n > LONG_FUNCTIONS_FOR_NOW.get(f, MAX_FUNCTION_LINES)}
+    assert not over, (f"functions over {MAX_FUNCTION_LINES} lines, or longer than their "
+                      f"LONG_FUNCTIONS_FOR_NOW ceiling (split them): {over}")
+    stale = {f: got.get(f) for f, n in LONG_FUNCTIONS_FOR_NOW.items() if got.get(f) != n}
+    assert not stale, ("these shrank or fit now: lower their LONG_FUNCTIONS_FOR_NOW entry "
+                       f"to the length shown, or remove it (None): {stale}")
+
+
+def test_words_are_decoded_only_by_the_decoders() -> None:
+    got = raw_decodes(PKG_DIR)
+    assert not got, ("shifts and masks of words outside " + ", ".join(sorted(DECODERS)) +
+                     " (use layout's named helpers):\n" + "\n".join(got))
+    src = {f: (PKG_DIR / f.split(":")[0]).read_text() for f in HOT_INLINE}
+    stale = [f for f in HOT_INLINE if f"def {f.rsplit('.', 1)[1]}(" not in src[f]]
+    assert not stale, f"HOT_INLINE names functions that are gone: {stale}"
 
 
 def test_no_cross_object_private_access() -> None:
