@@ -7,8 +7,8 @@ actor reports a failure:
 - ``embedded_stall``: a daemon takes the role from a worker's embedded agent, and a kill
   is DEAD within 1 s while that worker is stopped; a daemon started while the worker
   holding the role is stopped replaces it within 10 s, and the worker stands down;
-- ``registry_attach``: attach and ``status`` do not wait for a stopped registry holder,
-  and the registration that does wait names it;
+- ``registry_attach``: attach, ``status`` and a new worker's registration do not wait
+  for a stopped registry holder, and that worker's kill is DEAD within 1 s;
 - ``torn_settings``: a torn settings write reads degraded (never "not configured" with
   exit 0) and a pinger with options heals it;
 - ``forget_fds``: ``forget_after_s`` under a connection flood at 96 fds keeps the

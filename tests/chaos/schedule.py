@@ -26,8 +26,8 @@ pinger_stop_short      SIGSTOP the holder below peer-dead-after (observers: SUSP
 pinger_stop_long       SIGSTOP the holder past peer-dead-after (observers: host DEAD)
 host_outage            SIGKILL every pinger of a host for ``duration_s``: no agent at all
 registry_stall         a process takes a host's registry lock and stops for ``duration_s``
-                       (registrations there fail with LockTimeout meanwhile; nothing else
-                       may break)
+                       (registrations go on without it, watches may fail with LockTimeout
+                       meanwhile; nothing else may break)
 watcher_kill           a connector process watches another host and is SIGKILLed after
                        ``duration_s`` (or when a registry_stall begins on its host): the
                        agent must reclaim its watches, once it can take the lock
@@ -57,8 +57,8 @@ embedded_stall         a throwaway board: a daemon takes the role from a worker'
                        agent; that worker SIGSTOPped, a kill is still DEAD within 1 s;
                        then the worker stopped while it holds the role: a daemon started
                        then replaces it within 10 s and the worker, resumed, stands down
-registry_attach        a throwaway board: attach and ``status`` do not wait for a stopped
-                       registry holder; a registration names it in its LockTimeout
+registry_attach        a throwaway board: attach, ``status`` and a new worker's registration
+                       do not wait for a stopped registry holder; its kill is DEAD in 1 s
 torn_settings          a throwaway host: settings torn by a SIGKILL read degraded for a
                        bare standby and are healed by a pinger with options
 forget_fds             a throwaway host: ``forget_after_s`` under a connection flood at 96
