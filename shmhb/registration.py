@@ -180,13 +180,15 @@ class Registrar:
         log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
         return Claim(index, inc, with_registry)
 
-    def _other_key(self, i: int, kb: bytes) -> bytes | None:
-        """The key slot ``i``'s record names if it is valid and not ``kb``, else None."""
+    def _key_of(self, i: int) -> bytes | None:
+        """The key slot ``i``'s record names if the record is valid (written whole)."""
         rec = self._recs[i]
         ck = int(rec["checksum"])
-        if ck == 0 or ck != record_checksum(rec):
-            return None
-        k = bytes(rec["key"])
+        return bytes(rec["key"]) if ck != 0 and ck == record_checksum(rec) else None
+
+    def _other_key(self, i: int, kb: bytes) -> bytes | None:
+        """The key slot ``i``'s valid record names if it is not ``kb``, else None."""
+        k = self._key_of(i)
         return None if k == kb else k
 
     def _slot_for(self, key: str, kb: bytes, fd: int, bucket: int) -> tuple[int, int, int | None]:
@@ -195,11 +197,7 @@ class Registrar:
         (released once the record names ``key``).  Holding ``key``'s bucket, the valid
         records naming it are stable (see the module docstring)."""
         recs = self._recs
-        same = []
-        for j in np.flatnonzero(recs["key"] == kb):
-            rec = recs[int(j)]
-            if int(rec["checksum"]) != 0 and int(rec["checksum"]) == record_checksum(rec):
-                same.append(int(j))
+        same = [int(j) for j in np.flatnonzero(recs["key"] == kb) if self._key_of(int(j)) == kb]
         top = max((int(recs[i]["incarnation"]) for i in same), default=0)
         for i in same:
             if locks.try_lock(fd, LOCK_SLOT_BASE + i):
