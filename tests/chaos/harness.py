@@ -271,6 +271,7 @@ class _Host:
         self.busy = False  # a pinger fault is in progress
         self.outage = False
         self.term_before = 0
+        self.back: tuple[int, int] | None = None  # a new holder's (role taken ns, answered then)
         self.reaper: LinkReaper | None = None
         self.rboard: Board | None = None
         self.garbage: zmq.Socket | None = None
@@ -662,15 +663,28 @@ class Harness(HostileFaults, LocalFaults):
                             f"after its holder was ended ({to['kind']}), although a standby was "
                             f"running (bound {TAKEOVER_S:g} s)", f"h{h.idx}")
         for kind in ("pkill", "pterm", "outage"):
-            if tl.is_open(kind) and fresh and v.agent_term > h.term_before and v.agent_pid in h.pids():
-                iv = tl.close(kind, v.t)
+            if not tl.is_open(kind):
+                continue
+            if h.back is None and fresh and v.agent_term > h.term_before and v.agent_pid in h.pids():
+                h.back = (v.t, v.answered)
                 self.checker.on_host_up(h.idx, kind)
-                if iv is not None and kind != "outage":
-                    self.checker.lat["takeover"].append(iv.length(v.t) / NS)
+                iv = tl.open[kind]
+                if kind != "outage":
+                    self.checker.lat["takeover"].append((v.t - iv.start) / NS)
                 if h.takeover is not None and h.takeover["kind"] == kind:
                     h.takeover = None
                 self.note(f"h{h.idx} agent role taken by pid {v.agent_pid} (term {v.agent_term})",
                           f"h{h.idx}", t=v.t)
+            # The host is silent towards its peers until the new holder answers a ping
+            # (its network half starts after the role, and a loaded machine delays it):
+            # the span ends then, or a reporting lag after the role at the latest.
+            if h.back is not None and (v.answered > h.back[1]
+                                       or v.t - h.back[0] > self.bounds.lag_s * NS):
+                tl.close(kind, v.t)
+                if v.answered <= h.back[1]:
+                    self.checker.stats["new-holder-answered-late"] += 1
+                self.note(f"h{h.idx} new holder answering pings", f"h{h.idx}", t=v.t)
+                h.back = None
                 h.busy = False
 
     def _retrack(self, t: int) -> None:
@@ -787,6 +801,7 @@ class Harness(HostileFaults, LocalFaults):
         if w.holder_stop:  # killed while stopped: the stop of the role ends here
             self._role_continues(w, t)
         h.term_before = self.views[h.idx].agent_term
+        h.back = None
         self.truth.host[h.idx].open_(kind, t, int(self.bounds.margin_s * NS))
         warm = any(not q.expect_exit and t - q.spawn_t > 5 * NS for q in h.live_pingers())
         h.takeover = {"t": t, "warm": warm, "healthy": 0, "last": t, "kind": kind}
@@ -944,6 +959,7 @@ class Harness(HostileFaults, LocalFaults):
         assert self.truth is not None and self.checker is not None
         t = now_ns()
         h.term_before = self.views[h.idx].agent_term
+        h.back = None
         h.busy = True
         self.truth.host[h.idx].open_(kind, t, int(self.bounds.margin_s * NS))
         self.note(f"FAULT {f.kind} h{h.idx}: holder pid {p.proc.pid} ({signal.Signals(sig).name})",
@@ -1012,6 +1028,7 @@ class Harness(HostileFaults, LocalFaults):
         assert self.truth is not None and self.checker is not None
         t = now_ns()
         h.term_before = self.views[h.idx].agent_term
+        h.back = None
         h.busy = h.outage = True
         self.truth.host[h.idx].open_("outage", t, int(self.bounds.margin_s * NS))
         self.note(f"FAULT host_outage h{h.idx} for {f.duration_s:.2f} s: every pinger SIGKILLed",

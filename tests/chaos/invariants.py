@@ -265,6 +265,7 @@ class View:
     agent_term: int
     local: dict[str, tuple[int, Status, float, bool]]
     remote: dict[int, tuple[Status, dict[str, tuple[int, Status]]]]
+    answered: int = 0  # the board's ``pings_answered`` counter (every holder adds to it)
 
 
 def read_view(board: Board, host_of_ip: dict[str, int]) -> View:
@@ -299,7 +300,8 @@ def read_view(board: Board, host_of_ip: dict[str, int]) -> View:
             if old is None or s.incarnation > old[0]:
                 slots[s.key] = (s.incarnation, s.status)
         remote[h] = (p.status, slots)
-    return View(t, a.pid, a.status, a.age_s, a.term, local, remote)
+    return View(t, a.pid, a.status, a.age_s, a.term, local, remote,
+                board.stats().get("pings_answered", 0))
 
 
 # -- breaches --------------------------------------------------------------------------------
@@ -772,7 +774,8 @@ class Checker:
         """Could ``o`` rightly read host ``s`` DEAD at ``t``?  Only if ``s`` went silent
         towards ``o`` for about peer-dead-after: one span, ending less than a reporting lag
         before ``t``, during which the agent of ``s`` was stopped, killed and not yet
-        replaced, or stale; or the CPU was hogged or the harness itself starved (then
+        replaced by a holder that answers pings (the harness closes the span at the new
+        holder's first answered ping), or stale; or the CPU was hogged or the harness itself starved (then
         ``s`` was starved too); or the two were partitioned.  The observer's own
         troubles never excuse it: a pinger that was paused or starved must not convict
         others for it (its late loop accrues no silence), and a new holder starts its
