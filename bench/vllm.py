@@ -14,10 +14,11 @@ of ``tests/vllm``; needs the vLLM venv, see tests/vllm/conftest.py).  Two parts:
   Stock waits ``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60`` s for a reply that cannot
   come: 540 s at the default; this bench lowers the timeout (``--abort-timeout-s``,
   default 10: 70 s per case) so the run takes minutes.
-* **What the happy path costs** (``--only transfer``).  Stock and wrapped, in turn:
-  the time from a load's start to its blocks landing (the decode side's ``loading`` to
-  ``loaded``), for 1 MiB and 16 MiB of KV per request, p50 and p99; and the wrapper's
-  own cost per step, timed against the inner connector alone in the same process.
+* **What the happy path costs** (``--only transfer``).  Stock and wrapped side by
+  side in one stack, samples interleaved: the time from a load's start to its blocks
+  landing (the decode side's ``loading`` to ``loaded``), for 1 MiB and 16 MiB of KV per
+  request, p50 and p99; and the wrapper's own cost per step, timed against the inner
+  connector alone in the same process.
 
 Writes ``bench/results_vllm.md``.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +38,8 @@ import numpy as np
 from tests.conftest import Procs
 from tests.hosts import Cluster
 from tests.vllm import model
-from tests.vllm.stack import POLICY, EngineProc, Stack, new_ids, submit
+from shmhb.loopback import free_port
+from tests.vllm.stack import POLICY, PREFILL_IP, EngineProc, Stack, new_ids, submit
 
 OUT = Path(__file__).resolve().parent / "results_vllm.md"
 VARIANTS = ("stock", "stock + recompute", "wrapped")
@@ -161,29 +164,83 @@ def client_view(variant: str, abort_s: int, tmp: str) -> dict[str, Any]:
 
 # -- what the happy path costs --------------------------------------------------------------
 
-def happy_path(wrapped: bool, blocks: int, samples: int, tmp: str) -> dict[str, Any]:
-    env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": "0.0002"}
-    procs, cluster, stack = _stack(tmp, wrapped, env)
+STAGES = (("request", "the load's start to its request read at the producer"),
+          ("to_write", "request read to the write's start (wrapped: the go-ahead)"),
+          ("write", "the write itself"),
+          ("to_loaded", "the write's end to the decode step that reports it loaded"))
+
+
+def _wrote(p: EngineProc) -> list[dict[str, Any]]:
+    """The producer's "wrote" stamps of the transfer just done (one at least)."""
+    out = [p.expect("wrote", timeout_s=30)]
+    more = [ev for ev in p.seen if ev["ev"] == "wrote"]
+    for ev in more:
+        p.seen.remove(ev)
+    while True:
+        try:
+            ev = p.events.get_nowait()
+        except queue.Empty:
+            return out + more
+        (more if ev["ev"] == "wrote" else p.seen).append(ev)
+
+
+def _sample(p: EngineProc, d: EngineProc, seed: int) -> tuple[float, bool, dict[str, float]]:
+    """One transfer: the prefill computes and finishes, the decode loads.  The decode's
+    ``loading`` to ``loaded`` stamps, whether the right bytes landed, and the stages
+    between (both processes stamp the one monotonic clock of this machine)."""
+    rid, xid = new_ids()
+    a = p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed, timeout_s=120)
+    p.send("finish", rid=rid)
+    p.expect("finished", rid=rid)
+    d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
+    t0 = d.expect("loading", rid=rid, timeout_s=60)["t"]
+    b = d.expect("loaded", "load_failed", rid=rid, timeout_s=120)
+    asked = p.expect_asked(xid)["t"]
+    w = _wrote(p)
+    w0, w1 = min(ev["t0"] for ev in w), max(ev["t"] for ev in w)
+    stages = {"request": asked - t0, "to_write": w0 - asked, "write": w1 - w0,
+              "to_loaded": b["t"] - w1}
+    return b["t"] - t0, b["ev"] != "loaded" or b["digest"] != a["digest"], stages
+
+
+def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]]:
+    """Stock and wrapped side by side in one stack (one board and pinger per host, a
+    stock pair and a wrapped pair of engines, each pair on its own bootstrap port),
+    samples interleaved ABBA so that a drift in the machine's load falls on both."""
+    env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": "0.0002",
+           "SHMHB_VLLM_TRACE": "1"}
+    procs, cluster, stack = _stack(tmp, True, env)
     try:
-        p, d = stack.start("prefill", f"happy-{blocks}"), stack.start("decode")
-        _wait_known(stack, p)
-        times, bad = [], 0
+        pairs = {}
+        for wrapped in (False, True):
+            port = free_port([PREFILL_IP])
+            p = stack.start("prefill", f"happy-{blocks}-{'w' if wrapped else 's'}",
+                            wrapped=wrapped, bootstrap_port=port)
+            pairs[wrapped] = (p, stack.start("decode", wrapped=wrapped, bootstrap_port=port))
+        _wait_known(stack, pairs[True][0])
+        times: dict[bool, list[float]] = {False: [], True: []}
+        bad = {False: 0, True: 0}
+        stages: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
         for i in range(samples + 2):
-            rid, xid = new_ids()
-            a = p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=i, timeout_s=120)
-            p.send("finish", rid=rid)
-            p.expect("finished", rid=rid)
-            d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
-            t0 = d.expect("loading", rid=rid, timeout_s=60)["t"]
-            b = d.expect("loaded", "load_failed", rid=rid, timeout_s=120)
-            bad += b["ev"] != "loaded" or b["digest"] != a["digest"]
-            if i >= 2:  # the first two make the handshake
-                times.append(b["t"] - t0)
-        out: dict[str, Any] = {"p50": float(np.percentile(times, 50)),
-                               "p99": float(np.percentile(times, 99)), "bad": bad}
-        if blocks == SIZES[0][0]:
-            out["cost"] = d.request("cost", "cost", engine_id=p.engine_id,
-                                    bootstrap=p.bootstrap, n=2000, timeout_s=180)
+            for wrapped in ((False, True) if i % 2 == 0 else (True, False)):
+                dt, wrong, st = _sample(*pairs[wrapped], seed=i)
+                bad[wrapped] += wrong
+                if i >= 2:  # the first two make the handshake
+                    times[wrapped].append(dt)
+                    for k, v in st.items():
+                        stages[wrapped].setdefault(k, []).append(v)
+        out: dict[bool, dict[str, Any]] = {}
+        for wrapped, ts in times.items():
+            out[wrapped] = {"p50": float(np.percentile(ts, 50)),
+                            "p99": float(np.percentile(ts, 99)), "bad": bad[wrapped],
+                            "stages": {k: float(np.percentile(v, 50))
+                                       for k, v in stages[wrapped].items()}}
+            if blocks == SIZES[0][0]:
+                p, d = pairs[wrapped]
+                out[wrapped]["cost"] = d.request("cost", "cost", engine_id=p.engine_id,
+                                                 bootstrap=p.bootstrap, n=2000, timeout_s=180)
+        added = [w - s for s, w in zip(times[False], times[True])]
+        out[True]["added_p50"] = float(np.percentile(added, 50))
         return out
     finally:
         _close(procs, cluster, stack)
@@ -222,11 +279,13 @@ def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -
     lines = [
         "## What the happy path costs", "",
         f"`python -m bench.vllm --only transfer --samples {samples}`: a load's start to its "
-        "blocks landing, stock then wrapped in one run (the wrapped producer asks its "
-        "consumer's go-ahead before every write: one round trip).  Target: at most 5 % "
-        "or 200 µs added to the p50, whichever is larger.", "",
-        "| KV per request | stock p50 / p99 | wrapped p50 / p99 | added to p50 | target | bad transfers |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "blocks landing, stock and wrapped side by side in one stack, samples interleaved "
+        "ABBA (the wrapped producer asks its consumer's go-ahead before every write: one "
+        "round trip).  *Added* is the difference of the p50s; *paired* is the p50 of the "
+        "differences of neighbouring samples.  Target: at most 5 % or 200 µs added to the "
+        "p50, whichever is larger.", "",
+        "| KV per request | stock p50 / p99 | wrapped p50 / p99 | added to p50 | paired | target | bad transfers |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for blocks, label in SIZES:
         s, w = rows[(False, blocks)], rows[(True, blocks)]
@@ -234,8 +293,17 @@ def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -
         bound = max(0.05 * s["p50"], 200e-6)
         lines.append(f"| {label} | {s['p50'] * 1e3:.2f} / {s['p99'] * 1e3:.2f} ms | "
                      f"{w['p50'] * 1e3:.2f} / {w['p99'] * 1e3:.2f} ms | {added * 1e6:+.0f} µs | "
+                     f"{w['added_p50'] * 1e6:+.0f} µs | "
                      f"{'met' if added <= bound else 'missed'} (≤ {bound * 1e6:.0f} µs) | "
                      f"{s['bad']} / {w['bad']} |")
+    lines += ["", "Where the time goes, p50 of each stage, ms (stock / wrapped; the stages "
+              "need not add up to the total's p50):", "",
+              "| stage | " + " | ".join(label for _, label in SIZES) + " |",
+              "| --- |" + " --- |" * len(SIZES)]
+    for k, label in STAGES:
+        lines.append(f"| {label} | " + " | ".join(
+            f"{rows[(False, b)]['stages'][k] * 1e3:.2f} / {rows[(True, b)]['stages'][k] * 1e3:.2f}"
+            for b, _ in SIZES) + " |")
     c, sc = rows[(True, SIZES[0][0])]["cost"], rows[(False, SIZES[0][0])]["cost"]
     lines += [
         "", "Per call, ns (2,000 calls; wrapped calls interleaved with the inner connector's "
@@ -277,11 +345,11 @@ def main() -> None:
         if a.only in (None, "transfer"):
             trows = {}
             for blocks, label in SIZES:
-                for wrapped in (False, True):
-                    print(f"happy path {label}, {'wrapped' if wrapped else 'stock'} ...", flush=True)
-                    trows[(wrapped, blocks)] = happy_path(
-                        wrapped, blocks, a.samples, os.path.join(tmp, f"t{blocks}{wrapped}"))
-                    print(trows[(wrapped, blocks)], flush=True)
+                print(f"happy path {label}, stock and wrapped interleaved ...", flush=True)
+                both = happy_path(blocks, a.samples, os.path.join(tmp, f"t{blocks}"))
+                for wrapped, row in both.items():
+                    trows[(wrapped, blocks)] = row
+                print(both, flush=True)
             sections["transfer"] = transfer_lines(trows, a.samples)
     old = _old_sections()
     old.update(sections)

@@ -36,6 +36,8 @@ from .model import BLOCK_SIZE, HEAD_SIZE, NUM_BLOCKS, NUM_KV_HEADS, PROMPT_BLOCK
 MAX_MODEL_LEN = max(1024, PROMPT_BLOCKS * BLOCK_SIZE + 64)
 #: the step loop's period: a stand-in model runner steps every few milliseconds
 STEP_S = float(os.environ.get("SHMHB_VLLM_STEP_S", "0.005"))
+#: a producer stamps each write ("wrote": its start and end), for the bench's stages
+TRACE = os.environ.get("SHMHB_VLLM_TRACE") == "1"
 
 __all__ = ["BLOCK_SIZE", "HEAD_SIZE", "NUM_BLOCKS", "NUM_KV_HEADS", "PROMPT_BLOCKS", "Engine", "build"]
 LAYER = "model.layers.0.self_attn.attn"
@@ -210,7 +212,12 @@ class Engine:
             # ``hold_writes`` the first half of the descriptors is written and the rest
             # waits (for ever, or until the test kills us): a write cut in the middle.
             if not self.hold_writes:
-                return int(write(session, src, dst, lengths))
+                if not TRACE:
+                    return int(write(session, src, dst, lengths))
+                t0 = time.monotonic()
+                ret = int(write(session, src, dst, lengths))
+                emit(ev="wrote", t0=t0, bytes=sum(lengths), ret=ret)
+                return ret
             left = sum(lengths) // 2
             s2, d2, l2 = [], [], []
             for a, b, n in zip(src, dst, lengths):

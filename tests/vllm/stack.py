@@ -189,13 +189,17 @@ class Stack:
         self.engines: list[EngineProc] = []
         self._n = 0
 
-    def start(self, role: str, engine_id: str | None = None, **kw: Any) -> EngineProc:
+    def start(self, role: str, engine_id: str | None = None, *, wrapped: bool | None = None,
+              bootstrap_port: int | None = None, **kw: Any) -> EngineProc:
+        """``wrapped`` and ``bootstrap_port`` default to the stack's: a bench runs a stock
+        and a wrapped pair side by side in one stack, each pair on its own port."""
         self._n += 1
         host = self.prefill_host if role == "prefill" else self.decode_host
         eid = engine_id or f"{role}-{uuid.uuid4().hex[:8]}"
-        e = EngineProc(role, host.ip, host.name, eid, wrapped=self.wrapped,
-                       bootstrap_port=self.bootstrap_port, log_dir=self.log_dir,
-                       env={**self.env, **kw.pop("env", {})}, **kw)
+        e = EngineProc(role, host.ip, host.name, eid,
+                       wrapped=self.wrapped if wrapped is None else wrapped,
+                       bootstrap_port=bootstrap_port or self.bootstrap_port,
+                       log_dir=self.log_dir, env={**self.env, **kw.pop("env", {})}, **kw)
         self.engines.append(e)
         return e
 
