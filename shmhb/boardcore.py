@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,8 +51,28 @@ UNIT_S = TS_UNIT_NS / 1e9
 REGISTRY_TIMEOUT_S = 5.0
 RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
 
-#: the validated record of a slot: (key, pid, incarnation, endpoints)
-SlotInfo = tuple[str, int, int, tuple[str, ...]]
+
+class SlotInfo(NamedTuple):
+    """The validated record of a slot (``LocalReads.read_slot``)."""
+
+    key: str
+    pid: int
+    incarnation: int
+    endpoints: tuple[str, ...]
+
+
+class RemoteChoice(NamedTuple):
+    """What ``RemoteReads.remote`` memoises per endpoint: the remote row it chose, that
+    row's generation, its peer row, ``changes()`` when it was chosen, and the memo of
+    the words judged (``native.WordMemo``).  ``remote()`` reads it by position: it is
+    its hot path."""
+
+    row: int
+    gen: int
+    peer: int
+    changes: int
+    memo: Any
+
 
 _fork_guard = threading.Lock()
 
@@ -117,9 +137,7 @@ class BoardCore:
         # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, SlotInfo]] = {}
-        # endpoint -> (remote row, its generation, its peer row, changes() when it was
-        # chosen, memo of the words judged)
-        self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
+        self._remote_cache: dict[str, RemoteChoice] = {}  # endpoint -> its choice
         self._closed = False
         self._thread_lock = threading.Lock()
         # (pid, the registry lock's descriptor in that process): see _registry_fd.

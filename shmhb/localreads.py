@@ -82,7 +82,7 @@ class LocalReads(BoardCore):
         recs = self._records
         for i in np.flatnonzero(recs["key"] == kb):
             got = self.read_slot(int(i))
-            if got is not None and got[0] == key:
+            if got is not None and got.key == key:
                 _, pid, inc, eps = got
                 wi = self._hb0 + int(i) * SLOT_STRIDE
                 # [word index, tag, pid, incarnation, endpoints, memo (hb, verdict, now, answer)]
@@ -111,8 +111,8 @@ class LocalReads(BoardCore):
                 key = stored_key(bytes(rec["key"]), "slot", i)
                 if key is None:
                     return None
-                info = (key, int(rec["pid"]), int(rec["incarnation"]),
-                        stored_endpoints(bytes(rec["endpoints"]), "slot", i))
+                info = SlotInfo(key, int(rec["pid"]), int(rec["incarnation"]),
+                                stored_endpoints(bytes(rec["endpoints"]), "slot", i))
                 self._rec_cache[i] = (tag, info)
                 return info
         return None

@@ -129,7 +129,7 @@ class LocalWatch:
         self.w.count("deaths_seen")
         info = self.board.read_slot(i)
         log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
-                 info[0] if info else f"slot {i}", wt.pid, why)
+                 info.key if info else f"slot {i}", wt.pid, why)
 
     def tick(self, now_ns: int, late_ns: int) -> None:
         """Start watching new registrations, stop watching leaves, and check the slot
@@ -215,7 +215,7 @@ class LocalWatch:
         if info is None:
             self._retry.add(i)  # caught mid-registration: look again next tick
             return
-        pid = info[1]
+        pid = info.pid
         rec = self.board.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
