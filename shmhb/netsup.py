@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import zmq
 
@@ -27,7 +27,7 @@ from .config import PingerConfig
 from .errors import InvalidConfig
 from .layout import header_index
 from .netconfig import load_config
-from .netstate import Backoff, NetAuth, NetDown, NetReason, NetState
+from .netstate import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
 from .pinger import NetworkHalf
 from .rows import RowWriter
 from .transport import Transport, TransportFactory
@@ -50,8 +50,7 @@ class NetWords(Protocol):
 
     def changed(self) -> None: ...
     def count(self, stat: str, n: int = 1) -> None: ...
-    def network(self, state: NetState, auth: NetAuth, listening: bool, reason: NetReason,
-                err: int, skipped: int, cfg_gen: int, listen: str, error: str) -> None: ...
+    def network(self, shown: NetShown, cfg_gen: int, listen: str) -> None: ...
 
 
 class NetSupervisor:
@@ -75,7 +74,7 @@ class NetSupervisor:
         self._up_since_ns: int | None = None
         self.backoff = Backoff(retry_min_s, retry_max_s)
         self._down: tuple[NetReason, int, str] | None = None
-        self._published: _Shown | None = None
+        self._published: NetShown | None = None
         self._published_gen = -1
         self._last_log: dict[NetReason, int] = {}
         self.failures = 0
@@ -264,32 +263,21 @@ class NetSupervisor:
         listen = cfg.listen if cfg and cfg.listen else ""
         if self._down is not None:
             reason, err, error = self._down
-            s = _Shown(NetState.DEGRADED, auth, False, reason, err, 0, error)
+            s = NetShown(NetState.DEGRADED, auth, False, reason, err, 0, error)
         elif self.half is not None and self.half.skipped:
             reasons = sorted({r for r, _ in self.half.skipped.values()})
             addr, (_r, why) = next(iter(sorted(self.half.skipped.items())))
-            s = _Shown(NetState.DEGRADED, auth, True, reasons[0], 0, len(self.half.skipped),
-                       f"{addr}: {why}")
+            s = NetShown(NetState.DEGRADED, auth, True, reasons[0], 0, len(self.half.skipped),
+                         f"{addr}: {why}")
         elif self.half is not None:
-            s = _Shown(NetState.LISTENING, auth, True, NetReason.NONE, 0, 0, "")
+            s = NetShown(NetState.LISTENING, auth, True, NetReason.NONE, 0, 0, "")
         elif cfg is None and self._settled:
-            s = _Shown(NetState.OFF, NetAuth.NONE, False, NetReason.NONE, 0, 0, "")
+            s = NET_OFF
         else:
-            s = _Shown(NetState.STARTING, auth, False, NetReason.NONE, 0, 0, "")
+            s = NetShown(NetState.STARTING, auth, False, NetReason.NONE, 0, 0, "")
         if s == self._published and self._cfg_gen == self._published_gen:
             return
         if self._published is not None and s.state is not self._published.state:
             log.info("pinger: network half %s -> %s", self._published.state.label, s.state.label)
         self._published, self._published_gen = s, self._cfg_gen
-        self.w.network(s.state, s.auth, s.listening, s.reason, s.err, s.skipped,
-                       self._cfg_gen, listen if s.listening else "", s.error)
-
-
-class _Shown(NamedTuple):
-    state: NetState
-    auth: NetAuth
-    listening: bool
-    reason: NetReason
-    err: int
-    skipped: int
-    error: str
+        self.w.network(s, self._cfg_gen, listen if s.listening else "")
