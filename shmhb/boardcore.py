@@ -134,7 +134,7 @@ class BoardCore:
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
         self.board_inc = int(h["board_inc"])
-        # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
+        # key -> its memo list for the hot path (slots named in localreads: MEMO_*)
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, SlotInfo]] = {}
         self._remote_cache: dict[str, RemoteChoice] = {}  # endpoint -> its choice
