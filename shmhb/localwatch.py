@@ -10,7 +10,6 @@ import errno
 import logging
 import os
 import signal
-import time
 
 import numpy as np
 import zmq
@@ -21,6 +20,7 @@ from .board import Board
 from .errors import BoardOpenError, ShmhbError
 from .layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from .procinfo import own_pid_namespace, pidfd_open, start_time
+from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +92,11 @@ class LocalWatch:
         self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
         self._retry: set[int] = set()
         self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
-        self._last_log: dict[str, int] = {}
+        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the agent's clock
         self._seen_changes: int | None = None
         self._next_scan_ns = 0
         self._forget_retry_ns = 0
         self.pollables_gen = 0
-
-    def _rate_log(self, what: str, msg: str, *args: object) -> None:
-        now = time.monotonic_ns()
-        last = self._last_log.get(what)
-        if last is None or now - last >= 10 * 10**9:
-            self._last_log[what] = now
-            log.warning(msg + " [further ones logged at most every 10 s]", *args)
 
     def pollables(self) -> list[zmq.Socket | int]:
         return list(self._by_fd)
@@ -170,8 +163,8 @@ class LocalWatch:
             if not isinstance(e, BoardOpenError) and e.errno not in _FD_ERRNOS:
                 raise
             self._forget_retry_ns = now_ns + FORGET_RETRY_NS
-            self._rate_log("forget", "board %s: could not forget expired slots (%s); "
-                           "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
+            self._ratelog.warn("forget", "board %s: could not forget expired slots (%s); "
+                               "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
 
     def _scan(self, now_ns: int) -> None:
         b = self.board
@@ -192,8 +185,8 @@ class LocalWatch:
                         # watching the others over it.
                         self._forget(i)
                         self._retry.add(i)
-                        self._rate_log("examine", "board %s: slot %d not watched yet: %s",
-                                       self.board.name, i, e)
+                        self._ratelog.warn("examine", "board %s: slot %d not watched yet: %s",
+                                           self.board.name, i, e)
 
     def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
         tag = word_tag(hb)
@@ -230,8 +223,8 @@ class LocalWatch:
                     # Out of file descriptors (a connection flood, a low LimitNOFILE):
                     # this worker is watched through its slot lock instead, which needs
                     # no fd of its own and is checked every tick.
-                    self._rate_log("fds", "board %s: no fd for a pidfd (%s): worker %d "
-                                   "watched through its slot lock", self.board.name, e, pid)
+                    self._ratelog.warn("fds", "board %s: no fd for a pidfd (%s): worker %d "
+                                       "watched through its slot lock", self.board.name, e, pid)
                 else:
                     log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
                     self._pidfd_ok = False
@@ -250,9 +243,9 @@ class LocalWatch:
                     wt.pidfd = pidfd
                     self._by_fd[pidfd] = i
                     self.pollables_gen += 1
-                    self._rate_log("hidden", "board %s: /proc hides pid %d (hidepid?): "
-                                   "worker watched through its pidfd and slot lock",
-                                   self.board.name, pid)
+                    self._ratelog.warn("hidden", "board %s: /proc hides pid %d (hidepid?): "
+                                       "worker watched through its pidfd and slot lock",
+                                       self.board.name, pid)
                     self._by_lock.add(i)
                     if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
                         self._convict(i, wt, now_ns, "released its slot lock")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import time
 from typing import Protocol
 
 import zmq
@@ -29,6 +28,7 @@ from .layout import header_index
 from .netconfig import load_config
 from .netstate import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
 from .pinger import NetworkHalf
+from .ratelog import RateLimitedLog
 from .rows import RowWriter
 from .transport import Transport, TransportFactory
 
@@ -40,7 +40,6 @@ _CFG_CK_I = header_index("cfg_checksum")
 #: writer holds the registry lock for microseconds while it writes them, so a mismatch
 #: that lasts this long is a writer killed (or stopped) between the checksum and the fields
 TORN_AFTER_NS = 1_000_000_000
-_LOG_EVERY_NS = 10 * 10**9
 _GOOD_RUN_NS = 30 * 10**9  # running this long resets the backoff
 _FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
@@ -76,7 +75,7 @@ class NetSupervisor:
         self._down: tuple[NetReason, int, str] | None = None
         self._published: NetShown | None = None
         self._published_gen = -1
-        self._last_log: dict[NetReason, int] = {}
+        self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)  # per NetReason
         self.failures = 0
         self._settled = False  # settings not read yet: "starting"
         self._reserved = 0  # the highest send-counter reservation of our closed halves
@@ -238,14 +237,9 @@ class NetSupervisor:
             self._next_try_ns = 1 << 62  # until the settings change
         RowWriter(self.b).forget_peer_verdicts()  # nobody observes those hosts now
         self.w.changed()
-        last = self._last_log.get(reason)
-        t = time.monotonic_ns()
-        if last is None or t - last >= _LOG_EVERY_NS:
-            self._last_log[reason] = t
-            log.error("pinger: network half degraded (%s): %s; %s [logged at most every "
-                      "10 s]", reason.label, msg,
-                      f"retrying in {delay / 1e9:.2f} s" if retry else
-                      "waiting for new settings")
+        self._ratelog.error(reason.name, "pinger: network half degraded (%s): %s; %s",
+                            reason.label, msg, f"retrying in {delay / 1e9:.2f} s" if retry
+                            else "waiting for new settings")
         self._publish()
 
     def _stop(self) -> None:

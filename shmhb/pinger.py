@@ -120,7 +120,7 @@ class NetworkHalf(BadInput, Following):
         self._next_reclaim_ns = 0
         self._next_skip_retry_ns = 0
         self._adopted = self.rows.adopt_peers()
-        self._ratelog = RateLimitedLog(log)
+        self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
