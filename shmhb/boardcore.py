@@ -74,6 +74,13 @@ class RemoteChoice(NamedTuple):
     memo: Any
 
 
+def bump_reg_gen(head: np.ndarray) -> None:
+    """Move the registry's change counter (``reg_gen`` in ``head``, the board header) so
+    that readers memoising on ``changes()`` look again.  The one place it is written;
+    the caller holds the registry lock, which orders its writers."""
+    head["reg_gen"] = int(head["reg_gen"]) + 1
+
+
 _fork_guard = threading.Lock()
 
 
@@ -250,7 +257,7 @@ class BoardCore:
         """Move the registry's change counter (under the registry lock) so that readers
         memoising on ``changes()`` look again."""
         with self.registry(timeout_s):
-            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+            bump_reg_gen(self._head)
 
     def changes(self) -> int:
         """A counter that moves whenever a registration, a leave, a watch or any verdict
