@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from . import locks, segment
-from .boardcore import REGISTRY_TIMEOUT_S, UNIT_S, bump_reg_gen
+from .boardcore import REGISTRY_TIMEOUT_S, bump_reg_gen
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy, board_name, policy_differences
+from .config import UNIT_S, Capacity, Policy, board_name, policy_differences
 from .errors import (
     BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch,
     StaleBoard,

@@ -34,20 +34,19 @@ import numpy as np
 
 from . import locks, segment
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy
+from .config import UNIT_S, Capacity, Policy
 from .agentterm import TERM_WORD, term_byte
 from .errors import BoardCorrupt, InvalidConfig, LockTimeout
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
     FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
-    SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, TS_UNIT_NS, VERDICT_WORD,
+    SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, VERDICT_WORD,
     WATCH_ROW_DTYPE, Sizes, agent_pid, header_index, ts_units, word_index, word_tag,
 )
 from .native import WordMemo
 from .netword import decode_network
 from .status import AgentStatus, NetworkStatus, Status
 
-UNIT_S = TS_UNIT_NS / 1e9
 REGISTRY_TIMEOUT_S = 5.0
 RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .boardcore import RETRIES, UNIT_S, BoardCore, SlotInfo
+from .boardcore import RETRIES, BoardCore, SlotInfo
+from .config import UNIT_S
 from .judge import judge_local
 from .layout import (
     INC_SHIFT, SLOT_STRIDE, TS_SHIFT, VERDICT_WORD, hb_ts_array, inc_tag, record_checksum,

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .boardcore import RETRIES, UNIT_S, BoardCore, RemoteChoice
-from .config import parse_address
+from .boardcore import RETRIES, BoardCore, RemoteChoice
+from .config import UNIT_S, parse_address
 from .judge import combine_remote, judge_row
 from .layout import (
     PEER_STRIDE, REMOTE_STRIDE, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units,
