@@ -6,7 +6,6 @@ a worker whose pidfd cannot be had is watched through its slot lock.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ import zmq
 from . import locks
 from .agentwriter import AgentWriter
 from .board import Board
-from .errors import BoardOpenError, ShmhbError
+from .errors import FD_ERRNOS, BoardOpenError, ShmhbError
 from .layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from .procinfo import own_pid_namespace, pidfd_open, start_time
 from .ratelog import RateLimitedLog
@@ -27,7 +26,6 @@ log = logging.getLogger(__name__)
 #: The longest wait between two scans of the slot words while the board's change
 #: counter stands still (see ``LocalWatch.tick``).
 SCAN_FALLBACK_NS = 250_000_000
-_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 #: how long after a forget refused for want of fds it is tried again
 FORGET_RETRY_NS = 1_000_000_000
 
@@ -160,7 +158,7 @@ class LocalWatch:
         try:
             self.board.forget_expired()
         except (BoardOpenError, OSError) as e:
-            if not isinstance(e, BoardOpenError) and e.errno not in _FD_ERRNOS:
+            if not isinstance(e, BoardOpenError) and e.errno not in FD_ERRNOS:
                 raise
             self._forget_retry_ns = now_ns + FORGET_RETRY_NS
             self._ratelog.warn("forget", "board %s: could not forget expired slots (%s); "
@@ -219,7 +217,7 @@ class LocalWatch:
                 pidfd = pidfd_open(pid)
                 started = _visible_start_time(pid, pidfd) if pidfd is not None else None
             except OSError as e:
-                if e.errno in _FD_ERRNOS:
+                if e.errno in FD_ERRNOS:
                     # Out of file descriptors (a connection flood, a low LimitNOFILE):
                     # this worker is watched through its slot lock instead, which needs
                     # no fd of its own and is checked every tick.

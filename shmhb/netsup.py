@@ -14,7 +14,6 @@ not degraded): an agent never pings hosts on a port nobody chose.
 
 from __future__ import annotations
 
-import errno
 import logging
 from typing import Protocol
 
@@ -23,7 +22,7 @@ import zmq
 from .board import Board
 from .clock import Clock
 from .config import PingerConfig
-from .errors import InvalidConfig
+from .errors import FD_ERRNOS, InvalidConfig
 from .layout import header_index
 from .netconfig import load_config
 from .netstate import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
@@ -41,7 +40,6 @@ _CFG_CK_I = header_index("cfg_checksum")
 #: that lasts this long is a writer killed (or stopped) between the checksum and the fields
 TORN_AFTER_NS = 1_000_000_000
 _GOOD_RUN_NS = 30 * 10**9  # running this long resets the backoff
-_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
 
 class NetWords(Protocol):
@@ -218,7 +216,7 @@ class NetSupervisor:
         if isinstance(e, NetDown):
             return e.reason, e.err, str(e)
         err = getattr(e, "errno", None) or 0
-        if err in _FD_ERRNOS:
+        if err in FD_ERRNOS:
             return NetReason.FDS, err, f"out of file descriptors: {e}"
         log.error("pinger: the network half stopped on an unexpected error; it is "
                   "restarted, the local watch goes on", exc_info=e)
