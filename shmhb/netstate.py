@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 # the word's codes and its decoding live with the board (a lower layer); re-exported
-from .netword import NetAuth, NetReason, NetState, decode_network, working  # noqa: F401
+from .netword import NetAuth, NetReason, NetState, decode_network, working
+
+__all__ = ["AgentWords", "Backoff", "NET_OFF", "NetAuth", "NetDown", "NetReason", "NetShown",
+           "NetState", "decode_network", "working"]
 
 
 class AgentWords(Protocol):
