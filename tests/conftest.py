@@ -79,8 +79,16 @@ def board_name() -> Iterator[str]:
 
 
 @pytest.fixture
-def board(board_name: str) -> Iterator[shmhb.Board]:
-    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=0.5, dead_after_s=1.5)
+def board(board_name: str, request: pytest.FixtureRequest) -> Iterator[shmhb.Board]:
+    """A board of 64 slots on short timeouts (suspect after 0.5 s, dead after 1.5 s).
+
+    Under ``pytestmark = pytest.mark.slow_suspicion``: slow suspicion (5 s, dead after
+    10 s), for modules whose tests are not about hangs: on a loaded machine a worker's
+    beat thread can be starved for a second (kills are seen at once through the agent's
+    pidfd whatever the policy)."""
+    slow = request.node.get_closest_marker("slow_suspicion") is not None
+    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=5.0 if slow else 0.5,
+                           dead_after_s=10.0 if slow else 1.5)
     yield b
     b.close()
 
@@ -159,6 +167,18 @@ def agent(board: shmhb.Board) -> Iterator[Any]:
 
     a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02)).start()
     assert a.holding.wait(5), "agent never took the role"
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def local_agent(board: shmhb.Board) -> Iterator[Any]:
+    """An agent without its network half, holding the role on ``board`` (so peer and
+    remote rows a test writes by hand, as FakePinger's, are left alone)."""
+    from shmhb.agent import Agent
+
+    a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
+    assert a.holding.wait(5)
     yield a
     a.stop()
 
