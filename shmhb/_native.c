@@ -223,6 +223,16 @@ static PyTypeObject BeaterType = {
 
 /* --- SlotReader and its per-key memo -------------------------------------------------- */
 
+/* The slots of a Board._by_key entry, a list: shmhb/localreads.py's MEMO_*, which these
+ * mirror (tests/test_native.py checks that they agree). */
+#define SHMHB_MEMO_WI 0     /* the index of the slot's heartbeat word (its verdict follows) */
+#define SHMHB_MEMO_TAG 1    /* the incarnation tag the entry was made for */
+#define SHMHB_MEMO_PID 2
+#define SHMHB_MEMO_INC 3    /* the incarnation */
+#define SHMHB_MEMO_EPS 4    /* the endpoints */
+#define SHMHB_MEMO_ANSWER 5 /* Python's (hb, verdict, now, answer), or our Memo */
+#define SHMHB_MEMO_SLOTS 6
+
 /* The memo of one Board._by_key entry: its words, and the answer for (hb, v, now). */
 typedef struct {
     PyObject_HEAD
@@ -308,8 +318,7 @@ static PyObject *new_slot_status(SlotReader *r, PyObject *const items[6]) {
     return PyObject_Vectorcall(r->slot_type, items, 6, NULL);
 }
 
-/* Board.slot(key) with the entry layout of Board._slot_slow:
- * [word index, incarnation tag, pid, incarnation, endpoints, memo]. */
+/* Board.slot(key) with the entry Board._slot_slow makes (its slots: SHMHB_MEMO_*). */
 static PyObject *SlotReader_slot(SlotReader *r, PyObject *key) {
     PyObject *entry, *result = NULL;
     Memo *memo;
@@ -320,21 +329,22 @@ static PyObject *SlotReader_slot(SlotReader *r, PyObject *key) {
         if (PyErr_Occurred()) return NULL;
         goto slow;
     }
-    if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 6) goto slow;
+    if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != SHMHB_MEMO_SLOTS) goto slow;
     Py_INCREF(entry);
-    PyObject *m = PyList_GET_ITEM(entry, 5);
+    PyObject *m = PyList_GET_ITEM(entry, SHMHB_MEMO_ANSWER);
     if (Py_TYPE(m) == &MemoType) {
         memo = (Memo *)m;
         Py_INCREF(memo);
     } else { /* a fresh entry: give it a native memo */
         Py_ssize_t wi;
         uint64_t tag;
-        if (as_index(PyList_GET_ITEM(entry, 0), &wi) < 0 || check_word(&r->view, wi + 1) < 0 ||
+        if (as_index(PyList_GET_ITEM(entry, SHMHB_MEMO_WI), &wi) < 0 ||
+            check_word(&r->view, wi + 1) < 0 ||
             check_word(&r->view, wi) < 0) {
             Py_DECREF(entry);
             return NULL;
         }
-        tag = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(entry, 1));
+        tag = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(entry, SHMHB_MEMO_TAG));
         if (tag == (uint64_t)-1 && PyErr_Occurred()) {
             Py_DECREF(entry);
             return NULL;
@@ -349,7 +359,7 @@ static PyObject *SlotReader_slot(SlotReader *r, PyObject *key) {
         memo->hb = memo->v = memo->now = 0;
         memo->answer = NULL;
         Py_INCREF(memo);
-        PyList_SetItem(entry, 5, (PyObject *)memo); /* steals one reference */
+        PyList_SetItem(entry, SHMHB_MEMO_ANSWER, (PyObject *)memo); /* steals one reference */
     }
     hb = shmhb_load(word_at(&r->view, memo->wi));
     v = shmhb_load(word_at(&r->view, memo->wi + 1));
@@ -369,9 +379,10 @@ static PyObject *SlotReader_slot(SlotReader *r, PyObject *key) {
         int code = shmhb_judge_local(hb, v, now, r->suspect, r->dead, &age);
         PyObject *age_s = PyFloat_FromDouble((double)age * r->unit_s);
         if (age_s == NULL) goto done;
-        PyObject *items[6] = {key, PyList_GET_ITEM(entry, 2), PyList_GET_ITEM(entry, 3),
+        PyObject *items[6] = {key, PyList_GET_ITEM(entry, SHMHB_MEMO_PID),
+                              PyList_GET_ITEM(entry, SHMHB_MEMO_INC),
                               PyTuple_GET_ITEM(r->statuses, code), age_s,
-                              PyList_GET_ITEM(entry, 4)};
+                              PyList_GET_ITEM(entry, SHMHB_MEMO_EPS)};
         result = new_slot_status(r, items);
         Py_DECREF(age_s);
         if (result == NULL) goto done;

@@ -35,7 +35,7 @@ from .agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stal
                         term_byte)
 from .layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
 from .localwatch import LocalWatch
-from .netstate import NetAuth, NetReason, NetState
+from .netstate import NET_OFF
 from .netsup import NetSupervisor
 from .procinfo import thread_switches
 from .ratelog import RateLimitedLog
@@ -320,7 +320,7 @@ class Agent:
                                 retry_max_s=self.config.net_retry_max_s,
                                 transport=self.transport)
         else:
-            w.network(NetState.OFF, NetAuth.NONE, False, NetReason.NONE, 0, 0, 0, "", "")
+            w.network(NET_OFF, 0, "")
         w.alive(self.clock.monotonic_ns())
         log.info("board %s: this process (pid %d) holds the agent role, term %d",
                  board.name, os.getpid(), term)

@@ -14,7 +14,7 @@ from .layout import (
     ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
     pack_hb, pack_net_gen, pack_net_state, ts_units,
 )
-from .netstate import NetAuth, NetReason, NetState
+from .netstate import NetShown
 
 _STAT = {n: i for i, n in enumerate(STAT_NAMES)}
 
@@ -51,19 +51,20 @@ class AgentWriter:
     def lateness(self, late_us: int) -> None:
         self._q[self._late_i] = late_us
 
-    def network(self, state: NetState, auth: NetAuth, listening: bool, reason: NetReason,
-                err: int, skipped: int, cfg_gen: int, listen: str, error: str) -> None:
-        """Record the network half's state.  Only the role holder writes these words.
+    def network(self, shown: NetShown, cfg_gen: int, listen: str) -> None:
+        """Record the network half's state, for settings generation ``cfg_gen``, listening
+        on ``listen`` ("" if not).  Only the role holder writes these words.
         Order: the details' checksum is cleared, the details written, then the state
         word, then the checksum over all of them.  A reader judges by the state word
         alone (one aligned word) and shows details only when the checksum matches, so
         it never needs an order between words: a mismatch just hides the details."""
         h = self.board.header
-        word = pack_net_state(self.term, int(state), int(auth), listening, int(reason),
-                              err, skipped)
+        s = shown
+        word = pack_net_state(self.term, int(s.state), int(s.auth), s.listening, int(s.reason),
+                              s.err, s.skipped)
         gen_word = pack_net_gen(self.term, cfg_gen)
         lb = listen.encode()[: ADDR_BYTES - 1]
-        eb = error.encode()[: NET_ERROR_BYTES - 1]
+        eb = s.error.encode()[: NET_ERROR_BYTES - 1]
         h["net_ck"] = 0
         h["net_gen"] = gen_word
         h["net_listen"] = lb

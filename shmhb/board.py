@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from . import locks, segment
-from .boardcore import REGISTRY_TIMEOUT_S, UNIT_S
+from .boardcore import REGISTRY_TIMEOUT_S, bump_reg_gen
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy, board_name, policy_differences
+from .config import UNIT_S, Capacity, Policy, board_name, policy_differences
 from .errors import (
     BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch,
     StaleBoard,
@@ -393,7 +393,7 @@ class Board(LocalReads, WatchTable, RemoteReads):
             self._q[wi] = 0  # readers see an empty slot from here on
             self._records[i]["checksum"] = 0  # free: a registrant may take it
             self._rec_cache.pop(i, None)
-            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+            bump_reg_gen(self._head)
             return True
         finally:
             os.close(fd)  # drops the slot lock

@@ -28,31 +28,57 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import locks, segment
 from .clock import MONOTONIC, Clock
-from .config import Capacity, Policy
+from .config import UNIT_S, Capacity, Policy
 from .agentterm import TERM_WORD, term_byte
 from .errors import BoardCorrupt, InvalidConfig, LockTimeout
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
     FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
-    SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, TS_UNIT_NS, VERDICT_WORD,
+    SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, VERDICT_WORD,
     WATCH_ROW_DTYPE, Sizes, agent_pid, header_index, ts_units, word_index, word_tag,
 )
 from .native import WordMemo
 from .netword import decode_network
 from .status import AgentStatus, NetworkStatus, Status
 
-UNIT_S = TS_UNIT_NS / 1e9
 REGISTRY_TIMEOUT_S = 5.0
 RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
 
-#: the validated record of a slot: (key, pid, incarnation, endpoints)
-SlotInfo = tuple[str, int, int, tuple[str, ...]]
+
+class SlotInfo(NamedTuple):
+    """The validated record of a slot (``LocalReads.read_slot``)."""
+
+    key: str
+    pid: int
+    incarnation: int
+    endpoints: tuple[str, ...]
+
+
+class RemoteChoice(NamedTuple):
+    """What ``RemoteReads.remote`` memoises per endpoint: the remote row it chose, that
+    row's generation, its peer row, ``changes()`` when it was chosen, and the memo of
+    the words judged (``native.WordMemo``).  ``remote()`` reads it by position: it is
+    its hot path."""
+
+    row: int
+    gen: int
+    peer: int
+    changes: int
+    memo: Any
+
+
+def bump_reg_gen(head: np.ndarray) -> None:
+    """Move the registry's change counter (``reg_gen`` in ``head``, the board header) so
+    that readers memoising on ``changes()`` look again.  The one place it is written;
+    the caller holds the registry lock, which orders its writers."""
+    head["reg_gen"] = int(head["reg_gen"]) + 1
+
 
 _fork_guard = threading.Lock()
 
@@ -114,12 +140,10 @@ class BoardCore:
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
         self.board_inc = int(h["board_inc"])
-        # key -> (hb word index, incarnation tag, SlotStatus fields) for the hot path
+        # key -> its memo list for the hot path (slots named in localreads: MEMO_*)
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, SlotInfo]] = {}
-        # endpoint -> (remote row, its generation, its peer row, changes() when it was
-        # chosen, memo of the words judged)
-        self._remote_cache: dict[str, tuple[int, int, int, int, Any]] = {}
+        self._remote_cache: dict[str, RemoteChoice] = {}  # endpoint -> its choice
         self._closed = False
         self._thread_lock = threading.Lock()
         # (pid, the registry lock's descriptor in that process): see _registry_fd.
@@ -232,7 +256,7 @@ class BoardCore:
         """Move the registry's change counter (under the registry lock) so that readers
         memoising on ``changes()`` look again."""
         with self.registry(timeout_s):
-            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+            bump_reg_gen(self._head)
 
     def changes(self) -> int:
         """A counter that moves whenever a registration, a leave, a watch or any verdict

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +24,7 @@ from .judge import Thresholds, judge_local_array
 from .layout import hb_ts, inc_tag, units_to_ms, units_to_ns, word_tag, word_tag_array
 from .errors import ProtocolError
 from .protocol import MAX_DIGEST_BODY_BYTES, MAX_DIGEST_ENTRIES, DigestEntry, encode_entries
+from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,11 @@ class LocalDigest:
         self.b = board
         self._count = count  # the agent's counters (AgentWords.count), if any
         self.cut = 0  # slots left out of the current generation (they did not fit)
-        self._last_cut_log_ns = -(10**12)
         self.gen = random.getrandbits(62) | 1
         self.body = encode_entries(())
         self._key: tuple[bytes, bytes] | None = None
         self._entries: dict[str, DigestEntry] = {}
-        self._last_log_ns = -(10**12)
+        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the board's clock
         self.rejudge_ns = rejudge_ns(board.thresholds)
         self._seen_changes: int | None = None
         self._next_judge_ns = 0
@@ -137,14 +136,11 @@ class LocalDigest:
             return
         if self._count is not None:
             self._count("digest_cut", cut)
-        now = time.monotonic_ns()
-        if now - self._last_cut_log_ns >= 10 * 10**9:
-            self._last_cut_log_ns = now
-            log.warning("board %s: %d slot(s) left out of the digest (it holds %d entries "
-                        "or %d bytes at most; live slots go first): other hosts see them "
-                        "as gone; forget dead and left slots (`shmhb forget`) or use fewer "
-                        "slots per board [logged at most every 10 s]", self.b.name, cut,
-                        MAX_DIGEST_ENTRIES, MAX_DIGEST_BODY_BYTES)
+        self._ratelog.warn("cut", "board %s: %d slot(s) left out of the digest (it holds %d "
+                           "entries or %d bytes at most; live slots go first): other hosts "
+                           "see them as gone; forget dead and left slots (`shmhb forget`) "
+                           "or use fewer slots per board", self.b.name, cut,
+                           MAX_DIGEST_ENTRIES, MAX_DIGEST_BODY_BYTES)
 
     def _fits(self, e: DigestEntry) -> int:
         """The bytes ``e`` takes in a digest, or 0 if it does not fit the wire's limits.  A slot stored by an older version (an
@@ -154,9 +150,6 @@ class LocalDigest:
         try:
             return len(encode_entries((e,))) - _COUNT_BYTES
         except ProtocolError as err:
-            now = time.monotonic_ns()
-            if now - self._last_log_ns >= 10 * 10**9:
-                self._last_log_ns = now
-                log.warning("board %s: slot %r left out of the digest: %s [further ones "
-                            "logged at most every 10 s]", self.b.name, e.key, err)
+            self._ratelog.warn("unfit", "board %s: slot %r left out of the digest: %s",
+                               self.b.name, e.key, err)
             return 0

@@ -7,6 +7,11 @@ Messages say what went wrong and what to do about it.
 
 from __future__ import annotations
 
+import errno
+
+#: the errnos of a process (EMFILE) or a host (ENFILE) out of file descriptors
+FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+
 
 class ShmhbError(Exception):
     """Base class of all shmhb errors."""

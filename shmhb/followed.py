@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from .config import parse_hostport
 from .errors import InvalidConfig
 from .protocol import DigestEntry, Identity
+from .rows import RemoteRow
 from .suspicion import PeerState
 
 _WILDCARDS = frozenset(("-", "0.0.0.0", "::", "*"))
@@ -42,7 +43,7 @@ class Target:
     rtt_from_nonce: int = 0
     identity: Identity | None = None
     digest_gen: int = 0
-    remotes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    remotes: dict[str, RemoteRow] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
     # Challenges (shmhb.challenge), without a secret: whether its acks say it decodes

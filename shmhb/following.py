@@ -121,7 +121,7 @@ class Following:
         self.outstanding.drop_peer(address)
         self._down.discard(address)
         for held in t.remotes.values():
-            self.rows.free_remote(held[0])
+            self.rows.free_remote(held.row)
         self.rows.free_peer(t.row)
         self.w.changed()
         log.info("pinger: no longer following %s", address)
@@ -161,7 +161,7 @@ class Following:
         for a, (row, _gen) in list(self._adopted.items()):
             if a not in want:  # rows of hosts nobody follows any more
                 for held in self.rows.adopt_remotes(row, _gen).values():
-                    self.rows.free_remote(held[0])
+                    self.rows.free_remote(held.row)
                 self.rows.free_peer(row)
                 del self._adopted[a]
 

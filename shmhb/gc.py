@@ -32,7 +32,6 @@ import logging
 import os
 import signal
 import stat
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -48,13 +47,12 @@ from .errors import (
     StaleBoard,
 )
 from .layout import HEADER_BYTES, LOCK_REGISTRY, MAGIC
+from .locks import any_lock_held
+from .segment import SHM_DIR
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
 _MAGIC_BYTES = MAGIC.to_bytes(8, "little")
-# struct flock for F_OFD_GETLK (64-bit Linux), as in shmhb.locks
-_FLOCK = struct.Struct("@hhqqi4x")
 REMOVE_LOCK_TIMEOUT_S = 1.0
 
 
@@ -267,12 +265,6 @@ def scan_users(targets: Iterable[FileId], *, skip_own_fd: int | None = None
         for t in want & found:
             users[t].append(int(pid))
     return users, hidden
-
-
-def any_lock_held(fd: int) -> bool:
-    """Whether another open file description holds any lock on any byte of the file."""
-    res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
-    return _FLOCK.unpack(res)[0] != fcntl.F_UNLCK
 
 
 _F_SETSIG = getattr(fcntl, "F_SETSIG", 10)  # Linux

@@ -10,10 +10,12 @@ load single aligned 64-bit words and judge them with ``shmhb.judge``.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from .boardcore import RETRIES, UNIT_S, BoardCore, SlotInfo
+from .boardcore import RETRIES, BoardCore, SlotInfo
+from .config import UNIT_S
 from .judge import judge_local
 from .layout import (
     INC_SHIFT, SLOT_STRIDE, TS_SHIFT, VERDICT_WORD, hb_ts_array, inc_tag, record_checksum,
@@ -22,6 +24,18 @@ from .layout import (
 from .native import clock_arg
 from .records import stored_endpoints, stored_key
 from .status import SlotStatus, Status
+
+#: The slots of a ``_by_key`` entry, the per-key memo of ``slot()``: a list, not a
+#: record, for speed (``slot()`` reads it by position, and so does ``_native.c``, whose
+#: ``SHMHB_MEMO_*`` mirror these; tests/test_native.py checks that they agree).
+MEMO_WI = 0  # the index in the words of the slot's heartbeat word (its verdict follows)
+MEMO_TAG = 1  # the incarnation tag the entry was made for
+MEMO_PID = 2
+MEMO_INC = 3  # the incarnation
+MEMO_EPS = 4  # the endpoints
+MEMO_ANSWER = 5  # (hb, verdict, now, answer) of the last judgement; native: its Memo
+MEMO_SLOTS = 6
+_NO_ANSWER = (-1, -1, -1, None)
 
 
 class LocalReads(BoardCore):
@@ -56,18 +70,18 @@ class LocalReads(BoardCore):
         previous call saw, the previous answer is returned as it is.
         """
         c = self._by_key.get(key)
-        if c is not None:
+        if c is not None:  # by position, as literals (the hot path): MEMO_* name them
             q = self._q
-            i = c[0]
+            i = c[0]  # MEMO_WI
             hb = q[i]
             v = q[i + 1]
             now = self._now_ns() >> TS_SHIFT
-            m = c[5]  # (hb, verdict, now, answer), replaced whole: threads may share c
+            m = c[5]  # MEMO_ANSWER, replaced whole: threads may share c
             if hb == m[0] and v == m[1] and now == m[2]:
                 return m[3]  # type: ignore[no-any-return]
-            if hb >> INC_SHIFT == c[1]:
+            if hb >> INC_SHIFT == c[1]:  # MEMO_TAG
                 st, age = judge_local(hb, v, now, self.thresholds)
-                r = SlotStatus(key, c[2], c[3], st, age * UNIT_S, c[4])
+                r = SlotStatus(key, c[2], c[3], st, age * UNIT_S, c[4])  # PID, INC, EPS
                 c[5] = (hb, v, now, r)
                 return r
         return self._slot_slow(key)
@@ -82,11 +96,13 @@ class LocalReads(BoardCore):
         recs = self._records
         for i in np.flatnonzero(recs["key"] == kb):
             got = self.read_slot(int(i))
-            if got is not None and got[0] == key:
+            if got is not None and got.key == key:
                 _, pid, inc, eps = got
                 wi = self._hb0 + int(i) * SLOT_STRIDE
-                # [word index, tag, pid, incarnation, endpoints, memo (hb, verdict, now, answer)]
-                self._by_key[key] = [wi, inc_tag(inc), pid, inc, eps, (-1, -1, -1, None)]
+                entry: list[Any] = [None] * MEMO_SLOTS
+                entry[MEMO_WI], entry[MEMO_TAG], entry[MEMO_PID] = wi, inc_tag(inc), pid
+                entry[MEMO_INC], entry[MEMO_EPS], entry[MEMO_ANSWER] = inc, eps, _NO_ANSWER
+                self._by_key[key] = entry
                 hb = self._q[wi]
                 if word_tag(hb) == inc_tag(inc):
                     st, age = judge_local(hb, self._q[wi + VERDICT_WORD], ts_units(self._now_ns()),
@@ -111,8 +127,8 @@ class LocalReads(BoardCore):
                 key = stored_key(bytes(rec["key"]), "slot", i)
                 if key is None:
                     return None
-                info = (key, int(rec["pid"]), int(rec["incarnation"]),
-                        stored_endpoints(bytes(rec["endpoints"]), "slot", i))
+                info = SlotInfo(key, int(rec["pid"]), int(rec["incarnation"]),
+                                stored_endpoints(bytes(rec["endpoints"]), "slot", i))
                 self._rec_cache[i] = (tag, info)
                 return info
         return None
@@ -140,7 +156,7 @@ class LocalReads(BoardCore):
         """The slot index of ``key`` as this handle's last ``slot(key)`` found it, or None
         if it has not looked it up (or found nothing)."""
         c = self._by_key.get(key)
-        return None if c is None else (c[0] - self._hb0) // SLOT_STRIDE
+        return None if c is None else (c[MEMO_WI] - self._hb0) // SLOT_STRIDE
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.uint64]:
         """Vectorised view of every slot: (hb words, verdict words, now) for

@@ -6,11 +6,9 @@ a worker whose pidfd cannot be had is watched through its slot lock.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-import time
 
 import numpy as np
 import zmq
@@ -18,16 +16,16 @@ import zmq
 from . import locks
 from .agentwriter import AgentWriter
 from .board import Board
-from .errors import BoardOpenError, ShmhbError
+from .errors import FD_ERRNOS, BoardOpenError, ShmhbError
 from .layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from .procinfo import own_pid_namespace, pidfd_open, start_time
+from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 #: The longest wait between two scans of the slot words while the board's change
 #: counter stands still (see ``LocalWatch.tick``).
 SCAN_FALLBACK_NS = 250_000_000
-_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 #: how long after a forget refused for want of fds it is tried again
 FORGET_RETRY_NS = 1_000_000_000
 
@@ -92,18 +90,11 @@ class LocalWatch:
         self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
         self._retry: set[int] = set()
         self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
-        self._last_log: dict[str, int] = {}
+        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the agent's clock
         self._seen_changes: int | None = None
         self._next_scan_ns = 0
         self._forget_retry_ns = 0
         self.pollables_gen = 0
-
-    def _rate_log(self, what: str, msg: str, *args: object) -> None:
-        now = time.monotonic_ns()
-        last = self._last_log.get(what)
-        if last is None or now - last >= 10 * 10**9:
-            self._last_log[what] = now
-            log.warning(msg + " [further ones logged at most every 10 s]", *args)
 
     def pollables(self) -> list[zmq.Socket | int]:
         return list(self._by_fd)
@@ -129,7 +120,7 @@ class LocalWatch:
         self.w.count("deaths_seen")
         info = self.board.read_slot(i)
         log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
-                 info[0] if info else f"slot {i}", wt.pid, why)
+                 info.key if info else f"slot {i}", wt.pid, why)
 
     def tick(self, now_ns: int, late_ns: int) -> None:
         """Start watching new registrations, stop watching leaves, and check the slot
@@ -167,11 +158,11 @@ class LocalWatch:
         try:
             self.board.forget_expired()
         except (BoardOpenError, OSError) as e:
-            if not isinstance(e, BoardOpenError) and e.errno not in _FD_ERRNOS:
+            if not isinstance(e, BoardOpenError) and e.errno not in FD_ERRNOS:
                 raise
             self._forget_retry_ns = now_ns + FORGET_RETRY_NS
-            self._rate_log("forget", "board %s: could not forget expired slots (%s); "
-                           "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
+            self._ratelog.warn("forget", "board %s: could not forget expired slots (%s); "
+                               "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
 
     def _scan(self, now_ns: int) -> None:
         b = self.board
@@ -192,8 +183,8 @@ class LocalWatch:
                         # watching the others over it.
                         self._forget(i)
                         self._retry.add(i)
-                        self._rate_log("examine", "board %s: slot %d not watched yet: %s",
-                                       self.board.name, i, e)
+                        self._ratelog.warn("examine", "board %s: slot %d not watched yet: %s",
+                                           self.board.name, i, e)
 
     def _examine(self, i: int, hb: int, verdict: int, now_ns: int) -> None:
         tag = word_tag(hb)
@@ -215,7 +206,7 @@ class LocalWatch:
         if info is None:
             self._retry.add(i)  # caught mid-registration: look again next tick
             return
-        pid = info[1]
+        pid = info.pid
         rec = self.board.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
@@ -226,12 +217,12 @@ class LocalWatch:
                 pidfd = pidfd_open(pid)
                 started = _visible_start_time(pid, pidfd) if pidfd is not None else None
             except OSError as e:
-                if e.errno in _FD_ERRNOS:
+                if e.errno in FD_ERRNOS:
                     # Out of file descriptors (a connection flood, a low LimitNOFILE):
                     # this worker is watched through its slot lock instead, which needs
                     # no fd of its own and is checked every tick.
-                    self._rate_log("fds", "board %s: no fd for a pidfd (%s): worker %d "
-                                   "watched through its slot lock", self.board.name, e, pid)
+                    self._ratelog.warn("fds", "board %s: no fd for a pidfd (%s): worker %d "
+                                       "watched through its slot lock", self.board.name, e, pid)
                 else:
                     log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
                     self._pidfd_ok = False
@@ -250,9 +241,9 @@ class LocalWatch:
                     wt.pidfd = pidfd
                     self._by_fd[pidfd] = i
                     self.pollables_gen += 1
-                    self._rate_log("hidden", "board %s: /proc hides pid %d (hidepid?): "
-                                   "worker watched through its pidfd and slot lock",
-                                   self.board.name, pid)
+                    self._ratelog.warn("hidden", "board %s: /proc hides pid %d (hidepid?): "
+                                       "worker watched through its pidfd and slot lock",
+                                       self.board.name, pid)
                     self._by_lock.add(i)
                     if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
                         self._convict(i, wt, now_ns, "released its slot lock")

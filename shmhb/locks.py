@@ -55,6 +55,12 @@ def is_held(fd: int, byte: int) -> bool:
     return _FLOCK.unpack(res)[0] != fcntl.F_UNLCK
 
 
+def any_lock_held(fd: int) -> bool:
+    """Whether another open file description holds any lock on any byte of the file."""
+    res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    return _FLOCK.unpack(res)[0] != fcntl.F_UNLCK
+
+
 def lock(fd: int, byte: int, *, timeout_s: float, what: str, exclusive: bool = True) -> None:
     """Take the lock, retrying with a short backoff until ``timeout_s``.
 

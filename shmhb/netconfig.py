@@ -15,6 +15,7 @@ import stat
 import numpy as np
 
 from .board import Board
+from .boardcore import bump_reg_gen
 from .config import DEFAULT_PORT, PingerConfig, has_port
 from .errors import InvalidConfig
 from .layout import checksum
@@ -47,7 +48,7 @@ def store_config(board: Board, cfg: PingerConfig) -> None:
         w = board.watch_table
         for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == 0)):
             w[int(i)]["checksum"] = 0
-        h["reg_gen"] = int(h["reg_gen"]) + 1
+        bump_reg_gen(h)
     for p in cfg.peers:  # "host" (the cluster's port) or "host:port"
         board.change_watch(p, +1, owner_pid=0, keep_port=has_port(p))
 

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 # the word's codes and its decoding live with the board (a lower layer); re-exported
-from .netword import NetAuth, NetReason, NetState, decode_network, working  # noqa: F401
+from .netword import NetAuth, NetReason, NetState, decode_network, working
+
+__all__ = ["AgentWords", "Backoff", "NET_OFF", "NetAuth", "NetDown", "NetReason", "NetShown",
+           "NetState", "decode_network", "working"]
 
 
 class AgentWords(Protocol):
@@ -31,6 +34,23 @@ class AgentWords(Protocol):
 
     def changed(self) -> None: ...
     def count(self, stat: str, n: int = 1) -> None: ...
+
+
+class NetShown(NamedTuple):
+    """The network half's state as the supervisor shows it (``shmhb.netsup``) and the
+    role holder records it in the board header (``AgentWriter.network``)."""
+
+    state: NetState
+    auth: NetAuth
+    listening: bool
+    reason: NetReason
+    err: int  # the errno behind a failure, or 0
+    skipped: int  # followed hosts skipped (no key, unusable address)
+    error: str  # what went wrong, as ``shmhb status`` shows it
+
+
+#: no network half: none configured, or an agent run without one
+NET_OFF = NetShown(NetState.OFF, NetAuth.NONE, False, NetReason.NONE, 0, 0, "")
 
 
 class NetDown(Exception):

@@ -14,21 +14,20 @@ not degraded): an agent never pings hosts on a port nobody chose.
 
 from __future__ import annotations
 
-import errno
 import logging
-import time
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import zmq
 
 from .board import Board
 from .clock import Clock
 from .config import PingerConfig
-from .errors import InvalidConfig
+from .errors import FD_ERRNOS, InvalidConfig
 from .layout import header_index
 from .netconfig import load_config
-from .netstate import Backoff, NetAuth, NetDown, NetReason, NetState
+from .netstate import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
 from .pinger import NetworkHalf
+from .ratelog import RateLimitedLog
 from .rows import RowWriter
 from .transport import Transport, TransportFactory
 
@@ -40,9 +39,7 @@ _CFG_CK_I = header_index("cfg_checksum")
 #: writer holds the registry lock for microseconds while it writes them, so a mismatch
 #: that lasts this long is a writer killed (or stopped) between the checksum and the fields
 TORN_AFTER_NS = 1_000_000_000
-_LOG_EVERY_NS = 10 * 10**9
 _GOOD_RUN_NS = 30 * 10**9  # running this long resets the backoff
-_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
 
 class NetWords(Protocol):
@@ -50,8 +47,7 @@ class NetWords(Protocol):
 
     def changed(self) -> None: ...
     def count(self, stat: str, n: int = 1) -> None: ...
-    def network(self, state: NetState, auth: NetAuth, listening: bool, reason: NetReason,
-                err: int, skipped: int, cfg_gen: int, listen: str, error: str) -> None: ...
+    def network(self, shown: NetShown, cfg_gen: int, listen: str) -> None: ...
 
 
 class NetSupervisor:
@@ -75,9 +71,9 @@ class NetSupervisor:
         self._up_since_ns: int | None = None
         self.backoff = Backoff(retry_min_s, retry_max_s)
         self._down: tuple[NetReason, int, str] | None = None
-        self._published: _Shown | None = None
+        self._published: NetShown | None = None
         self._published_gen = -1
-        self._last_log: dict[NetReason, int] = {}
+        self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)  # per NetReason
         self.failures = 0
         self._settled = False  # settings not read yet: "starting"
         self._reserved = 0  # the highest send-counter reservation of our closed halves
@@ -220,7 +216,7 @@ class NetSupervisor:
         if isinstance(e, NetDown):
             return e.reason, e.err, str(e)
         err = getattr(e, "errno", None) or 0
-        if err in _FD_ERRNOS:
+        if err in FD_ERRNOS:
             return NetReason.FDS, err, f"out of file descriptors: {e}"
         log.error("pinger: the network half stopped on an unexpected error; it is "
                   "restarted, the local watch goes on", exc_info=e)
@@ -239,14 +235,9 @@ class NetSupervisor:
             self._next_try_ns = 1 << 62  # until the settings change
         RowWriter(self.b).forget_peer_verdicts()  # nobody observes those hosts now
         self.w.changed()
-        last = self._last_log.get(reason)
-        t = time.monotonic_ns()
-        if last is None or t - last >= _LOG_EVERY_NS:
-            self._last_log[reason] = t
-            log.error("pinger: network half degraded (%s): %s; %s [logged at most every "
-                      "10 s]", reason.label, msg,
-                      f"retrying in {delay / 1e9:.2f} s" if retry else
-                      "waiting for new settings")
+        self._ratelog.error(reason.name, "pinger: network half degraded (%s): %s; %s",
+                            reason.label, msg, f"retrying in {delay / 1e9:.2f} s" if retry
+                            else "waiting for new settings")
         self._publish()
 
     def _stop(self) -> None:
@@ -264,32 +255,21 @@ class NetSupervisor:
         listen = cfg.listen if cfg and cfg.listen else ""
         if self._down is not None:
             reason, err, error = self._down
-            s = _Shown(NetState.DEGRADED, auth, False, reason, err, 0, error)
+            s = NetShown(NetState.DEGRADED, auth, False, reason, err, 0, error)
         elif self.half is not None and self.half.skipped:
             reasons = sorted({r for r, _ in self.half.skipped.values()})
             addr, (_r, why) = next(iter(sorted(self.half.skipped.items())))
-            s = _Shown(NetState.DEGRADED, auth, True, reasons[0], 0, len(self.half.skipped),
-                       f"{addr}: {why}")
+            s = NetShown(NetState.DEGRADED, auth, True, reasons[0], 0, len(self.half.skipped),
+                         f"{addr}: {why}")
         elif self.half is not None:
-            s = _Shown(NetState.LISTENING, auth, True, NetReason.NONE, 0, 0, "")
+            s = NetShown(NetState.LISTENING, auth, True, NetReason.NONE, 0, 0, "")
         elif cfg is None and self._settled:
-            s = _Shown(NetState.OFF, NetAuth.NONE, False, NetReason.NONE, 0, 0, "")
+            s = NET_OFF
         else:
-            s = _Shown(NetState.STARTING, auth, False, NetReason.NONE, 0, 0, "")
+            s = NetShown(NetState.STARTING, auth, False, NetReason.NONE, 0, 0, "")
         if s == self._published and self._cfg_gen == self._published_gen:
             return
         if self._published is not None and s.state is not self._published.state:
             log.info("pinger: network half %s -> %s", self._published.state.label, s.state.label)
         self._published, self._published_gen = s, self._cfg_gen
-        self.w.network(s.state, s.auth, s.listening, s.reason, s.err, s.skipped,
-                       self._cfg_gen, listen if s.listening else "", s.error)
-
-
-class _Shown(NamedTuple):
-    state: NetState
-    auth: NetAuth
-    listening: bool
-    reason: NetReason
-    err: int
-    skipped: int
-    error: str
+        self.w.network(s, self._cfg_gen, listen if s.listening else "")

@@ -120,7 +120,7 @@ class NetworkHalf(BadInput, Following):
         self._next_reclaim_ns = 0
         self._next_skip_retry_ns = 0
         self._adopted = self.rows.adopt_peers()
-        self._ratelog = RateLimitedLog(log)
+        self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
@@ -299,7 +299,7 @@ class NetworkHalf(BadInput, Following):
             self.rows.peer_identity(t.row, a.identity)
             if not a.full:
                 for held in t.remotes.values():
-                    self.rows.free_remote(held[0])
+                    self.rows.free_remote(held.row)
                 t.remotes.clear()
         if a.full:
             if a.cut:  # slots it has beyond these read GONE here: never silently
@@ -345,16 +345,17 @@ class NetworkHalf(BadInput, Following):
             # The status code this row held before: read it before put_remote rewrites
             # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
             # to itself and never bump the change counter that readers rely on.
-            before = row_code(int(self.b.remote_table[held[0]]["status"])) if held else None
+            before = row_code(int(self.b.remote_table[held.row]["status"])) if held else None
             got = self.rows.put_remote(t.row, t.gen, held, e, now_ns)
             if got is None:
                 continue
-            if held is None or got[2] != held[2] or got[1] != held[1] or before != e.status:
+            if held is None or got.incarnation != held.incarnation or got.gen != held.gen \
+                    or before != e.status:
                 changed = True
             t.remotes[e.key] = got
         for key in list(t.remotes):
             if key not in seen:
-                self.rows.free_remote(t.remotes.pop(key)[0])
+                self.rows.free_remote(t.remotes.pop(key).row)
                 changed = True
         if changed:
             self.w.changed()
@@ -383,12 +384,12 @@ class NetworkHalf(BadInput, Following):
             held = t.remotes.get(e.key)
             if held is None:
                 unlisted = True
-            elif e.incarnation > held[2]:
+            elif e.incarnation > held.incarnation:
                 got = self.rows.put_remote(t.row, t.gen, held, self._own(t, e), now_ns)
                 if got is not None:
                     t.remotes[e.key] = got
                     changed = True
-            elif e.incarnation == held[2] and e.status in (Status.DEAD.code, Status.LEFT.code):
+            elif e.incarnation == held.incarnation and e.status in (Status.DEAD.code, Status.LEFT.code):
                 self.rows.remote_status(held, e.status, now_ns)
                 changed = True
             else:

@@ -56,6 +56,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import locks
+from .boardcore import bump_reg_gen
 from .errors import BoardFull, KeyInUse, LockTimeout
 from .layout import (
     LOCK_KEY_BASE, LOCK_SLOT_BASE, hb_left, inc_tag, pack_hb, record_checksum, ts_units,
@@ -176,7 +177,7 @@ class Registrar:
             if other is not None:
                 locks.unlock(fd, other)
         if with_registry:
-            head["reg_gen"] = int(head["reg_gen"]) + 1
+            bump_reg_gen(head)
         log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
         return Claim(index, inc, with_registry)
 

@@ -9,10 +9,12 @@ agent's freshness, so a stalled or absent agent reads UNKNOWN, never a stale ALI
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from .boardcore import RETRIES, UNIT_S, BoardCore
-from .config import parse_address
+from .boardcore import RETRIES, BoardCore, RemoteChoice
+from .config import UNIT_S, parse_address
 from .judge import combine_remote, judge_row
 from .layout import (
     PEER_STRIDE, REMOTE_STRIDE, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units,
@@ -21,9 +23,17 @@ from .layout import (
 from .records import stored_address, stored_endpoints, stored_key
 from .status import PeerStatus, SlotStatus, Status
 
-#: a peer row as read: (address, generation, status, rtt in ms, age in s,
-#: (authentication failing, frames that failed it))
-PeerRow = tuple[str, int, Status, float | None, float | None, tuple[bool, int]]
+
+class PeerRow(NamedTuple):
+    """A peer row as read (``_peer_row``).  ``_remote_at`` reads it by position: it is
+    on ``remote()``'s path."""
+
+    address: str
+    gen: int
+    status: Status
+    rtt_ms: float | None
+    age_s: float | None  # since its host's last ack; None before the first
+    auth: tuple[bool, int]  # (authentication failing, frames that failed it)
 
 
 class RemoteReads(BoardCore):
@@ -48,12 +58,12 @@ class RemoteReads(BoardCore):
             addr = stored_address(bytes(row["address"]), "peer row", i)
             if addr is None:
                 return None
-            return (addr, gen, st, rtt_ms, age * UNIT_S if last else None,
-                    unpack_auth(int(row["auth"]), gen))
+            return PeerRow(addr, gen, st, rtt_ms, age * UNIT_S if last else None,
+                           unpack_auth(int(row["auth"]), gen))
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
-                     host_status: dict[int, tuple[int, Status, float | None]] | None = None,
+                     host_status: dict[int, PeerRow] | None = None,
                      ) -> list[tuple[int, SlotStatus]]:
         r = self._remotes.copy()
         out = []
@@ -70,15 +80,15 @@ class RemoteReads(BoardCore):
             reported, age = j
             p = int(row["peer"])
             hs = (host_status or {}).get(p)
-            if hs is None or hs[0] != int(row["peer_gen"]):
+            if hs is None or hs.gen != int(row["peer_gen"]):
                 continue  # the row belongs to a peer row that has since been reused
-            st = combine_remote(reported, hs[1])
+            st = combine_remote(reported, hs.status)
             key = stored_key(bytes(row["key"]), "remote row", int(i))
             if key is None:
                 continue
             eps = stored_endpoints(bytes(row["endpoints"]), "remote row", int(i))
             out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
-                                      _remote_age(age, hs[2]), eps)))
+                                      _remote_age(age, hs.age_s), eps)))
         return out
 
     def peers(self) -> list[PeerStatus]:
@@ -90,13 +100,12 @@ class RemoteReads(BoardCore):
             pr = self._peer_row(int(i), now, ok)
             if pr is not None:
                 heads[int(i)] = pr
-        hosts = {i: (pr[1], pr[2], pr[4]) for i, pr in heads.items()}
         slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
-        for p, s in self._remote_rows(now, ok, host_status=hosts):
+        for p, s in self._remote_rows(now, ok, host_status=heads):
             slots[p].append(s)
-        return [PeerStatus(pr[0], pr[2], pr[3], pr[4], sorted(slots[i], key=lambda s: s.key),
-                           *pr[5])
-                for i, pr in sorted(heads.items(), key=lambda kv: kv[1][0])]
+        return [PeerStatus(pr.address, pr.status, pr.rtt_ms, pr.age_s,
+                           sorted(slots[i], key=lambda s: s.key), *pr.auth)
+                for i, pr in sorted(heads.items(), key=lambda kv: kv[1].address)]
 
     def peer(self, address: str) -> PeerStatus | None:
         """The remote host at ``address`` ("host" or "host:port" of its pinger)."""
@@ -116,19 +125,20 @@ class RemoteReads(BoardCore):
             # The answer depends on the agent's heartbeat, the row's and its host's status
             # words (each names the record generation it belongs to) and the clock unit:
             # while all four read what they read last time, so does the answer.
-            got = c[4].get(now)
+            # (By position, here and below: this is the hot path of remote().)
+            got = c[4].get(now)  # c.memo
             if got is not None:
                 return got  # type: ignore[no-any-return]
         ok = self._agent_ok(now)
         if c is not None:
-            at = self._remote_at(c[0], c[1], endpoint, now, ok)
+            at = self._remote_at(c[0], c[1], endpoint, now, ok)  # c.row, c.gen
             # A dead or left row stays valid until its slot is reused, but another key
             # may serve the endpoint now: look again, once per board change (so such an
             # answer, which depends on changes() too, is never memoised).
-            if at is not None and at[1] == c[2]:
+            if at is not None and at[1] == c[2]:  # c.peer
                 if at[0].status not in (Status.DEAD, Status.LEFT):
                     return c[4].put(now, at[0])  # type: ignore[no-any-return]
-                if c[3] == self.changes():
+                if c[3] == self.changes():  # c.changes
                     return at[0]
         changes = self.changes()
         r = self._remotes
@@ -143,7 +153,7 @@ class RemoteReads(BoardCore):
         if best is None:
             return None
         ri, gen, p, got = best
-        self._remote_cache[endpoint] = (ri, gen, p, changes, self._word_memo(
+        self._remote_cache[endpoint] = RemoteChoice(ri, gen, p, changes, self._word_memo(
             self._agent_hb_i, word_index(self.sizes.remote_off) + ri * REMOTE_STRIDE,
             word_index(self.sizes.peer_off) + p * PEER_STRIDE))
         return got
@@ -160,12 +170,13 @@ class RemoteReads(BoardCore):
         if j is None:
             return None
         p = int(row["peer"])
-        pr = self._peer_row(p, now, ok)
-        if pr is None or pr[1] != int(row["peer_gen"]):
+        pr = self._peer_row(p, now, ok)  # by position: remote()'s path
+        if pr is None or pr[1] != int(row["peer_gen"]):  # pr.gen
             return None
         key = stored_key(bytes(row["key"]), "remote row", i)
         if key is None:
             return None
+        # pr[2], pr[4]: pr.status, pr.age_s
         return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
                           combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps), p
 

@@ -11,6 +11,7 @@ or skips the row; it never combines halves of two records.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,13 @@ from .status import Status
 
 log = logging.getLogger(__name__)
 
+
+class RemoteRow(NamedTuple):
+    """A remote row this holder wrote for a followed host's slot (``Target.remotes``)."""
+
+    row: int
+    gen: int
+    incarnation: int
 
 
 class RowWriter:
@@ -48,14 +56,15 @@ class RowWriter:
                 row["checksum"] = 0
         return out
 
-    def adopt_remotes(self, peer_row: int, peer_gen: int) -> dict[str, tuple[int, int, int]]:
-        """Valid remote rows of a peer: key -> (row, gen, incarnation)."""
+    def adopt_remotes(self, peer_row: int, peer_gen: int) -> dict[str, RemoteRow]:
+        """Valid remote rows of a peer, by key."""
         r = self.b.remote_table
         out = {}
         for i in np.flatnonzero((r["checksum"] != 0) & (r["peer"] == peer_row)):
             row = r[int(i)]
             if int(row["checksum"]) == remote_checksum(row) and int(row["peer_gen"]) == peer_gen:
-                out[bytes(row["key"]).decode()] = (int(i), int(row["gen"]), int(row["incarnation"]))
+                out[bytes(row["key"]).decode()] = RemoteRow(int(i), int(row["gen"]),
+                                                            int(row["incarnation"]))
         return out
 
     def forget_peer_verdicts(self) -> int:
@@ -127,17 +136,17 @@ class RowWriter:
 
     # -- remote slots -----------------------------------------------------------------------
 
-    def put_remote(self, peer_row: int, peer_gen: int, held: tuple[int, int, int] | None,
-                   e: DigestEntry, now_ns: int) -> tuple[int, int, int] | None:
-        """Write entry ``e`` for a peer; ``held`` is the row it had.  Returns the new
-        (row, gen, incarnation), or None if the remote table is full."""
+    def put_remote(self, peer_row: int, peer_gen: int, held: RemoteRow | None,
+                   e: DigestEntry, now_ns: int) -> RemoteRow | None:
+        """Write entry ``e`` for a peer; ``held`` is the row it had.  Returns the row it
+        has now, or None if the remote table is full."""
         ts = ts_units(now_ns)
         r = self.b.remote_table
         eps = _fit_endpoints(e.endpoints)
         if held is not None:
-            i, gen, inc = held
+            i, gen = held.row, held.gen
             row = r[i]
-            if inc == e.incarnation and int(row["pid"]) == e.pid and bytes(row["endpoints"]) == eps:
+            if held.incarnation == e.incarnation and int(row["pid"]) == e.pid and bytes(row["endpoints"]) == eps:
                 self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, e.status, ts)
                 return held
         else:
@@ -158,11 +167,11 @@ class RowWriter:
         row["endpoints"] = eps
         row["checksum"] = remote_checksum(row)
         self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, e.status, ts)
-        return i, gen, e.incarnation
+        return RemoteRow(i, gen, e.incarnation)
 
-    def remote_status(self, held: tuple[int, int, int], code: int, now_ns: int) -> None:
-        i, gen, _ = held
-        self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, code, ts_units(now_ns))
+    def remote_status(self, held: RemoteRow, code: int, now_ns: int) -> None:
+        self._q[self._remote0 + held.row * REMOTE_STRIDE] = pack_row(held.gen, code,
+                                                                     ts_units(now_ns))
 
     def free_remote(self, i: int) -> None:
         self.b.remote_table[i]["checksum"] = 0

@@ -20,13 +20,12 @@ run it on ``shmhb.faketransport`` instead: the same sockets and options, in-proc
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable
 
 import zmq
 
 from .config import format_hostport
-from .errors import InvalidConfig
+from .errors import FD_ERRNOS, InvalidConfig
 from .netconfig import curve_keypair, curve_public_key
 from .netstate import NetDown, NetReason
 from .protocol import MAX_FRAME_BYTES
@@ -34,7 +33,6 @@ from .protocol import MAX_FRAME_BYTES
 HANDSHAKE_IVL_MS = 2000
 HEARTBEAT_IVL_MS = 2000
 HEARTBEAT_TIMEOUT_MS = 6000
-_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
 
 class HostSkipped(Exception):
@@ -47,7 +45,7 @@ class HostSkipped(Exception):
 
 
 def _down(what: str, e: zmq.ZMQError) -> NetDown:
-    reason = NetReason.FDS if e.errno in _FD_ERRNOS else NetReason.BIND
+    reason = NetReason.FDS if e.errno in FD_ERRNOS else NetReason.BIND
     return NetDown(reason, f"{what}: {e.strerror}", e.errno or 0)
 
 
@@ -142,7 +140,7 @@ class Transport:
             c.setsockopt(zmq.CONNECT_ROUTING_ID, rid)
             c.connect(endpoint)
         except zmq.ZMQError as e:
-            if e.errno in _FD_ERRNOS:
+            if e.errno in FD_ERRNOS:
                 raise _down(f"cannot connect to {endpoint}", e) from None
             raise HostSkipped(NetReason.ADDRESS,
                               f"cannot connect to {endpoint}: {e.strerror}") from None

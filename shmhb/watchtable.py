@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from . import locks
-from .boardcore import BoardCore
+from .boardcore import BoardCore, bump_reg_gen
 from .config import check_endpoint, parse_address
 from .errors import WatchTableFull
 from .layout import LOCK_WATCH_BASE, watch_checksum
@@ -87,7 +87,7 @@ class WatchTable(BoardCore):
                 row["address"] = ab
                 row["owner_ns"] = ns
                 row["checksum"] = watch_checksum(row)
-            self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+            bump_reg_gen(self._head)
 
     def _reclaim_watches(self) -> np.ndarray:
         """Free watch rows of processes that are gone (caller holds the registry lock);
@@ -125,7 +125,7 @@ class WatchTable(BoardCore):
             before = int(np.count_nonzero(w["checksum"] == 0))
             freed = len(self._reclaim_watches()) - before
             if freed:
-                self._head["reg_gen"] = int(self._head["reg_gen"]) + 1
+                bump_reg_gen(self._head)
         if freed:
             log.info("board %s: dropped %d watch(es) of processes that are gone", self.name, freed)
         return freed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -18,13 +19,15 @@ import posix_ipc
 import pytest
 
 import shmhb
-from shmhb import units
+from shmhb import Status, units
+from shmhb.instances import Instance
 from shmhb.loopback import child_env
 
 if TYPE_CHECKING:
     from .hosts import Cluster, FakePeer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ME = pwd.getpwuid(os.getuid()).pw_name  # the user running the tests
 
 
 def wait_until(pred: Callable[[], Any], timeout_s: float = 10.0, poll_s: float = 0.002,
@@ -76,8 +79,16 @@ def board_name() -> Iterator[str]:
 
 
 @pytest.fixture
-def board(board_name: str) -> Iterator[shmhb.Board]:
-    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=0.5, dead_after_s=1.5)
+def board(board_name: str, request: pytest.FixtureRequest) -> Iterator[shmhb.Board]:
+    """A board of 64 slots on short timeouts (suspect after 0.5 s, dead after 1.5 s).
+
+    Under ``pytestmark = pytest.mark.slow_suspicion``: slow suspicion (5 s, dead after
+    10 s), for modules whose tests are not about hangs: on a loaded machine a worker's
+    beat thread can be starved for a second (kills are seen at once through the agent's
+    pidfd whatever the policy)."""
+    slow = request.node.get_closest_marker("slow_suspicion") is not None
+    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=5.0 if slow else 0.5,
+                           dead_after_s=10.0 if slow else 1.5)
     yield b
     b.close()
 
@@ -158,6 +169,75 @@ def agent(board: shmhb.Board) -> Iterator[Any]:
     assert a.holding.wait(5), "agent never took the role"
     yield a
     a.stop()
+
+
+@pytest.fixture
+def local_agent(board: shmhb.Board) -> Iterator[Any]:
+    """An agent without its network half, holding the role on ``board`` (so peer and
+    remote rows a test writes by hand, as FakePinger's, are left alone)."""
+    from shmhb.agent import Agent
+
+    a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
+    assert a.holding.wait(5)
+    yield a
+    a.stop()
+
+
+REGISTRY_STALL = textwrap.dedent("""
+    import os, signal, sys
+    import shmhb
+    b = shmhb.Board.attach(sys.argv[1])
+    with b.registry():
+        print("held", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+""")
+
+
+class Stall:
+    """A process that takes the registry lock of a board and stops itself."""
+
+    def __init__(self, board: str) -> None:
+        env = child_env()
+        self.p = subprocess.Popen([sys.executable, "-c", REGISTRY_STALL, board],
+                                  stdout=subprocess.PIPE, env=env)
+        assert self.p.stdout is not None and self.p.stdout.readline().strip() == b"held"
+
+    def release(self) -> None:
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGCONT)
+        self.p.wait(10)
+        if self.p.stdout is not None:
+            self.p.stdout.close()
+
+
+#: ``procs.python(ENGINE, BOARD, ENGINE_ID, ROLE, NRANKS[, IP])``: an engine's ranks and
+#: its instance slot (``shmhb.instances``), until SIGTERM
+ENGINE = """
+    import signal, sys
+    import shmhb
+    from shmhb.instances import register_instance
+    name, engine, role, nranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ip = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.5"
+    b = shmhb.Board.attach(name)
+    hbs = [b.register(f"vllm/{engine}/dp0/tp{i}/pp0", endpoints=(f"{ip}:{31000 + i}",),
+                      agent=False).start(0.02) for i in range(nranks)]
+    inst = register_instance(b, hbs[0], role, engine, serving=f"{ip}:8000",
+                             bootstrap=f"{ip}:8998" if role == "prefill" else None,
+                             interval_s=0.02)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    print(f"ready {inst.incarnation}", flush=True)
+    while not stop:
+        signal.pause()
+    for hb in hbs:
+        hb.close()
+"""
+
+
+def inst(engine: str, st: Status, *, serving: str | None = "127.0.0.5:8000",
+         bootstrap: str | None = "127.0.0.5:8998", inc: int = 1, role: str = "prefill") -> Instance:
+    """An instance as a reader of the board reports it (no board involved)."""
+    return Instance("", f"inst/{role}/sb/{engine}", engine, role, serving, bootstrap, inc, st, 1)
 
 
 def pids_with_cmdline(needle: str) -> list[int]:

@@ -15,6 +15,7 @@ No fixed sleeps anywhere: everything waits on a condition with a deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -561,9 +562,109 @@ class NetNs:
         self.made.clear()
 
 
+# -- what several test modules check a host by ---------------------------------------------
+
+#: the invariant: a local SIGKILL is DEAD within this, whatever the network half does
+KILL_BOUND_S = 1.0
+
+
+def status(h: Host | str) -> tuple[int, dict[str, Any]]:
+    """``shmhb status --json`` of a host (or a board name): (exit code, the document)."""
+    name = h if isinstance(h, str) else h.name
+    out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--json", "--board", name],
+                         capture_output=True, text=True, timeout=60,
+                         env=child_env())
+    return out.returncode, json.loads(out.stdout)
+
+
+def wait_net(h: Host, state: str, reason: str | None = None, timeout_s: float = 20.0
+             ) -> shmhb.NetworkStatus:
+    def ok() -> shmhb.NetworkStatus | None:
+        n = h.board.network()
+        return n if n.state == state and (reason is None or n.reason == reason) else None
+    return wait_until(ok, timeout_s=timeout_s, poll_s=0.01,
+                      what=f"network half of {h} {state} ({reason})")
+
+
+def wait_held(h: Host, p: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    wait_until(lambda: h.board.agent().pid == p.pid and h.board.agent().status is Status.ALIVE,
+               timeout_s=timeout_s, poll_s=0.01, what=f"pid {p.pid} holds the role of {h}")
+
+
+def kill_is_dead_within_bound(h: Host, key: str) -> float:
+    """Start a worker on ``h`` and SIGKILL it once it beats: DEAD within 1 s (whether the
+    agent saw it through a pidfd or, killed before, convicts it at its next tick)."""
+    w = h.worker(key, h.endpoint(7))
+    wait_until(lambda: (s := h.board.slot(key)) is not None and s.status is Status.ALIVE,
+               what=f"{key} alive")
+    t0 = time.monotonic()
+    w.kill()
+    wait_until(lambda: (s := h.board.slot(key)) is not None and s.status is Status.DEAD,
+               timeout_s=KILL_BOUND_S, poll_s=0.001, what=f"{key} DEAD within {KILL_BOUND_S} s")
+    w.wait(10)
+    return time.monotonic() - t0
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors process ``pid`` has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+#: ``python -c FLOODER HOST PORT N``: a connection flood at a pinger (see its comment)
+FLOODER = textwrap.dedent("""
+    # Keeps up to N TCP connections open to host:port, reconnecting those the server
+    # drops, every other one sending half a ZMTP greeting and then nothing; on the
+    # first stdin line it stops reconnecting and holds what it has; on the second, exits.
+    import selectors, socket, sys, threading, time
+    host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    sel = selectors.DefaultSelector()
+    hold = threading.Event()
+    quit_ = threading.Event()
+    def stdin():
+        sys.stdin.readline(); hold.set(); sys.stdin.readline(); quit_.set()
+    threading.Thread(target=stdin, daemon=True).start()
+    opened = [0]
+    def one(k):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect((host, port))
+        except BlockingIOError:
+            pass
+        sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, k)
+        opened[0] += 1
+    for k in range(n):
+        one(k)
+    print("ready", flush=True)
+    while not quit_.is_set():
+        for key, ev in sel.select(0.05):
+            s, k = key.fileobj, key.data
+            if ev & selectors.EVENT_WRITE:
+                sel.modify(s, selectors.EVENT_READ, k)
+                if k % 2:
+                    try:
+                        s.send(bytes([0xFF]) + bytes(8) + bytes([0x7F]))  # half a greeting
+                    except OSError:
+                        pass
+            elif ev & selectors.EVENT_READ:
+                try:
+                    data = s.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:  # dropped by the server: come back (unless holding)
+                    sel.unregister(s)
+                    s.close()
+                    if not hold.is_set():
+                        one(k)
+""")
+
+
+
+
 __all__ = [
-    "FAST", "FORKED_WORKERS", "INTERVAL_S", "Cluster", "FakePeer", "FrameRejected", "GatedWorker",
-    "Host",
-    "NetNs", "cluster_fixture", "entry", "fake_peers_fixture", "listening", "netns_unavailable",
-    "rss_kb", "write_secret",
+    "FAST", "FLOODER", "FORKED_WORKERS", "INTERVAL_S", "KILL_BOUND_S", "Cluster", "FakePeer",
+    "FrameRejected", "GatedWorker", "Host",
+    "NetNs", "cluster_fixture", "entry", "fake_peers_fixture", "kill_is_dead_within_bound",
+    "listening", "netns_unavailable", "open_fds", "rss_kb", "status", "wait_held", "wait_net",
+    "write_secret",
 ]

@@ -8,7 +8,6 @@ exits non-zero while the host is degraded -- then 0 again once the cause is gone
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -26,47 +25,12 @@ from shmhb.loopback import child_env
 from shmhb.netconfig import read_secret, store_config
 
 from .conftest import ROOT, wait_until
-from .hosts import Cluster, FakePeer, Host, listening, write_secret
+from .hosts import (
+    Cluster, FakePeer, Host, kill_is_dead_within_bound, listening, status, wait_held, wait_net,
+    write_secret,
+)
 
 SECRET = b"cluster-secret-0123456789abcdef!"
-#: the invariant: a local SIGKILL is DEAD within this, whatever the network half does
-KILL_BOUND_S = 1.0
-
-
-def status(h: Host | str) -> tuple[int, dict[str, Any]]:
-    name = h if isinstance(h, str) else h.name
-    out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--json", "--board", name],
-                         capture_output=True, text=True, timeout=60,
-                         env=child_env())
-    return out.returncode, json.loads(out.stdout)
-
-
-def wait_net(h: Host, state: str, reason: str | None = None, timeout_s: float = 20.0
-             ) -> shmhb.NetworkStatus:
-    def ok() -> shmhb.NetworkStatus | None:
-        n = h.board.network()
-        return n if n.state == state and (reason is None or n.reason == reason) else None
-    return wait_until(ok, timeout_s=timeout_s, poll_s=0.01,
-                      what=f"network half of {h} {state} ({reason})")
-
-
-def wait_held(h: Host, p: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    wait_until(lambda: h.board.agent().pid == p.pid and h.board.agent().status is Status.ALIVE,
-               timeout_s=timeout_s, poll_s=0.01, what=f"pid {p.pid} holds the role of {h}")
-
-
-def kill_is_dead_within_bound(h: Host, key: str) -> float:
-    """Start a worker on ``h`` and SIGKILL it once it beats: DEAD within 1 s (whether the
-    agent saw it through a pidfd or, killed before, convicts it at its next tick)."""
-    w = h.worker(key, h.endpoint(7))
-    wait_until(lambda: (s := h.board.slot(key)) is not None and s.status is Status.ALIVE,
-               what=f"{key} alive")
-    t0 = time.monotonic()
-    w.kill()
-    wait_until(lambda: (s := h.board.slot(key)) is not None and s.status is Status.DEAD,
-               timeout_s=KILL_BOUND_S, poll_s=0.001, what=f"{key} DEAD within {KILL_BOUND_S} s")
-    w.wait(10)
-    return time.monotonic() - t0
 
 
 def only_slots_unhealthy(h: Host) -> bool:

@@ -18,6 +18,7 @@ from shmhb.protocol import Ack, FrameRejected, Identity, decode, encode_ack_raw,
 
 from .chaos.bigdigest import BULK
 from .conftest import Procs, wait_until
+from .hosts import Cluster
 
 
 def test_a_new_digest_lists_the_live_slots_before_its_first_flush(board: shmhb.Board) -> None:
@@ -83,34 +84,33 @@ def test_the_digest_looks_again_at_once_on_a_change_and_within_its_period_on_age
 
 # -- past 256 entries (issue 23 case 4) -------------------------------------------------------
 
-def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(tmp_path: Any, procs: Procs) -> None:
+def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(procs: Procs,
+                                                               cluster: Cluster) -> None:
     """260 dead slots (one process that registered them, SIGKILLed), 39 live ones, then
     the 300th worker: the other host sees it ALIVE, then DEAD at its kill.  The digest
     used to stop at 256 entries in slot order, dead ones included: the 300th worker was
     never seen, its death never told."""
-    from .hosts import cluster_fixture
-    for cluster in cluster_fixture(tmp_path):
-        a = cluster.host(slots=400)
-        b = cluster.host()
-        gone = procs.python(BULK, a.name, "gone-", "260", a.ip, "32000")
-        gone.kill()
-        gone.wait(10)
-        wait_until(lambda: sum(s.status is Status.DEAD for s in a.board.slots()) == 260,
-                   timeout_s=30, what="260 dead slots on a")
-        procs.python(BULK, a.name, "live-", "39", a.ip, "33000")
-        w = a.worker("rank-300", a.endpoint(1))
-        inc = int(w.ready_line.split()[1])  # type: ignore[attr-defined]
-        assert int(w.ready_line.split()[2]) >= 256  # type: ignore[attr-defined]  # past the old cut
-        b.watch(a)
-        wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None
-                   and r.status is Status.ALIVE and r.incarnation == inc,
-                   timeout_s=30, what="the 300th worker alive on b")
-        peer = b.peer(a)
-        assert peer is not None and len(peer.slots) == 300, len(peer.slots) if peer else None
-        assert a.stats()["digest_cut"] == 0  # everything fitted: nothing was left out
-        w.kill()
-        wait_until(lambda: b.remote_status(a.endpoint(1)) is Status.DEAD, timeout_s=20,
-                   what="the 300th worker's kill seen on b")
+    a = cluster.host(slots=400)
+    b = cluster.host()
+    gone = procs.python(BULK, a.name, "gone-", "260", a.ip, "32000")
+    gone.kill()
+    gone.wait(10)
+    wait_until(lambda: sum(s.status is Status.DEAD for s in a.board.slots()) == 260,
+               timeout_s=30, what="260 dead slots on a")
+    procs.python(BULK, a.name, "live-", "39", a.ip, "33000")
+    w = a.worker("rank-300", a.endpoint(1))
+    inc = int(w.ready_line.split()[1])  # type: ignore[attr-defined]
+    assert int(w.ready_line.split()[2]) >= 256  # type: ignore[attr-defined]  # past the old cut
+    b.watch(a)
+    wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None
+               and r.status is Status.ALIVE and r.incarnation == inc,
+               timeout_s=30, what="the 300th worker alive on b")
+    peer = b.peer(a)
+    assert peer is not None and len(peer.slots) == 300, len(peer.slots) if peer else None
+    assert a.stats()["digest_cut"] == 0  # everything fitted: nothing was left out
+    w.kill()
+    wait_until(lambda: b.remote_status(a.endpoint(1)) is Status.DEAD, timeout_s=20,
+               what="the 300th worker's kill seen on b")
 
 
 def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
@@ -156,33 +156,31 @@ def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
         board.close()
 
 
-def test_a_cut_digest_says_so_and_its_receiver_counts_it(tmp_path: Any, procs: Procs) -> None:
+def test_a_cut_digest_says_so_and_its_receiver_counts_it(procs: Procs, cluster: Cluster) -> None:
     """1,800 live slots of 60-byte keys: more than one ACK carries (about 1,560 of that
     size).  The ACK says it is cut (its ``full`` byte reads 2) and the host that follows
     counts it (``digest_cut_seen``) and warns: before, the receiver took the cut digest for
     the whole board and nothing on its side said why 240 live workers read GONE."""
-    from .hosts import cluster_fixture
-    for cluster in cluster_fixture(tmp_path):
-        a = cluster.host(slots=2000)
-        b = cluster.host()
-        procs.python(BULK, a.name, "x" * 55 + "-", "1800", a.ip, "34000")
-        b.watch(a)
-        wait_until(lambda: b.stats()["digest_cut_seen"] >= 1, timeout_s=60,
-                   what="b counting a's cut digest")
-        wait_until(lambda: a.stats()["digest_cut"] >= 1800 - 1600, timeout_s=60,
-                   what="a counting what it cut")
+    a = cluster.host(slots=2000)
+    b = cluster.host()
+    procs.python(BULK, a.name, "x" * 55 + "-", "1800", a.ip, "34000")
+    b.watch(a)
+    wait_until(lambda: b.stats()["digest_cut_seen"] >= 1, timeout_s=60,
+               what="b counting a's cut digest")
+    wait_until(lambda: a.stats()["digest_cut"] >= 1800 - 1600, timeout_s=60,
+               what="a counting what it cut")
 
-        def carried() -> list[shmhb.SlotStatus] | None:
-            peer = b.peer(a)
-            return peer.slots if peer is not None and len(peer.slots) > 1400 else None
+    def carried() -> list[shmhb.SlotStatus] | None:
+        peer = b.peer(a)
+        return peer.slots if peer is not None and len(peer.slots) > 1400 else None
 
-        def all_alive() -> bool:
-            got = carried()
-            return got is not None and all(s.status is Status.ALIVE for s in got)
-        slots = wait_until(carried, timeout_s=60, poll_s=0.1, what="b holding what fitted")
-        assert len(slots) < 1800
-        wait_until(all_alive, timeout_s=30, poll_s=0.1,
-                   what="every slot carried alive (live ones go first)")
+    def all_alive() -> bool:
+        got = carried()
+        return got is not None and all(s.status is Status.ALIVE for s in got)
+    slots = wait_until(carried, timeout_s=60, poll_s=0.1, what="b holding what fitted")
+    assert len(slots) < 1800
+    wait_until(all_alive, timeout_s=30, poll_s=0.1,
+               what="every slot carried alive (live ones go first)")
 
 
 def test_the_cut_byte_round_trips_and_nothing_past_it_is_accepted() -> None:

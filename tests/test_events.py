@@ -27,14 +27,8 @@ A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.U
 AGENT = AgentStatus(100, A, 0.01, 1)
 
 
-@pytest.fixture
-def board(board_name: str) -> Iterator[shmhb.Board]:
-    """conftest's board with slow suspicion (5 s): on a loaded machine a worker's beat
-    thread can be starved for a second, and these tests are not about hangs (kills are
-    seen at once through the agent's pidfd whatever the policy)."""
-    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=5.0, dead_after_s=10.0)
-    yield b
-    b.close()
+#: conftest's board with slow suspicion (5 s): these tests are not about hangs
+pytestmark = pytest.mark.slow_suspicion
 
 
 def slot(key: str, st: Status = A, inc: int = 1, pid: int = 10, age: float = 0.01) -> SlotStatus:

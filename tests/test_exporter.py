@@ -49,22 +49,8 @@ def get(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
-@pytest.fixture
-def board(board_name: str) -> Iterator[shmhb.Board]:
-    """conftest's board with slow suspicion (5 s): on a loaded machine a worker's beat
-    thread can be starved for a second, and these tests are not about hangs (kills are
-    seen at once through the agent's pidfd whatever the policy)."""
-    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=5.0, dead_after_s=10.0)
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def local_agent(board: shmhb.Board) -> Iterator[Agent]:
-    a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
-    assert a.holding.wait(5)
-    yield a
-    a.stop()
+#: conftest's board with slow suspicion (5 s): these tests are not about hangs
+pytestmark = pytest.mark.slow_suspicion
 
 
 @pytest.fixture

@@ -18,20 +18,13 @@ from shmhb import Status
 from shmhb.errors import InvalidConfig
 from shmhb.feeder import Feeder, FeederConfig, Memory, plan
 from shmhb.feedcli import parse_router, reader
-from shmhb.instances import Instance
 from shmhb.routerapi import RouterWorker, SglangRouter, client_for
 from shmhb.loopback import free_port
 
-from .conftest import Procs, wait_until
-from .hosts import Cluster, cluster_fixture
-from .test_instances import ENGINE
+from .conftest import ENGINE, Procs, inst, wait_until
+from .hosts import Cluster
 
 A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN
-
-
-def inst(engine: str, st: Status, *, serving: str | None = "127.0.0.5:8000",
-         bootstrap: str | None = "127.0.0.5:8998", inc: int = 1, role: str = "prefill") -> Instance:
-    return Instance("", f"inst/{role}/sb/{engine}", engine, role, serving, bootstrap, inc, st, 1)
 
 
 def rw(url: str = "http://127.0.0.5:8000", role: str = "prefill", bport: int | None = 8998,
@@ -215,11 +208,6 @@ def test_feeder_follows_kill_and_restart_and_survives_a_failing_router(
         assert added and added[0]["worker_type"] == "prefill" and added[0]["bootstrap_port"] == 8998
     finally:
         f.stop()
-
-
-@pytest.fixture
-def cluster(tmp_path: Any) -> Any:
-    yield from cluster_fixture(tmp_path)
 
 
 def test_feeder_on_one_host_follows_an_engine_on_another_through_the_pinger(

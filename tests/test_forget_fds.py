@@ -8,22 +8,15 @@ forget later, and still record a new death meanwhile."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
 
 from shmhb import Status
 
 from .conftest import Procs, wait_until
-from .hosts import FAST, Cluster
-from .test_degraded import KILL_BOUND_S
-from .test_hostile import FLOODER
+from .hosts import FAST, FLOODER, KILL_BOUND_S, Cluster, open_fds
 
 LIMIT = 96
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def test_forget_while_out_of_fds_neither_stops_the_agent_nor_is_given_up(
@@ -38,7 +31,7 @@ def test_forget_while_out_of_fds_neither_stops_the_agent_nor_is_given_up(
     assert flooder.stdout is not None and flooder.stdin is not None
     assert flooder.stdout.readline().startswith("ready")
     try:
-        wait_until(lambda: _fds(p.pid) >= LIMIT - 1, timeout_s=20, poll_s=0.005,
+        wait_until(lambda: open_fds(p.pid) >= LIMIT - 1, timeout_s=20, poll_s=0.005,
                    what="the agent's fds used up")
         victim.kill()
         victim.wait()

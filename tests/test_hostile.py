@@ -22,8 +22,10 @@ from shmhb import Status
 from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from .conftest import Procs, wait_until
-from .hosts import Cluster, FakePeer, entry, write_secret
-from .test_degraded import KILL_BOUND_S, kill_is_dead_within_bound, status, wait_held, wait_net
+from .hosts import (
+    FLOODER, KILL_BOUND_S, Cluster, FakePeer, entry, kill_is_dead_within_bound, open_fds, status,
+    wait_held, wait_net, write_secret,
+)
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -196,58 +198,6 @@ def test_a_push_flood_neither_delays_a_local_kill_nor_fills_the_remote_table(
 
 # -- case 6: a connection flood at RLIMIT_NOFILE 1024 -----------------------------------------
 
-FLOODER = textwrap.dedent("""
-    # Keeps up to N TCP connections open to host:port, reconnecting those the server
-    # drops, every other one sending half a ZMTP greeting and then nothing; on the
-    # first stdin line it stops reconnecting and holds what it has; on the second, exits.
-    import selectors, socket, sys, threading, time
-    host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    sel = selectors.DefaultSelector()
-    hold = threading.Event()
-    quit_ = threading.Event()
-    def stdin():
-        sys.stdin.readline(); hold.set(); sys.stdin.readline(); quit_.set()
-    threading.Thread(target=stdin, daemon=True).start()
-    opened = [0]
-    def one(k):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect((host, port))
-        except BlockingIOError:
-            pass
-        sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, k)
-        opened[0] += 1
-    for k in range(n):
-        one(k)
-    print("ready", flush=True)
-    while not quit_.is_set():
-        for key, ev in sel.select(0.05):
-            s, k = key.fileobj, key.data
-            if ev & selectors.EVENT_WRITE:
-                sel.modify(s, selectors.EVENT_READ, k)
-                if k % 2:
-                    try:
-                        s.send(bytes([0xFF]) + bytes(8) + bytes([0x7F]))  # half a greeting
-                    except OSError:
-                        pass
-            elif ev & selectors.EVENT_READ:
-                try:
-                    data = s.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:  # dropped by the server: come back (unless holding)
-                    sel.unregister(s)
-                    s.close()
-                    if not hold.is_set():
-                        one(k)
-""")
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs: Procs) -> None:
     b = cluster.host()
     a = cluster.host(start=False)
@@ -262,7 +212,7 @@ def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs:
     most = [0]
 
     def near_limit() -> bool:
-        most[0] = max(most[0], _fds(p.pid))
+        most[0] = max(most[0], open_fds(p.pid))
         return most[0] > 900
     try:
         wait_until(near_limit, timeout_s=20, poll_s=0.01, what="a's fds near the limit")
@@ -273,7 +223,7 @@ def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs:
         # half-open handshakes are timed out while the flooder still holds its sockets
         flooder.stdin.write("hold\n")
         flooder.stdin.flush()
-        wait_until(lambda: _fds(p.pid) < 300, timeout_s=30, poll_s=0.1,
+        wait_until(lambda: open_fds(p.pid) < 300, timeout_s=30, poll_s=0.1,
                    what="the flood's connections dropped")
         assert p.poll() is None and a.board.agent().pid == p.pid
         wait_until(lambda: b.peer_status(a) is Status.ALIVE, timeout_s=15, what="a alive on b")

@@ -17,34 +17,12 @@ from shmhb.instances import (
     register_instance,
 )
 
-from .conftest import Procs, wait_until
+from .conftest import ENGINE, Procs, wait_until
 
 A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN
 
 #: one engine: its rank slots (argv[4] of them: tp0, tp1, ...) in this process, the
 #: instance slot beside tp0 (serving :8000 and bootstrap :8998 on argv[5], 127.0.0.5)
-ENGINE = """
-    import signal, sys
-    import shmhb
-    from shmhb.instances import register_instance
-    name, engine, role, nranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    ip = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.5"
-    b = shmhb.Board.attach(name)
-    hbs = [b.register(f"vllm/{engine}/dp0/tp{i}/pp0", endpoints=(f"{ip}:{31000 + i}",),
-                      agent=False).start(0.02) for i in range(nranks)]
-    inst = register_instance(b, hbs[0], role, engine, serving=f"{ip}:8000",
-                             bootstrap=f"{ip}:8998" if role == "prefill" else None,
-                             interval_s=0.02)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    print(f"ready {inst.incarnation}", flush=True)
-    while not stop:
-        signal.pause()
-    for hb in hbs:
-        hb.close()
-"""
-
-
 def slot(key: str, st: Status = A, *eps: str, inc: int = 7) -> shmhb.SlotStatus:
     return shmhb.SlotStatus(key, 1, inc, st, 0.0, eps)
 

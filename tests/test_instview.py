@@ -15,9 +15,7 @@ from shmhb import Status
 from shmhb.exporter import Exporter
 from shmhb.instview import SCHEMA, InstanceLog
 
-from .conftest import Procs
-from .test_feeder import inst
-from .test_instances import ENGINE
+from .conftest import ENGINE, Procs, inst
 
 
 def test_the_change_log_resumes_from_a_revision_and_resets_when_it_cannot() -> None:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from rich.console import Console
@@ -37,14 +36,8 @@ from .fakes import FakePinger
 A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN
 
 
-@pytest.fixture
-def board(board_name: str) -> Iterator[shmhb.Board]:
-    """conftest's board with slow suspicion (5 s): on a loaded machine a worker's beat
-    thread can be starved for a second, and these tests are not about hangs (kills are
-    seen at once through the agent's pidfd whatever the policy)."""
-    b = shmhb.Board.create(board_name, slots=64, suspect_after_s=5.0, dead_after_s=10.0)
-    yield b
-    b.close()
+#: conftest's board with slow suspicion (5 s): these tests are not about hangs
+pytestmark = pytest.mark.slow_suspicion
 
 
 def synthetic_view() -> View:
@@ -165,15 +158,6 @@ def test_local_table_truncates_nothing_it_needs() -> None:
 
 
 # -- real boards -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def local_agent(board: shmhb.Board) -> Iterator[Agent]:
-    """An agent without its network half, so FakePinger's rows are left alone."""
-    a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
-    assert a.holding.wait(5)
-    yield a
-    a.stop()
 
 
 def _status(name: str, *extra: str) -> subprocess.CompletedProcess[str]:

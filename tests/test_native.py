@@ -72,6 +72,19 @@ def test_header_defines_agree_with_layout() -> None:
     assert not d, f"defines with no counterpart in layout.py: {sorted(d)}"
 
 
+def test_memo_slots_agree_with_localreads() -> None:
+    """Board.slot()'s per-key memo is a list read by position on both sides: the slots
+    _native.c names (SHMHB_MEMO_*) are those shmhb/localreads.py names (MEMO_*)."""
+    from shmhb import localreads
+
+    with open(os.path.join(ROOT, "shmhb", "_native.c")) as f:
+        text = f.read()
+    c = {m[1]: int(m[2]) for m in re.finditer(r"^#define SHMHB_(MEMO_[A-Z]+) (\d+)\b", text, re.M)}
+    py = {n: v for n, v in vars(localreads).items() if n.startswith("MEMO_")}
+    assert c and c == py
+    assert sorted(v for n, v in py.items() if n != "MEMO_SLOTS") == list(range(py["MEMO_SLOTS"]))
+
+
 # -- the C rule is the Python rule ----------------------------------------------------------
 
 def _words(rng: random.Random, now: int) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 import shmhb
 from shmhb.cli import EXIT_BROKEN_PIPE
 
-from .conftest import ROOT
+from .conftest import ME, ROOT
 
 
 @pytest.fixture
@@ -52,7 +52,6 @@ def test_a_closed_pipe_ends_the_command_quietly(busy_board: shmhb.Board, args: t
 
 
 def test_a_closed_pipe_ends_units_quietly(tmp_path: object) -> None:
-    from .test_units import ME
     from .conftest import install_args
     p = run_into_closed_pipe("units", *install_args(), "--out", str(tmp_path), "--user", ME)
     err = p.stderr.decode(errors="replace")

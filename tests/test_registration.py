@@ -18,8 +18,7 @@ from shmhb import Status
 from shmhb.loopback import child_env
 from shmhb.registration import LOCKFREE_GAP, issue_incarnation, key_bucket
 
-from .conftest import Procs
-from .test_registry_stall import Stall
+from .conftest import Procs, Stall
 
 RACER = textwrap.dedent("""
     import json, sys

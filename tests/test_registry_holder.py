@@ -16,8 +16,7 @@ import shmhb
 from shmhb import Status
 from shmhb.loopback import child_env
 
-from .conftest import Procs, wait_until
-from .test_registry_stall import Stall
+from .conftest import Procs, Stall, wait_until
 
 
 def test_attach_status_and_a_standby_do_not_wait_for_a_stopped_holder(

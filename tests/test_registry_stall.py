@@ -10,8 +10,6 @@ processes' watches), a LinkReaper's drops, a graceful leave.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,17 +22,8 @@ from shmhb import DropReason, LinkReaper, Status
 from shmhb.agent import Agent
 from shmhb.loopback import child_env
 
-from .conftest import Procs, wait_until
+from .conftest import Procs, Stall, wait_until
 from .hosts import Cluster
-
-HOLDER = textwrap.dedent("""
-    import os, signal, sys
-    import shmhb
-    b = shmhb.Board.attach(sys.argv[1])
-    with b.registry():
-        print("held", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-""")
 
 WATCHER = textwrap.dedent("""
     import signal, sys
@@ -44,23 +33,6 @@ WATCHER = textwrap.dedent("""
     print("ready", flush=True)
     signal.pause()
 """)
-
-
-class Stall:
-    """A process that takes the registry lock of a board and stops itself."""
-
-    def __init__(self, board: str) -> None:
-        env = child_env()
-        self.p = subprocess.Popen([sys.executable, "-c", HOLDER, board], stdout=subprocess.PIPE,
-                                  env=env)
-        assert self.p.stdout is not None and self.p.stdout.readline().strip() == b"held"
-
-    def release(self) -> None:
-        if self.p.poll() is None:
-            os.kill(self.p.pid, signal.SIGCONT)
-        self.p.wait(10)
-        if self.p.stdout is not None:
-            self.p.stdout.close()
 
 
 def refs(board: shmhb.Board, host: str) -> int:

@@ -12,8 +12,7 @@ import textwrap
 
 
 from .conftest import wait_until
-from .hosts import Cluster
-from .test_degraded import kill_is_dead_within_bound, status, wait_held, wait_net
+from .hosts import Cluster, kill_is_dead_within_bound, status, wait_held, wait_net
 
 TEARER = textwrap.dedent("""
     import os, signal, sys

@@ -4,7 +4,6 @@ shmhb, the given user and board; the shipped files are the same template's outpu
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -17,9 +16,7 @@ import pytest
 from shmhb import units
 from shmhb.errors import InvalidConfig
 
-from .conftest import ROOT, install_args
-
-ME = pwd.getpwuid(os.getuid()).pw_name
+from .conftest import ME, ROOT, install_args
 
 
 def run_units(*args: str, install: bool = True) -> subprocess.CompletedProcess[str]:
