@@ -207,8 +207,10 @@ def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]
     """Stock and wrapped side by side in one stack (one board and pinger per host, a
     stock pair and a wrapped pair of engines, each pair on its own bootstrap port),
     samples interleaved ABBA so that a drift in the machine's load falls on both."""
+    # Engines step every 0.2 ms while a transfer is under way and every 5 ms otherwise:
+    # four engines spinning on two cores would time the OS scheduler, not the wrapper.
     env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": "0.0002",
-           "SHMHB_VLLM_TRACE": "1"}
+           "SHMHB_VLLM_IDLE_STEP_S": "0.005", "SHMHB_VLLM_TRACE": "1"}
     procs, cluster, stack = _stack(tmp, True, env)
     try:
         pairs = {}

@@ -36,6 +36,10 @@ from .model import BLOCK_SIZE, HEAD_SIZE, NUM_BLOCKS, NUM_KV_HEADS, PROMPT_BLOCK
 MAX_MODEL_LEN = max(1024, PROMPT_BLOCKS * BLOCK_SIZE + 64)
 #: the step loop's period: a stand-in model runner steps every few milliseconds
 STEP_S = float(os.environ.get("SHMHB_VLLM_STEP_S", "0.005"))
+#: the period while the engine has nothing under way (no load waiting, no send to
+#: report): a bench that keeps a second pair of engines beside the one it times lets
+#: that pair idle instead of spinning on the same cores
+IDLE_STEP_S = float(os.environ.get("SHMHB_VLLM_IDLE_STEP_S", str(STEP_S)))
 #: a producer stamps each write ("wrote": its start and end), for the bench's stages
 TRACE = os.environ.get("SHMHB_VLLM_TRACE") == "1"
 
@@ -188,6 +192,7 @@ class Engine:
         self.blocks: dict[str, list[int]] = {}
         self.next_block = 0
         self.waiting: set[str] = set()  # decode: loads not finished yet
+        self.sending: set[str] = set()  # prefill: finished, their send not reported yet
         self.step_n = 0
         self.hold_writes = False  # prefill: cut the next write in the middle (op "hold_writes")
         if a.role == "prefill":
@@ -279,6 +284,8 @@ class Engine:
         r = self.requests[rid]
         r.status = RequestStatus.FINISHED_LENGTH_CAPPED
         delay, _ = self.sched.request_finished(r, self.blocks[rid])
+        if delay:
+            self.sending.add(rid)
         emit(ev="finished", rid=rid, delay_free=delay)
 
     def load(self, rid: str, transfer_id: str, engine_id: str, bootstrap: str) -> None:
@@ -377,6 +384,7 @@ class Engine:
             emit(ev="load_failed" if failed else "loaded", rid=rid, t=t,
                  digest=self.digest(ids) if ids else "")
         for rid in sorted(sending or ()):
+            self.sending.discard(rid)
             emit(ev="sent", rid=rid)
 
     def handle(self, cmd: dict[str, Any]) -> bool:
@@ -414,7 +422,8 @@ class Engine:
         buf = b""
         fd = sys.stdin.fileno()
         while True:
-            r, _, _ = select.select([fd], [], [], STEP_S)
+            busy = self.waiting or self.sending
+            r, _, _ = select.select([fd], [], [], STEP_S if busy else IDLE_STEP_S)
             if r:
                 chunk = os.read(fd, 65536)
                 if not chunk:
