@@ -25,8 +25,7 @@ from .status import PeerStatus, SlotStatus, Status
 
 
 class PeerRow(NamedTuple):
-    """A peer row as read (``_peer_row``).  ``_remote_at`` reads it by position: it is
-    on ``remote()``'s path."""
+    """A peer row as read (``_peer_row``)."""
 
     address: str
     gen: int
@@ -170,15 +169,14 @@ class RemoteReads(BoardCore):
         if j is None:
             return None
         p = int(row["peer"])
-        pr = self._peer_row(p, now, ok)  # by position: remote()'s path
-        if pr is None or pr[1] != int(row["peer_gen"]):  # pr.gen
+        pr = self._peer_row(p, now, ok)
+        if pr is None or pr.gen != int(row["peer_gen"]):
             return None
         key = stored_key(bytes(row["key"]), "remote row", i)
         if key is None:
             return None
-        # pr[2], pr[4]: pr.status, pr.age_s
         return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
-                          combine_remote(j[0], pr[2]), _remote_age(j[1], pr[4]), eps), p
+                          combine_remote(j[0], pr.status), _remote_age(j[1], pr.age_s), eps), p
 
 
 def _remote_age(row_age: int, host_age_s: float | None) -> float:
