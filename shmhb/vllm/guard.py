@@ -18,7 +18,7 @@ from ..board import Board
 from ..reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
-from .adapters import InnerAdapter
+from .inner import InnerAdapter
 from .fence import FenceServer, GrantAsker, parse_extra
 from .instance import register_engine_instance
 from .loads import Load, LoadState, LoadTable

@@ -1,7 +1,7 @@
 """How a Mooncake consumer settles its pulls: each (producer worker, request) exactly
 once, and a request reported to vLLM (``finished_recving``, and its blocks as invalid
 if any of its pulls failed) only once every producer worker it pulls from has settled.
-Part of the Mooncake adapter (``adapters.MooncakeAdapter``), split out for length; like
+Part of the Mooncake adapter (``mooncake_adapter.MooncakeAdapter``), split out for length; like
 it, it reaches into the inner worker, and names what it uses.
 
 One decode rank can pull one request from several producer ranks (prefill TP 2, decode

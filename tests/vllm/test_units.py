@@ -327,7 +327,7 @@ def test_prom_metrics_are_the_inner_connectors_fed_its_stats() -> None:
 def test_adapter_refuses_a_vllm_it_was_not_written_for(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm
 
-    from shmhb.vllm.adapters import MooncakeAdapter
+    from shmhb.vllm.mooncake_adapter import MooncakeAdapter
     from shmhb.vllm.mooncake_pulls import vllm_release
     assert vllm_release("0.33.0") == (0, 33) and vllm_release("0.32.1.dev3+gabc") == (0, 32)
     assert vllm_release("dev") is None
@@ -390,3 +390,72 @@ def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> 
     assert w.finished_recving_reqs == {"r"} and pm.pull_tasks_count == 0 and pm.failed
     assert w._invalid_block_ids.get_nowait() == {4, 5} and w._invalid_block_ids.empty()
     assert ended == [("A", ["r"])]
+
+
+def test_a_computed_request_is_asked_at_its_read_and_each_request_once() -> None:
+    """The producer's go-ahead for blocks already computed goes out as the request is
+    read, so its round trip runs beside the stock preparation of the write; blocks still
+    being computed are asked just before their own write; no request is asked twice, and
+    one the consumer refuses is freed and reported failed.  The stock sender below
+    follows vLLM's ``send_kv_to_decode``: prepare, wait for readiness, build, write."""
+    from types import SimpleNamespace
+
+    from shmhb.vllm.mooncake_adapter import MooncakeAdapter
+
+    log: list[tuple[str, object]] = []
+
+    def send_meta(xid: str, ready: bool) -> SimpleNamespace:
+        ev = asyncio.Event()
+        if ready:
+            ev.set()
+        return SimpleNamespace(transfer_id=xid, p_req_id="p-" + xid, ready=ev, sending=0)
+
+    async def stock_send(identity: bytes, sock: object, meta: SimpleNamespace) -> None:
+        await asyncio.sleep(0.02)  # stock's preparation of the regions
+        log.append(("prepared", None))
+        for d, (xid, _) in meta.req_blocks.items():
+            await w.reqs_need_send[xid].ready.wait()
+            await w._build_transfer_params([(d, w.reqs_need_send[xid])], meta, None, None)
+
+    async def stock_build(ready: list[tuple[str, object]], *a: object) -> tuple[object, ...]:
+        log.append(("build", [d for d, _ in ready]))
+        return [1], [2], [3], [], None
+
+    w = SimpleNamespace(
+        is_kv_producer=True, is_kv_consumer=False, hostname="127.0.0.3", side_channel_port=7,
+        _xfer_meta_decoder=None, send_kv_to_decode=stock_send, _build_transfer_params=stock_build,
+        _prepared_transfer_regions={}, finished_sending_reqs=set(),
+        reqs_need_send={"x1": send_meta("x1", True), "x2": send_meta("x2", False),
+                        "x3": send_meta("x3", True)})
+
+    class Hooks:
+        def consumer_seen(self, endpoint: str, extra: object) -> None:
+            pass
+
+        async def allowed(self, consumer: str, extra: object, producer: str,
+                          req_ids: list[str]) -> list[str]:
+            log.append(("ask", sorted(req_ids)))
+            await asyncio.sleep(0.01)  # the round trip
+            log.append(("answer", sorted(req_ids)))
+            return [r for r in req_ids if r != "d3"]  # the consumer gave d3 up
+
+        def write_denied(self, consumer: str, n: int) -> None:
+            log.append(("denied", n))
+
+    MooncakeAdapter(SimpleNamespace(connector_worker=w)).install(Hooks())  # type: ignore[arg-type]
+
+    async def run() -> None:
+        meta = SimpleNamespace(remote_hostname="127.0.0.2", remote_port=9,
+                               req_blocks={"d1": ("x1", []), "d2": ("x2", []), "d3": ("x3", [])})
+        sender = asyncio.ensure_future(w.send_kv_to_decode(b"id", None, meta))
+        while ("build", ["d1"]) not in log:
+            await asyncio.sleep(0.001)
+        w.reqs_need_send["x2"].ready.set()  # d2's prefill finishes only now
+        await sender
+    asyncio.run(run())
+    asks = [x for k, x in log if k == "ask"]
+    assert asks == [["d1", "d3"], ["d2"]], log  # once each: the computed ones at the read
+    assert log.index(("answer", ["d1", "d3"])) < log.index(("prepared", None)), log
+    assert log.index(("ask", ["d2"])) > log.index(("build", ["d1"])), log
+    assert ("build", ["d3"]) not in log and ("denied", 1) in log, log
+    assert "x3" not in w.reqs_need_send and "p-x3" in w.finished_sending_reqs  # freed now

@@ -1,0 +1,95 @@
+"""The adapter contract: what ``ShmhbConnector`` needs from the connector it wraps, one
+small class per inner connector (``mooncake_adapter.MooncakeAdapter``; the registry is
+``adapters``).  Only adapter modules touch an inner connector's internals; each names
+what it reaches in its docstring, so a vLLM upgrade that renames them breaks there,
+loudly, at startup (``check()``), not silently at the first failure.
+
+An adapter answers five things:
+
+* ``rank()`` and ``endpoints()``: what the rank registers on its board (the side channel
+  peers send requests to, the transfer engine's address, the bootstrap server if this
+  rank runs it);
+* ``install(hooks)``: put the wrapper in the path of a load (consumer) and of a write
+  (producer): the consumer tells ``hooks`` when a load starts and ends and adds its
+  incarnation and go-ahead address to the request; the producer asks ``hooks.allowed``
+  before every write;
+* ``fence(tokens)``: cut what carries the given loads' requests, and return once that is
+  done (a future), so a failure is reported only after the fence holds;
+* ``evict_engine(engine_id)`` / ``evict_consumer(endpoint)``: forget what the inner
+  connector caches about a peer that is gone, so the next request asks afresh.
+
+The NIXL and vllm-ascend adapters would be the same shape (see docs/VLLM.md).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+from ..config import format_hostport, parse_hostport
+
+
+class Hooks(Protocol):
+    """What the wrapper offers an adapter (implemented by ``guard.WorkerGuard``)."""
+
+    def load_started(self, endpoint: str, engine_id: str, reqs: dict[str, frozenset[int]],
+                     token: object) -> bool: ...
+
+    def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]: ...
+
+    def give_up(self, req_ids: list[str]) -> list[object]: ...
+
+    def request_extra(self, producer: str | None) -> dict[str, Any] | None: ...
+
+    def consumer_seen(self, endpoint: str, extra: Any) -> None: ...
+
+    async def allowed(self, consumer: str, extra: Any, producer: str,
+                      req_ids: list[str]) -> list[str]: ...
+
+    def write_denied(self, consumer: str, n: int) -> None: ...
+
+
+class InnerAdapter(ABC):
+    """The contract; see the module docstring."""
+
+    #: the ``kv_connector`` names this adapter serves
+    names: tuple[str, ...] = ()
+
+    def __init__(self, connector: Any) -> None:
+        self.connector = connector
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise ``TypeError`` if the inner connector lacks what this adapter uses."""
+
+    @abstractmethod
+    def rank(self) -> tuple[int, int, int]:
+        """(dp rank, tp rank, pp rank) of this worker."""
+
+    @abstractmethod
+    def endpoints(self) -> dict[str, str]:
+        """Endpoints peers reach this rank at: "side", "engine", "bootstrap" ("host:port")."""
+
+    @abstractmethod
+    def install(self, hooks: Hooks) -> None: ...
+
+    @abstractmethod
+    def fence(self, tokens: list[object]) -> concurrent.futures.Future[None]: ...
+
+    @abstractmethod
+    def evict_engine(self, engine_id: str) -> None: ...
+
+    @abstractmethod
+    def evict_consumer(self, endpoint: str) -> None: ...
+
+    def cached_engines(self) -> set[str]:
+        """Remote engines the inner connector holds state for (for tests and metrics)."""
+        return set()
+
+
+def zmq_hostport(addr: str) -> str:
+    """"tcp://host:port" -> "host:port" (as the board spells endpoints)."""
+    rest = addr.split("://", 1)[-1]
+    host, port = parse_hostport(rest)
+    return format_hostport(host, port)

@@ -1,0 +1,392 @@
+"""The adapter for vLLM 0.32's and 0.33's ``MooncakeConnector`` (the contract is
+``inner``'s docstring; the settlement of pulls is ``mooncake_pulls``)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+from typing import Any, NamedTuple
+
+from ..config import format_hostport
+from .inner import Hooks, InnerAdapter, zmq_hostport
+from .mooncake_pulls import SUPPORTED_VLLM, Ledger, needs, vllm_release
+
+log = logging.getLogger(__name__)
+
+#: the producer worker a consumer task is asking (its side channel, "host:port")
+_PRODUCER: contextvars.ContextVar[str] = contextvars.ContextVar("shmhb_producer")
+
+
+class _EarlyAsk(NamedTuple):
+    """A go-ahead asked as a request was read: for which requests, and its answer."""
+
+    asked: frozenset[str]
+    task: asyncio.Future[list[str]]
+
+
+class MooncakeAdapter(InnerAdapter):
+    """vLLM 0.32 and 0.33 ``MooncakeConnector`` (the producer pushes into the consumer).
+
+    Uses, on ``connector.connector_worker``: ``hostname``, ``rpc_port``,
+    ``side_channel_port``, ``dp_rank``/``tp_rank``/``pp_rank``, ``engine_id``,
+    ``is_kv_producer``/``is_kv_consumer``, ``vllm_config``; consumer:
+    ``receive_kv_from_single_worker`` and ``handle_new_engine_id`` (wrapped), ``_encoder``
+    (wrapped: the request carries ``{"shmhb": {"inc", "fence"}}``, an extra field stock
+    producers ignore), the settlement of pulls (``mooncake_pulls``: each producer worker's
+    share of a request settled once, the request reported once all have settled),
+    ``_pending_bootstrap_queries``, ``receiver_loop``, ``_remote_agents``/``_tp_size``
+    and 0.33's ``_acked_layout_peers`` (evicted); producer: ``_xfer_meta_decoder`` and
+    ``send_kv_to_decode`` and ``_build_transfer_params`` (wrapped),
+    ``reqs_need_send``/``finished_sending_reqs``/``_prepared_transfer_regions`` and
+    0.33's ``_layout_by_peer`` (evicted, freed), ``sender_loop``.
+
+    The fence: a load's request is one DEALER socket inside
+    ``receive_kv_from_single_worker``, opened with linger 0.  Cancelling that task
+    closes it, which is what stock does at its timeout: the request is withdrawn and the
+    connection goes.  That alone does not bind a producer that already read the request
+    (it may be stopped holding it), so the producer side asks the consumer's go-ahead
+    before it writes (``hooks.allowed``: as it reads the request when the blocks are
+    computed already, else when they are), and the consumer grants only loads it has
+    not given up (``loads.LoadTable``).  A producer that is not wrapped is bound only by
+    the socket close.
+    """
+
+    names = ("MooncakeConnector",)
+
+    def __init__(self, connector: Any) -> None:
+        super().__init__(connector)
+        self.w = connector.connector_worker
+        self._pending_extra: dict[int, Any] = {}  # id(decoded request) -> its shmhb field
+        self._active: dict[int, tuple[str, Any, _EarlyAsk | None]] = {}  # id(request) ->
+        #   (consumer, extra, the go-ahead asked at its read)
+        self._region_owner: dict[Any, str] = {}  # prepared-regions key -> consumer
+        self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
+
+    def check(self) -> None:
+        release = vllm_release()
+        if release not in SUPPORTED_VLLM:
+            import vllm
+            raise TypeError(
+                f"shmhb's Mooncake adapter supports vLLM 0.32 and 0.33, not "
+                f"{getattr(vllm, '__version__', '?')}: install 'vllm>=0.32,<0.34', or a "
+                "shmhb written for this vLLM")
+        need = ["hostname", "rpc_port", "engine_id", "tp_rank", "pp_rank", "dp_rank"]
+        if not self.w.is_kv_producer:
+            need += ["receive_kv_from_single_worker", "handle_new_engine_id", "_encoder",
+                     "_pending_bootstrap_queries", "receiver_loop", "_remote_agents",
+                     "_tp_size", *needs(self.w)]
+        if not self.w.is_kv_consumer:
+            need += ["_xfer_meta_decoder", "send_kv_to_decode", "_build_transfer_params",
+                     "reqs_need_send", "finished_sending_reqs", "_prepared_transfer_regions",
+                     "sender_loop"]
+        missing = [n for n in need if not hasattr(self.w, n)]
+        if missing:
+            raise TypeError(f"this MooncakeConnector lacks {missing}: the shmhb adapter was "
+                            "written for vLLM 0.32 and 0.33; pin one of them or update "
+                            "shmhb.vllm.mooncake_adapter")
+
+    def rank(self) -> tuple[int, int, int]:
+        return int(self.w.dp_rank), int(self.w.tp_rank), int(self.w.pp_rank)
+
+    def endpoints(self) -> dict[str, str]:
+        w = self.w
+        out = {"engine": format_hostport(w.hostname, int(w.rpc_port))}
+        side_port = int(getattr(w, "side_channel_port", 0) or 0)
+        if not w.is_kv_consumer and side_port:
+            out["side"] = format_hostport(w.hostname, int(w.side_channel_port))
+        if getattr(w, "bootstrap_server", None) is not None:
+            from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import (
+                mooncake_connector as mc,
+            )
+            host, port = mc.get_mooncake_bootstrap_addr(w.vllm_config)
+            out["bootstrap"] = format_hostport(host, int(port))
+        return out
+
+    # -- in the path of loads and writes ----------------------------------------------------
+
+    def install(self, hooks: Hooks) -> None:
+        w = self.w
+        if not w.is_kv_producer:
+            self._install_consumer(hooks)
+        if not w.is_kv_consumer:
+            self._install_producer(hooks)
+
+    def _install_consumer(self, hooks: Hooks) -> None:
+        import msgspec
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import (
+            mooncake_connector as mc,
+        )
+        w = self.w
+        receive = w.receive_kv_from_single_worker
+        encoder = w._encoder
+        ledger = Ledger(w, hooks.load_ended)
+        ledger.install()
+
+        class Encoder:
+            """The stock encoder, plus the shmhb field on transfer requests."""
+
+            def encode(self, obj: Any) -> bytes:
+                if isinstance(obj, mc.MooncakeXferMetadata):
+                    extra = hooks.request_extra(_PRODUCER.get(None))
+                    if extra is not None:
+                        d = msgspec.structs.asdict(obj)
+                        d["shmhb"] = extra
+                        return encoder.encode(d)  # type: ignore[no-any-return]
+                return encoder.encode(obj)  # type: ignore[no-any-return]
+
+        def doom(req_ids: list[str]) -> None:
+            # These failed at one producer worker, so what they wait for from the others
+            # cannot complete them: give those loads up (no grant after this) and cut
+            # the requests that carry nothing else; each settles its own share.
+            for t in hooks.give_up(req_ids):
+                if isinstance(t, asyncio.Task) and not t.done():
+                    t.cancel()
+
+        async def receive_kv_from_single_worker(worker_addr: str, pull_metas: dict[str, Any]) -> None:
+            # One producer worker's share of these requests, each settled exactly once:
+            # by the inner's results (the ledger records them) or here, for what the
+            # task leaves unsettled.  A dict of its own: what settles pops per worker.
+            task = asyncio.current_task()
+            ep = zmq_hostport(worker_addr)
+            mine = dict(pull_metas)
+            engine = next(iter(mine.values())).remote_engine_id if mine else ""
+            failed = [r for r, pm in mine.items() if pm.failed]
+            if failed:  # failed at another worker already: not asked of this one
+                ledger.fail_now(mine, failed, "shmhb: failed at another producer worker")
+                for r in failed:
+                    del mine[r]
+            if not mine:
+                return
+            reqs = {r: frozenset(b for g in pm.local_block_ids for b in g)
+                    for r, pm in mine.items()}
+            if not hooks.load_started(ep, engine, reqs, task):
+                ledger.fail_now(mine, list(mine), f"shmhb: producer {ep} of engine {engine} is gone")
+                doom(list(mine))
+                return
+            ledger.begin(task, ep)
+            _PRODUCER.set(ep)  # this task's (its own context): the request's token is ep's
+            try:
+                await receive(worker_addr, mine)
+            except asyncio.CancelledError:
+                # Fenced: the request socket is closed (linger 0) as the task unwound.
+                # Only now report what this worker had not settled, the stock way.
+                left = ledger.finish(task, mine)
+                hooks.load_ended(ep, list(mine))
+                ledger.fail_now(mine, left, f"shmhb: producer {ep} of engine {engine} dropped")
+                doom(left)
+                return
+            left = ledger.finish(task, mine)
+            hooks.load_ended(ep, list(mine))
+            # (0.33 fails what a worker's last answer left out; 0.32 forgot it)
+            ledger.fail_now(mine, left, "peer finished without reporting a transfer result")
+
+        handle_new_engine = w.handle_new_engine_id
+
+        async def handle_new_engine_id(remote_engine_id: str, pull_metas: dict[str, Any]) -> None:
+            # The first load from an engine (or the first since it was evicted) asks its
+            # bootstrap server first: a load too, tracked under the bootstrap endpoint,
+            # so a producer that hangs here is fenced like one that hangs later.  This
+            # stage settles a request only when it fails it (count 0: no worker asked).
+            task = asyncio.current_task()
+            pm = next(iter(pull_metas.values()), None)
+            try:
+                ep = zmq_hostport(pm.remote_bootstrap_addr) if pm is not None else ""
+            except ValueError:
+                ep = ""
+            reqs = {r: frozenset(b for g in m.local_block_ids for b in g)
+                    for r, m in pull_metas.items()}
+            if ep and not hooks.load_started(ep, remote_engine_id, reqs, task):
+                ledger.fail_now(pull_metas, list(pull_metas),
+                                f"shmhb: engine {remote_engine_id} at {ep} is gone")
+                return
+            ledger.begin(task, ep)
+            try:
+                await handle_new_engine(remote_engine_id, pull_metas)
+            except asyncio.CancelledError:
+                left = ledger.finish(task, pull_metas)
+                if ep:
+                    hooks.load_ended(ep, list(pull_metas))
+                ledger.fail_now(pull_metas, left,
+                                f"shmhb: engine {remote_engine_id} at {ep} dropped")
+                # The bootstrap query was cut (every load waiting on it is fenced with
+                # it: they share the endpoint): wake its waiters, let the next ask anew.
+                ev = w._pending_bootstrap_queries.pop(pm.remote_bootstrap_addr, None) \
+                    if pm is not None else None
+                if ev is not None:
+                    ev.set()
+                return
+            ledger.finish(task, pull_metas)
+            if ep:
+                hooks.load_ended(ep, list(pull_metas))
+
+        w._encoder = Encoder()
+        w.receive_kv_from_single_worker = receive_kv_from_single_worker
+        w.handle_new_engine_id = handle_new_engine_id
+
+    def _install_producer(self, hooks: Hooks) -> None:
+        import msgspec
+        w = self.w
+        decoder = w._xfer_meta_decoder
+        send = w.send_kv_to_decode
+        build = w._build_transfer_params
+        pending, active = self._pending_extra, self._active
+
+        class _Extra(msgspec.Struct):
+            shmhb: Any = None
+
+        extra_decoder = msgspec.msgpack.Decoder(_Extra)
+
+        class Decoder:
+            """The stock decoder; keeps the request's shmhb field aside."""
+
+            def decode(self, data: bytes) -> Any:
+                meta = decoder.decode(data)
+                try:
+                    pending[id(meta)] = extra_decoder.decode(data).shmhb
+                except msgspec.ValidationError:
+                    pending[id(meta)] = None
+                return meta
+
+        async def send_kv_to_decode(identity: bytes, sock: Any, meta: Any) -> None:
+            # _sender_worker decodes and calls us with no await in between: the field
+            # kept aside is this request's.
+            extra = pending.pop(id(meta), None)
+            consumer = format_hostport(meta.remote_hostname, int(meta.remote_port))
+            hooks.consumer_seen(consumer, extra)
+            self._consumer_xfers.setdefault(consumer, set()).update(
+                x for x, _ in meta.req_blocks.values())
+            ask = self._early_ask(hooks, consumer, extra, meta)
+            active[id(meta)] = (consumer, extra, ask)
+            try:
+                await send(identity, sock, meta)
+            finally:
+                active.pop(id(meta), None)
+                if ask is not None and not ask.task.done():
+                    ask.task.cancel()  # stock answered without writing (an error reply)
+
+        async def _build_transfer_params(ready_reqs: list[Any], meta: Any, local_regions: Any,
+                                         remote_regions: Any) -> Any:
+            consumer, extra, ask = active.get(id(meta), (
+                format_hostport(meta.remote_hostname, int(meta.remote_port)), None, None))
+            for k in w._prepared_transfer_regions:
+                self._region_owner.setdefault(k, consumer)
+            ok = await self._granted(hooks, consumer, extra, ask, [d for d, _ in ready_reqs])
+            granted = [(d, s) for d, s in ready_reqs if d in ok]
+            denied = [(d, s) for d, s in ready_reqs if d not in ok]
+            if granted:
+                src, dst, lengths, err, msg = await build(granted, meta, local_regions, remote_regions)
+            else:
+                src, dst, lengths, err, msg = [], [], [], [], None
+            if denied:
+                err, msg = self._deny(hooks, consumer, denied, err, msg)
+            return src, dst, lengths, err, msg
+
+        w._xfer_meta_decoder = Decoder()
+        w.send_kv_to_decode = send_kv_to_decode
+        w._build_transfer_params = _build_transfer_params
+
+    def _free_send(self, send_meta: Any) -> None:
+        """On the sender loop: release a send's blocks on this producer now."""
+        w = self.w
+        if w.reqs_need_send.pop(send_meta.transfer_id, None) is not None and send_meta.p_req_id:
+            w.finished_sending_reqs.add(send_meta.p_req_id)
+
+    def _deny(self, hooks: Hooks, consumer: str, denied: list[tuple[str, Any]], err: Any,
+              msg: str | None) -> tuple[list[str], str]:
+        """The consumer gave these up: free their blocks now, and report them failed."""
+        hooks.write_denied(consumer, len(denied))
+        for _, s in denied:
+            self._free_send(s)
+        return list(err) + [d for d, _ in denied], \
+            msg or "shmhb: the consumer no longer wants these blocks"
+
+    def _side(self) -> str:
+        return format_hostport(self.w.hostname, int(self.w.side_channel_port))
+
+    def _early_ask(self, hooks: Hooks, consumer: str, extra: Any, meta: Any) -> _EarlyAsk | None:
+        """On the sender loop, as the request is read: ask the go-ahead at once for the
+        requests whose blocks are already computed (the usual P/D order: the prefill
+        finished before its decode asked), so that the round trip runs while the stock
+        code prepares the write instead of after it.  Requests still being computed are
+        asked when they are ready, just before their write; each request is asked once.
+        A grant taken here binds the consumer from the read on: the window in which a
+        stopped producer makes a load wait for the inner's timeout grows by the stock
+        preparation between the read and the write (docs/VLLM.md, the fence)."""
+        ready = []
+        for d, (xid, _) in meta.req_blocks.items():
+            s = self.w.reqs_need_send.get(xid)
+            if s is not None and s.ready.is_set():
+                ready.append(d)
+        if not ready:
+            return None
+        return _EarlyAsk(frozenset(ready), asyncio.ensure_future(
+            hooks.allowed(consumer, extra, self._side(), ready)))
+
+    async def _granted(self, hooks: Hooks, consumer: str, extra: Any, ask: _EarlyAsk | None,
+                       want: list[str]) -> set[str]:
+        """Of the requests about to be written, those the consumer granted: each asked
+        once, at the read (``_early_ask``) or now."""
+        ok: set[str] = set()
+        if ask is not None and ask.asked.intersection(want):
+            ok |= ask.asked.intersection(await ask.task)
+        rest = [d for d in want if ask is None or d not in ask.asked]
+        if rest:
+            ok |= set(await hooks.allowed(consumer, extra, self._side(), rest))
+        return ok
+
+    # -- fences and evictions ------------------------------------------------------------------
+
+    def fence(self, tokens: list[object]) -> concurrent.futures.Future[None]:
+        async def cancel() -> None:
+            tasks = [t for t in tokens if isinstance(t, asyncio.Task) and not t.done()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+        return asyncio.run_coroutine_threadsafe(cancel(), self.w.receiver_loop)
+
+    def evict_engine(self, engine_id: str) -> None:
+        w = self.w
+        if w.is_kv_producer or engine_id == w.engine_id:
+            return
+
+        def evict() -> None:
+            agents = w._remote_agents.pop(engine_id, None) or {}
+            w._tp_size.pop(engine_id, None)
+            acked = getattr(w, "_acked_layout_peers", None)  # 0.33: workers holding our layout
+            if acked is not None:
+                for by_pp in agents.values():
+                    for addr in by_pp.values():
+                        acked.discard(addr)
+        w.receiver_loop.call_soon_threadsafe(evict)
+
+    def evict_consumer(self, endpoint: str) -> None:
+        w = self.w
+        if w.is_kv_consumer:
+            return
+
+        def evict() -> None:
+            for k in [k for k, c in self._region_owner.items() if c == endpoint]:
+                w._prepared_transfer_regions.pop(k, None)
+                del self._region_owner[k]
+            layouts = getattr(w, "_layout_by_peer", None)  # 0.33: (host, port, ...) -> regions
+            if layouts is not None:
+                for k in [k for k in layouts if format_hostport(k[0], int(k[1])) == endpoint]:
+                    del layouts[k]
+            for xid in self._consumer_xfers.pop(endpoint, ()):
+                s = w.reqs_need_send.get(xid)
+                if s is None:
+                    continue
+                if not s.p_req_id:  # a placeholder its consumer created: never expires
+                    w.reqs_need_send.pop(xid, None)
+                elif s.ready.is_set() and s.sending == 0:
+                    self._free_send(s)
+        w.sender_loop.call_soon_threadsafe(evict)
+
+    def cached_engines(self) -> set[str]:
+        w = self.w
+        out = set(getattr(w, "_remote_agents", {}))
+        out |= {e for e in getattr(w, "_tp_size", {}) if e != w.engine_id}
+        return out
