@@ -220,7 +220,7 @@ class _Channel:
 
 
 class GrantAsker:
-    """The producer's side: which requests a consumer still wants, asked before
+    """The producer's side: which requests a consumer still wants, asked just before
     writing.  One connection per consumer is kept (a new TCP connection and ZMTP
     handshake per ask cost most of an ask's time), on the event loop that asks; asks to
     one consumer take turns.  A channel whose ask timed out or failed is closed and

@@ -7,9 +7,8 @@ Its state moves only forward, under one lock:
        |
        +--abandon--> ABANDONED --end--> (gone)
 
-* ``grant`` is the producer asking, before it writes, whether the consumer still
-  wants the blocks (as it reads the request if the blocks are computed already, else
-  just before the write).  Only a WAITING load is granted, and only to the producer it was
+* ``grant`` is the producer asking, just before it writes, whether the consumer still
+  wants the blocks.  Only a WAITING load is granted, and only to the producer it was
   asked of, for the consumer incarnation that asked.
 * ``abandon`` is the consumer giving the load up (its producer was dropped).  Only a
   WAITING load can be abandoned: a GRANTED one may have a write under way, so its

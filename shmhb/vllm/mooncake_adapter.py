@@ -6,24 +6,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import logging
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..config import format_hostport
 from .inner import Hooks, InnerAdapter, zmq_hostport
 from .mooncake_pulls import SUPPORTED_VLLM, Ledger, needs, vllm_release
 
-log = logging.getLogger(__name__)
-
 #: the producer worker a consumer task is asking (its side channel, "host:port")
 _PRODUCER: contextvars.ContextVar[str] = contextvars.ContextVar("shmhb_producer")
-
-
-class _EarlyAsk(NamedTuple):
-    """A go-ahead asked as a request was read: for which requests, and its answer."""
-
-    asked: frozenset[str]
-    task: asyncio.Future[list[str]]
 
 
 class MooncakeAdapter(InnerAdapter):
@@ -47,8 +37,7 @@ class MooncakeAdapter(InnerAdapter):
     closes it, which is what stock does at its timeout: the request is withdrawn and the
     connection goes.  That alone does not bind a producer that already read the request
     (it may be stopped holding it), so the producer side asks the consumer's go-ahead
-    before it writes (``hooks.allowed``: as it reads the request when the blocks are
-    computed already, else when they are), and the consumer grants only loads it has
+    just before it writes (``hooks.allowed``), and the consumer grants only loads it has
     not given up (``loads.LoadTable``).  A producer that is not wrapped is bound only by
     the socket close.
     """
@@ -59,8 +48,7 @@ class MooncakeAdapter(InnerAdapter):
         super().__init__(connector)
         self.w = connector.connector_worker
         self._pending_extra: dict[int, Any] = {}  # id(decoded request) -> its shmhb field
-        self._active: dict[int, tuple[str, Any, _EarlyAsk | None]] = {}  # id(request) ->
-        #   (consumer, extra, the go-ahead asked at its read)
+        self._active: dict[int, tuple[str, Any]] = {}  # id(request) -> (consumer, extra)
         self._region_owner: dict[Any, str] = {}  # prepared-regions key -> consumer
         self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
 
@@ -257,22 +245,20 @@ class MooncakeAdapter(InnerAdapter):
             hooks.consumer_seen(consumer, extra)
             self._consumer_xfers.setdefault(consumer, set()).update(
                 x for x, _ in meta.req_blocks.values())
-            ask = self._early_ask(hooks, consumer, extra, meta)
-            active[id(meta)] = (consumer, extra, ask)
+            active[id(meta)] = (consumer, extra)
             try:
                 await send(identity, sock, meta)
             finally:
                 active.pop(id(meta), None)
-                if ask is not None and not ask.task.done():
-                    ask.task.cancel()  # stock answered without writing (an error reply)
 
         async def _build_transfer_params(ready_reqs: list[Any], meta: Any, local_regions: Any,
                                          remote_regions: Any) -> Any:
-            consumer, extra, ask = active.get(id(meta), (
-                format_hostport(meta.remote_hostname, int(meta.remote_port)), None, None))
+            consumer, extra = active.get(id(meta), (
+                format_hostport(meta.remote_hostname, int(meta.remote_port)), None))
             for k in w._prepared_transfer_regions:
                 self._region_owner.setdefault(k, consumer)
-            ok = await self._granted(hooks, consumer, extra, ask, [d for d, _ in ready_reqs])
+            producer = format_hostport(w.hostname, int(w.side_channel_port))
+            ok = set(await hooks.allowed(consumer, extra, producer, [d for d, _ in ready_reqs]))
             granted = [(d, s) for d, s in ready_reqs if d in ok]
             denied = [(d, s) for d, s in ready_reqs if d not in ok]
             if granted:
@@ -280,7 +266,11 @@ class MooncakeAdapter(InnerAdapter):
             else:
                 src, dst, lengths, err, msg = [], [], [], [], None
             if denied:
-                err, msg = self._deny(hooks, consumer, denied, err, msg)
+                hooks.write_denied(consumer, len(denied))
+                for _, s in denied:  # the consumer gave them up: free the blocks now
+                    self._free_send(s)
+                err = list(err) + [d for d, _ in denied]
+                msg = msg or "shmhb: the consumer no longer wants these blocks"
             return src, dst, lengths, err, msg
 
         w._xfer_meta_decoder = Decoder()
@@ -292,49 +282,6 @@ class MooncakeAdapter(InnerAdapter):
         w = self.w
         if w.reqs_need_send.pop(send_meta.transfer_id, None) is not None and send_meta.p_req_id:
             w.finished_sending_reqs.add(send_meta.p_req_id)
-
-    def _deny(self, hooks: Hooks, consumer: str, denied: list[tuple[str, Any]], err: Any,
-              msg: str | None) -> tuple[list[str], str]:
-        """The consumer gave these up: free their blocks now, and report them failed."""
-        hooks.write_denied(consumer, len(denied))
-        for _, s in denied:
-            self._free_send(s)
-        return list(err) + [d for d, _ in denied], \
-            msg or "shmhb: the consumer no longer wants these blocks"
-
-    def _side(self) -> str:
-        return format_hostport(self.w.hostname, int(self.w.side_channel_port))
-
-    def _early_ask(self, hooks: Hooks, consumer: str, extra: Any, meta: Any) -> _EarlyAsk | None:
-        """On the sender loop, as the request is read: ask the go-ahead at once for the
-        requests whose blocks are already computed (the usual P/D order: the prefill
-        finished before its decode asked), so that the round trip runs while the stock
-        code prepares the write instead of after it.  Requests still being computed are
-        asked when they are ready, just before their write; each request is asked once.
-        A grant taken here binds the consumer from the read on: the window in which a
-        stopped producer makes a load wait for the inner's timeout grows by the stock
-        preparation between the read and the write (docs/VLLM.md, the fence)."""
-        ready = []
-        for d, (xid, _) in meta.req_blocks.items():
-            s = self.w.reqs_need_send.get(xid)
-            if s is not None and s.ready.is_set():
-                ready.append(d)
-        if not ready:
-            return None
-        return _EarlyAsk(frozenset(ready), asyncio.ensure_future(
-            hooks.allowed(consumer, extra, self._side(), ready)))
-
-    async def _granted(self, hooks: Hooks, consumer: str, extra: Any, ask: _EarlyAsk | None,
-                       want: list[str]) -> set[str]:
-        """Of the requests about to be written, those the consumer granted: each asked
-        once, at the read (``_early_ask``) or now."""
-        ok: set[str] = set()
-        if ask is not None and ask.asked.intersection(want):
-            ok |= ask.asked.intersection(await ask.task)
-        rest = [d for d in want if ask is None or d not in ask.asked]
-        if rest:
-            ok |= set(await hooks.allowed(consumer, extra, self._side(), rest))
-        return ok
 
     # -- fences and evictions ------------------------------------------------------------------
 
