@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .inner import Hooks, InnerAdapter
+from .inner import InnerAdapter
 from .mooncake_adapter import MooncakeAdapter
 
-__all__ = ["ADAPTERS", "Hooks", "InnerAdapter", "MooncakeAdapter", "adapter_for"]
+__all__ = ["ADAPTERS", "adapter_for"]
 
 ADAPTERS: list[type[InnerAdapter]] = [MooncakeAdapter]
 
