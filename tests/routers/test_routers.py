@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,15 @@ def up(stack: PdStack, kind: str, *, serving_url: bool = True) -> None:
     stack.start_feeder(kind)
 
 
+def actions(stack: PdStack, event: str, url: str) -> list[dict[str, Any]]:
+    """The feeder's ``event`` actions on ``url``, once there is one.  The feeder reports
+    an action after the router's call returned, and its lines are read by a thread, so
+    the router can show a change a moment before the line is here: wait for it."""
+    return wait_for(lambda: [a for a in stack.feed_actions()
+                             if a["event"] == event and a["url"] == url],
+                    10, f"the feeder's {event} of {url}")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_prefill_leaves_the_rotation_and_a_restarted_one_returns_where_it_can(
         stack: PdStack, kind: str) -> None:
@@ -39,8 +49,8 @@ def test_a_killed_prefill_leaves_the_rotation_and_a_restarted_one_returns_where_
         wait_for(lambda: len(p1.served_since(0)) >= 5, 20, "p1 serving")
         t_kill = stack.kill("p1")
         wait_for(lambda: not stack.listed(p1.url, healthy_only=False), 10, "p1 out of the router")
-        removes = [a for a in stack.feed_actions() if a["event"] == "remove" and a["url"] == p1.url]
-        assert removes and removes[0]["t_ns"] > t_kill
+        removes = actions(stack, "remove", p1.url)
+        assert removes[0]["t_ns"] > t_kill
         # after its removal, every request is served (by p2): none fails for long
         t_out = removes[0]["t_ns"]
         wait_for(lambda: len([r for r in c.results if r.t_send > t_out + 200_000_000
@@ -49,8 +59,8 @@ def test_a_killed_prefill_leaves_the_rotation_and_a_restarted_one_returns_where_
         stack.start("p1")
         if kind == "sglang":
             wait_for(lambda: len(p1.served_since(t_restart)) >= 3, 20, "restarted p1 serving")
-            adds = [a for a in stack.feed_actions() if a["event"] == "add" and a["url"] == p1.url]
-            assert adds and adds[0]["t_ns"] > t_restart
+            adds = actions(stack, "add", p1.url)
+            assert adds[0]["t_ns"] > t_restart
         else:
             # vllm-router's PD mode takes no worker over HTTP: p1 stays out, and the feeder
             # says so instead of trying (it would be refused)
@@ -72,9 +82,9 @@ def test_a_stopped_prefill_leaves_after_dead_after(stack: PdStack, kind: str) ->
     p2 = stack.instances["p2"]
     t_stop = stack.kill("p2", signal.SIGSTOP)
     wait_for(lambda: not stack.listed(p2.url, healthy_only=False), 10, "p2 out of the router")
-    removes = [a for a in stack.feed_actions() if a["event"] == "remove" and a["url"] == p2.url]
+    removes = actions(stack, "remove", p2.url)
     dead_after_ns = int(stack.policy.dead_after_s * 1e9)
-    assert removes and removes[0]["t_ns"] - t_stop >= dead_after_ns * 0.9  # not before the verdict
+    assert removes[0]["t_ns"] - t_stop >= dead_after_ns * 0.9  # not before the verdict
 
 
 def test_vllm_router_workers_are_matched_by_bootstrap_port(stack: PdStack) -> None:
