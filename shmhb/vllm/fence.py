@@ -56,6 +56,9 @@ MAX_ID_BYTES = 256
 TOKEN_HEX = 32  # a 128-bit token, as hex
 #: consumers a producer keeps a go-ahead connection to (the least recently asked goes)
 MAX_CHANNELS = 256
+#: past an ask's deadline, how long one last look waits for a reply already on its way
+#: (see ``GrantAsker.ask``)
+LAST_LOOK_S = 0.25
 _LOG_EVERY_S = 10.0
 _HEX = frozenset("0123456789abcdef")
 
@@ -280,9 +283,21 @@ class GrantAsker:
             await ch.sock.send(json.dumps({"v": VERSION, "n": nonce, "inc": incarnation,
                                            "from": producer, "tok": token,
                                            "reqs": req_ids}).encode())
+            looked = False
             while True:
+                # A grant is the consumer's promise to hold the load (it never gives up a
+                # GRANTED one), so a reply is honoured however late this process reads
+                # it: the deadline only bounds the wait for a consumer that does not
+                # answer.  A producer stopped (SIGSTOP, a long GC) between its ask and
+                # the read finds its deadline passed on resume, with the reply in the
+                # kernel's buffer and zmq's I/O thread not yet run: without one last look
+                # it would fail a load its consumer granted and is waiting for.
                 left = deadline - loop.time()
+                if left <= 0 and not looked:
+                    looked, left = True, LAST_LOOK_S
                 if left <= 0 or not await ch.sock.poll(int(left * 1000) + 1):
+                    if not looked:
+                        continue  # the deadline: the last look
                     self._drop(endpoint, ch)
                     return self._gave_up(endpoint, timeout_s, req_ids)
                 ok = decode_reply(await ch.sock.recv(), nonce)

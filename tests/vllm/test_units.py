@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ import zmq.asyncio  # noqa: E402
 
 from shmhb.errors import InvalidConfig  # noqa: E402
 from shmhb.vllm.fence import (  # noqa: E402
-    VERSION, FenceServer, GrantAsker, decode_ask, decode_reply, parse_extra)
+    LAST_LOOK_S, VERSION, FenceServer, GrantAsker, decode_ask, decode_reply, parse_extra)
 from shmhb.vllm.loads import Load, LoadState, LoadTable  # noqa: E402
 from shmhb.vllm.settings import ConnectorSettings, engine_prefix, rank_key  # noqa: E402
 
@@ -205,6 +206,45 @@ def test_asks_reuse_one_connection_and_a_timed_out_one_is_made_anew() -> None:
     assert len(peers) == 4
     # the stalled ask's reply came to a closed channel: "c" was granted, never written
     assert t.grant(EP, ["c"]) == []
+
+
+def test_a_grant_read_past_the_deadline_is_taken() -> None:
+    """A producer stopped between its ask and its read finds its deadline passed on
+    resume, the consumer's grant unread.  A grant is a promise the consumer keeps (a
+    GRANTED load is never given up), so the ask returns it: failing it would fail a load
+    the consumer is holding for this write.  Here the reply lands just past the deadline,
+    as it does for a producer resumed after the deadline (found in CI: a SIGSTOP between
+    the ask and the read failed a granted load, and no byte was written)."""
+    t = LoadTable()
+    t.start([_load("a"), _load("b")])
+    gate = threading.Event()
+
+    def grant(frm: str, reqs: list[str]) -> list[str]:
+        gate.wait(5.0)
+        return t.grant(frm, reqs)
+    srv = FenceServer("127.0.0.1", 3, grant)
+    tok = srv.token_for(EP)
+    asker = GrantAsker()
+    timeout_s = 0.3
+
+    async def run() -> tuple[list[str], float, list[str]]:
+        t0 = time.monotonic()
+        threading.Timer(timeout_s + 0.05, gate.set).start()  # answers just past the deadline
+        late = await asker.ask(srv.endpoint, 3, tok, EP, ["a"], timeout_s)
+        took = time.monotonic() - t0
+        gate.clear()  # no answer at all: the last look is bounded
+        t1 = time.monotonic()
+        none = await asker.ask(srv.endpoint, 3, tok, EP, ["b"], timeout_s)
+        return late, took, none + [f"{time.monotonic() - t1:.3f}"]
+    try:
+        late, took, none = asyncio.run(run())
+    finally:
+        gate.set()
+        asker.close()
+        srv.close()
+    assert late == ["a"], (late, took)
+    assert t.grant(EP, ["a"]) == []  # granted once, at the consumer too
+    assert none[:-1] == [] and float(none[-1]) < timeout_s + LAST_LOOK_S + 1.0, none
 
 
 def test_settings_and_keys() -> None:
