@@ -6,18 +6,25 @@ from typing import Any
 
 from .inner import InnerAdapter
 from .mooncake_adapter import MooncakeAdapter
+from .nixl_adapter import NixlAdapter
 
-__all__ = ["ADAPTERS", "adapter_for"]
+__all__ = ["ADAPTERS", "adapter_class", "adapter_for"]
 
-ADAPTERS: list[type[InnerAdapter]] = [MooncakeAdapter]
+ADAPTERS: list[type[InnerAdapter]] = [MooncakeAdapter, NixlAdapter]
 
 
-def adapter_for(name: str, connector: Any) -> InnerAdapter:
+def adapter_class(name: str) -> type[InnerAdapter]:
+    """The adapter that serves inner connector ``name`` (``TypeError`` if none does)."""
     for cls in ADAPTERS:
         if name in cls.names:
-            a = cls(connector)
-            a.check()
-            return a
+            return cls
     raise TypeError(f"shmhb has no adapter for inner connector {name!r} (it has: "
                     f"{sorted(n for c in ADAPTERS for n in c.names)}); write one "
                     "(docs/VLLM.md, 'Writing an adapter')")
+
+
+def adapter_for(name: str, connector: Any) -> InnerAdapter:
+    """The adapter of a built inner connector, checked against what it uses."""
+    a = adapter_class(name)(connector)
+    a.check()
+    return a

@@ -32,9 +32,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ..board import Board
-from ..config import format_hostport, parse_hostport
-from ..errors import InvalidConfig, ShmhbError
-from .adapters import adapter_for
+from ..errors import ShmhbError
+from .adapters import adapter_class, adapter_for
 from .guard import WorkerGuard
 from .settings import ConnectorSettings
 from .stats import Counts, InnerPromMetrics, ShmhbKVConnectorStats
@@ -94,7 +93,10 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         self.guard: WorkerGuard | None = None
         self._board: Board | None = None
         self._vetoed: dict[str, str] = {}  # request id -> reason (scheduler role)
-        self._parsed: dict[str, str | None] = {}  # bootstrap address -> board endpoint
+        # how the inner connector's transfer params name the producer's address
+        cls_a = adapter_class(self.settings.inner["kv_connector"])
+        self._address_fields, self._address = cls_a.address_fields, cls_a.producer_address
+        self._parsed: dict[tuple[Any, ...], str | None] = {}  # their values -> board endpoint
         # board endpoint -> (board changes(), the slot read then): reused while nothing
         # changed and this host's agent is observing
         self._seen: dict[str, tuple[int, Any]] = {}
@@ -145,29 +147,32 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
 
     # -- scheduler role ------------------------------------------------------------------------
 
-    def _endpoint(self, bootstrap: Any) -> str | None:
-        """The board endpoint of a producer's bootstrap address ("http://host:port"),
-        watched on first sight; None if the address is not one."""
-        ep = self._parsed.get(bootstrap, "")
+    def _endpoint(self, params: dict[str, Any]) -> str | None:
+        """The board endpoint of the producer address the params name (Mooncake: its
+        bootstrap server, NIXL: its handshake listener), watched on first sight; None
+        if they name none."""
+        raw = tuple(params.get(f) for f in self._address_fields)
+        try:
+            ep = self._parsed.get(raw, "")
+        except TypeError:  # unhashable values: not an address
+            return None
         if ep != "":
             return ep
-        out: str | None = None
-        if isinstance(bootstrap, str) and len(self._parsed) < 4096:
+        out = self._address(*raw)
+        if out is not None and len(self._parsed) < 4096:
             try:
-                host, port = parse_hostport(bootstrap.split("://", 1)[-1].split("/", 1)[0])
-                out = format_hostport(host, port)
                 assert self._board is not None
                 self._board.watch(out)
-            except (InvalidConfig, ShmhbError) as e:
-                log.warning("shmhb: cannot follow bootstrap address %r: %s", bootstrap, e)
+            except ShmhbError as e:
+                log.warning("shmhb: cannot follow producer address %s: %s", out, e)
                 out = None
-            self._parsed[bootstrap] = out
+            self._parsed[raw] = out
         return out
 
     def veto_reason(self, params: dict[str, Any]) -> str | None:
         """Why a load from the producer these params name would be futile, or None.
-        One board read: the slot that serves the engine's bootstrap address."""
-        ep = self._endpoint(params.get("remote_bootstrap_addr"))
+        One board read: the slot that serves the engine's address."""
+        ep = self._endpoint(params)
         b = self._board
         if ep is None or b is None:
             return None

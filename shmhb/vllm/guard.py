@@ -20,7 +20,7 @@ from ..status import Status
 from ..errors import ShmhbError
 from .inner import InnerAdapter
 from .fence import FenceServer, GrantAsker, parse_extra
-from .instance import register_engine_instance
+from .instance import register_engine_instance, role_of
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
 from .verdict import producer_verdict
@@ -63,8 +63,7 @@ class WorkerGuard:
         eps = a.endpoints()
         dp, tp, pp = a.rank()
         self.key = rank_key(self.engine_id, dp, tp, pp)
-        w_consumes = not getattr(a.connector.connector_worker, "is_kv_producer", False)
-        if w_consumes:
+        if a.consumes() and a.asks_go_ahead:
             # Serves grants only for the incarnation set below: none before that.
             host = eps["engine"].rsplit(":", 1)[0].strip("[]")
             self.fence_server = FenceServer(host, 0, self._grant)
@@ -73,7 +72,8 @@ class WorkerGuard:
         if self.fence_server is not None:
             self.fence_server.incarnation = hb.incarnation  # one int store: atomic
         self.hb = hb.start(self.settings.beat_interval_s)
-        register_engine_instance(self.board, hb, eps, (dp, tp, pp), a.connector, self.engine_id,
+        register_engine_instance(self.board, hb, eps, (dp, tp, pp),
+                                 role_of(a.produces(), a.consumes()), self.engine_id,
                                  self.settings)  # for routers (shmhb.instances)
         self.reaper = LinkReaper(self.board, self._on_drop, drop_suspect=self.settings.act_on_suspect)
         self.adapter.install(self)
@@ -160,6 +160,12 @@ class WorkerGuard:
         if ok:
             self.counts.add("granted_loads", len(ok))
         return ok
+
+    def go_ahead(self, endpoint: str, req_ids: list[str]) -> list[str]:
+        """A consumer that moves the bytes itself (a pull) is about to start these
+        loads from ``endpoint``: the ones still wanted, now GRANTED (never failed
+        early: the transfer cannot be called back once started)."""
+        return self._grant(endpoint, req_ids)
 
     def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]:
         return [ld.req_id for ld in self.loads.end(req_ids, endpoint)

@@ -4,21 +4,26 @@ small class per inner connector (``mooncake_adapter.MooncakeAdapter``; the regis
 what it reaches in its docstring, so a vLLM upgrade that renames them breaks there,
 loudly, at startup (``check()``), not silently at the first failure.
 
-An adapter answers five things:
+An adapter answers six things:
 
-* ``rank()`` and ``endpoints()``: what the rank registers on its board (the side channel
-  peers send requests to, the transfer engine's address, the bootstrap server if this
-  rank runs it);
+* ``address_fields`` and ``producer_address(*values)`` (class level: the scheduler role
+  asks them with no worker built): the board endpoint of the producer a request's
+  transfer params name, or None;
+
+* ``rank()``, ``consumes()``/``produces()`` and ``endpoints()``: what the rank registers on its board
+  (the side channel peers send requests to, the transfer engine's address, the
+  bootstrap server if this rank runs it), and whether it loads;
 * ``install(hooks)``: put the wrapper in the path of a load (consumer) and of a write
   (producer): the consumer tells ``hooks`` when a load starts and ends and adds its
-  incarnation and go-ahead address to the request; the producer asks ``hooks.allowed``
-  before every write;
+  incarnation and go-ahead address to the request; where the producer writes
+  (``asks_go_ahead``), it asks ``hooks.allowed`` before every write;
 * ``fence(tokens)``: cut what carries the given loads' requests, and return once that is
   done (a future), so a failure is reported only after the fence holds;
 * ``evict_engine(engine_id)`` / ``evict_consumer(endpoint)``: forget what the inner
   connector caches about a peer that is gone, so the next request asks afresh.
 
-The NIXL and vllm-ascend adapters would be the same shape (see docs/VLLM.md).
+``nixl_adapter.NixlAdapter`` is the second (the consumer reads: no go-ahead); a
+vllm-ascend adapter would be the same shape (see docs/VLLM.md).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Hooks(Protocol):
 
     def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]: ...
 
+    def go_ahead(self, endpoint: str, req_ids: list[str]) -> list[str]: ...
+
     def give_up(self, req_ids: list[str]) -> list[object]: ...
 
     def request_extra(self, producer: str | None) -> dict[str, Any] | None: ...
@@ -55,6 +62,18 @@ class InnerAdapter(ABC):
 
     #: the ``kv_connector`` names this adapter serves
     names: tuple[str, ...] = ()
+    #: whether a producer writes into its consumer's blocks (then it asks the
+    #: consumer's go-ahead first, and consumers run the fence server that answers)
+    asks_go_ahead: bool = True
+    #: the transfer params that name the producer's address (``producer_address``)
+    address_fields: tuple[str, ...] = ()
+
+    @staticmethod
+    def producer_address(*values: object) -> str | None:
+        """The board endpoint ("host:port") of the producer that the values of
+        ``address_fields`` in a request's transfer params name; None if they name none
+        (untrusted input: anything else is None, never an error)."""
+        return None
 
     def __init__(self, connector: Any) -> None:
         self.connector = connector
@@ -62,6 +81,14 @@ class InnerAdapter(ABC):
     @abstractmethod
     def check(self) -> None:
         """Raise ``TypeError`` if the inner connector lacks what this adapter uses."""
+
+    @abstractmethod
+    def consumes(self) -> bool:
+        """Whether this rank loads KV from producers (a consumer, or both)."""
+
+    @abstractmethod
+    def produces(self) -> bool:
+        """Whether this rank serves KV to consumers (a producer, or both)."""
 
     @abstractmethod
     def rank(self) -> tuple[int, int, int]:

@@ -22,10 +22,8 @@ from .settings import ConnectorSettings, engine_prefix
 log = logging.getLogger(__name__)
 
 
-def role_of(worker: Any) -> str:
-    """prefill, decode or both, from the inner connector worker's producer/consumer flags."""
-    producer = bool(getattr(worker, "is_kv_producer", False))
-    consumer = bool(getattr(worker, "is_kv_consumer", not producer))
+def role_of(producer: bool, consumer: bool) -> str:
+    """prefill, decode or both, from what the rank does (its adapter says)."""
     if producer and consumer:
         return "both"
     return "prefill" if producer else "decode"
@@ -48,13 +46,12 @@ def routable_bootstrap(endpoints: dict[str, str]) -> str | None:
 
 
 def register_engine_instance(board: Any, rank_hb: Any, endpoints: dict[str, str],
-                             rank: tuple[int, int, int], connector: Any, engine_id: str,
+                             rank: tuple[int, int, int], role: str, engine_id: str,
                              settings: ConnectorSettings) -> Any:
     """The instance slot's heartbeat, or None when this rank is not the one that
     registers it, or when it cannot be registered (logged: the rank itself is up and
     the connector works without it; only routers fed by shmhb miss the instance).
-    ``connector``: the inner connector (its ``connector_worker`` has the role flags)."""
-    worker = getattr(connector, "connector_worker", connector)
+    ``role``: prefill, decode or both (``role_of``)."""
     bootstrap = routable_bootstrap(endpoints)
     if bootstrap is None and rank != (0, 0, 0):
         return None
@@ -65,7 +62,7 @@ def register_engine_instance(board: Any, rank_hb: Any, endpoints: dict[str, str]
         return None
     token = engine_prefix(engine_id)[len("vllm/"):-1]
     try:
-        return register_instance(board, rank_hb, role_of(worker), token, serving=serving,
+        return register_instance(board, rank_hb, role, token, serving=serving,
                                  bootstrap=bootstrap, interval_s=settings.beat_interval_s)
     except (ShmhbError, ValueError) as e:
         log.warning("shmhb: engine %s: no instance slot for routers (%s)", engine_id, e)

@@ -8,7 +8,8 @@ import concurrent.futures
 import contextvars
 from typing import Any
 
-from ..config import format_hostport
+from ..config import format_hostport, parse_hostport
+from ..errors import ShmhbError
 from .inner import Hooks, InnerAdapter, zmq_hostport
 from .mooncake_pulls import SUPPORTED_VLLM, Ledger, needs, vllm_release
 
@@ -43,6 +44,19 @@ class MooncakeAdapter(InnerAdapter):
     """
 
     names = ("MooncakeConnector",)
+    #: the engine's bootstrap server ("http://host:port"), which its first rank registers
+    address_fields = ("remote_bootstrap_addr",)
+
+    @staticmethod
+    def producer_address(*values: object) -> str | None:
+        url = values[0] if values else None
+        if not isinstance(url, str):
+            return None
+        try:
+            host, port = parse_hostport(url.split("://", 1)[-1].split("/", 1)[0])
+            return format_hostport(host, port)
+        except ShmhbError:
+            return None
 
     def __init__(self, connector: Any) -> None:
         super().__init__(connector)
@@ -74,6 +88,12 @@ class MooncakeAdapter(InnerAdapter):
             raise TypeError(f"this MooncakeConnector lacks {missing}: the shmhb adapter was "
                             "written for vLLM 0.32 and 0.33; pin one of them or update "
                             "shmhb.vllm.mooncake_adapter")
+
+    def consumes(self) -> bool:
+        return not self.w.is_kv_producer
+
+    def produces(self) -> bool:
+        return not self.w.is_kv_consumer
 
     def rank(self) -> tuple[int, int, int]:
         return int(self.w.dp_rank), int(self.w.tp_rank), int(self.w.pp_rank)

@@ -6,6 +6,7 @@ vLLM release, 0.32.0 or 0.33.0 (the second stage of .ci/run does exactly this, f
     python3 -m venv .venv-vllm && . .venv-vllm/bin/activate
     pip install vllm==0.33.0 mooncake-transfer-engine-non-cuda && pip uninstall -y torchvision torchaudio torchcodec
     apt-get install -y libibverbs1 librdmacm1 libnuma1
+    pip install --no-deps nixl==1.5.1 nixl-cu13==1.5.1   # NIXL (tests/vllm/test_nixl.py)
     pip install -e '.[test,vllm]' && python -m pytest -q tests/vllm
 """
 
@@ -32,18 +33,28 @@ def require_vllm() -> None:
     pytest.importorskip("mooncake.engine", reason=HOW)
 
 
+def require_nixl() -> None:
+    """As ``require_vllm``, for NIXL (``nixl._api``, what vLLM's NixlConnector imports:
+    the ``nixl`` meta package over ``nixl-cu13``, which vLLM's CUDA 13 torch matches)."""
+    require_vllm()
+    if os.environ.get("SHMHB_REQUIRE_VLLM"):
+        import nixl._api  # noqa: F401
+        return
+    pytest.importorskip("nixl._api", reason="NIXL not installed: " + HOW)
+
+
 from tests.conftest import Procs
 from tests.hosts import Cluster
 
 from .stack import Stack
 
 
-def make_stack(tmp_path_factory: Any, *, wrapped: bool, env: dict[str, str] | None = None
-               ) -> Iterator[Stack]:
-    tmp = str(tmp_path_factory.mktemp("vllm-wrapped" if wrapped else "vllm-stock"))
+def make_stack(tmp_path_factory: Any, *, wrapped: bool, env: dict[str, str] | None = None,
+               inner: str = "mooncake") -> Iterator[Stack]:
+    tmp = str(tmp_path_factory.mktemp(("vllm-wrapped" if wrapped else "vllm-stock") + f"-{inner}"))
     procs = Procs()
     cluster = Cluster(tmp, procs)
-    s = Stack(cluster, tmp, wrapped=wrapped, env=env)
+    s = Stack(cluster, tmp, wrapped=wrapped, env=env, inner=inner)
     try:
         yield s
     finally:

@@ -128,11 +128,19 @@ def build(a: argparse.Namespace) -> Any:
     )
 
     cpu_stand_ins()
-    loopback_bootstrap_server()
-    inner = {"kv_connector": "MooncakeConnector",
-             "kv_connector_extra_config": {"mooncake_protocol": "tcp", "num_workers": 2}}
+    nixl = getattr(a, "inner", "mooncake") == "nixl"
+    if nixl:
+        # NIXL on CPU: DRAM segments over UCX, the KV caches registered in place
+        inner: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu",
+                                 "kv_connector_extra_config": {"backends": ["UCX"]}}
+    else:
+        loopback_bootstrap_server()
+        inner = {"kv_connector": "MooncakeConnector",
+                 "kv_connector_extra_config": {"mooncake_protocol": "tcp", "num_workers": 2}}
     role = "kv_producer" if a.role == "prefill" else "kv_consumer"
     policy = {"kv_load_failure_policy": a.failure_policy} if getattr(a, "failure_policy", None) else {}
+    if nixl:
+        policy["kv_buffer_device"] = "cpu"
     if a.wrapped:
         extra: dict[str, Any] = {"inner": inner, "board": a.board,
                                  "on_dead_peer": a.on_dead_peer}
@@ -140,7 +148,7 @@ def build(a: argparse.Namespace) -> Any:
                                kv_role=role, engine_id=a.engine_id, kv_connector_extra_config=extra,
                                **policy)
     else:
-        ktc = KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role,
+        ktc = KVTransferConfig(kv_connector=inner["kv_connector"], kv_role=role,
                                engine_id=a.engine_id,
                                kv_connector_extra_config=inner["kv_connector_extra_config"], **policy)
     model = ModelConfig(model=tiny_model_dir(a.model_dir), skip_tokenizer_init=True,
@@ -149,6 +157,8 @@ def build(a: argparse.Namespace) -> Any:
     # No prefix caching: each request's KV comes from its load or its own compute.
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
     cache.num_gpu_blocks = NUM_BLOCKS
+    if nixl:
+        cache.kv_cache_layout = "LBHNC"  # what NixlConnector requires: the "heads" layout
     cfg = VllmConfig(model_config=model, cache_config=cache,
                      parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
                      device_config=DeviceConfig("cpu"),
@@ -167,7 +177,7 @@ def build(a: argparse.Namespace) -> Any:
     heads = NUM_KV_HEADS // tp_size  # this rank's share of the KV heads
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads,
                              head_size=HEAD_SIZE, dtype=torch.float32)
-    cache, page = kv_cache(getattr(a, "kv_layout", "blocks"), heads)
+    cache, page = kv_cache("heads" if nixl else getattr(a, "kv_layout", "blocks"), heads)
     nbytes = cache.untyped_storage().nbytes()
     kvc = KVCacheConfig(num_blocks=NUM_BLOCKS,
                         kv_cache_tensors=[KVCacheTensor(size=nbytes, layers=[LAYER],
@@ -181,6 +191,10 @@ def build(a: argparse.Namespace) -> Any:
     ensure_kv_transfer_initialized(cfg, kvc)
     worker = get_kv_transfer_group()
     worker.register_kv_caches({LAYER: cache})
+    if nixl and sched is not None:
+        # what vLLM's engine core does after the workers registered: the scheduler-role
+        # side channel serves their agents' metadata to consumers' handshakes
+        sched.set_xfer_handshake_metadata_pp_aware({(0, tp_rank): worker.get_handshake_metadata()})
     return cfg, sched, worker, cache, kvc
 
 
@@ -195,7 +209,8 @@ class Engine:
         self.sending: set[str] = set()  # prefill: finished, their send not reported yet
         self.step_n = 0
         self.hold_writes = False  # prefill: cut the next write in the middle (op "hold_writes")
-        if a.role == "prefill":
+        self.nixl = getattr(a, "inner", "mooncake") == "nixl"
+        if a.role == "prefill" and not self.nixl:
             self._watch_asks()
 
     def _watch_asks(self) -> None:
@@ -283,16 +298,20 @@ class Engine:
         from vllm.v1.request import RequestStatus
         r = self.requests[rid]
         r.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        delay, _ = self.sched.request_finished(r, self.blocks[rid])
+        delay, params = self.sched.request_finished(r, self.blocks[rid])
         if delay:
             self.sending.add(rid)
-        emit(ev="finished", rid=rid, delay_free=delay)
+        # (NIXL: what the decode side needs to read the blocks, handed over by a proxy)
+        emit(ev="finished", rid=rid, delay_free=delay, params=params)
 
-    def load(self, rid: str, transfer_id: str, engine_id: str, bootstrap: str) -> None:
-        """Consumer: ask the connector how much to load, allocate, start the load."""
-        r = self._request(rid, {"do_remote_prefill": True, "transfer_id": transfer_id,
-                                "remote_engine_id": engine_id,
-                                "remote_bootstrap_addr": bootstrap})
+    def load(self, rid: str, transfer_id: str, engine_id: str, bootstrap: str,
+             params: dict[str, Any] | None = None) -> None:
+        """Consumer: ask the connector how much to load, allocate, start the load.
+        ``params``: the producer's own (NIXL's, from its ``request_finished``)."""
+        r = self._request(rid, {**params, "do_remote_prefill": True, "do_remote_decode": False}
+                          if params else {"do_remote_prefill": True, "transfer_id": transfer_id,
+                                          "remote_engine_id": engine_id,
+                                          "remote_bootstrap_addr": bootstrap})
         t0 = time.perf_counter_ns()
         n, is_async = self.sched.get_num_new_matched_tokens(r, 0)
         cost_ns = time.perf_counter_ns() - t0
@@ -394,7 +413,8 @@ class Engine:
         elif op == "finish":
             self.finish(cmd["rid"])
         elif op == "load":
-            self.load(cmd["rid"], cmd["transfer_id"], cmd["engine_id"], cmd["bootstrap"])
+            self.load(cmd["rid"], cmd["transfer_id"], cmd["engine_id"], cmd["bootstrap"],
+                      cmd.get("params"))
         elif op == "digest":
             emit(ev="digest", rid=cmd["rid"], digest=self.digest(self.blocks[cmd["rid"]]))
         elif op == "digest_all":
@@ -437,12 +457,16 @@ class Engine:
 
 
 def inner_state(worker: Any) -> dict[str, Any]:
-    """What the inner Mooncake worker caches about peers (for the leak assertions)."""
+    """What the inner worker caches about peers (for the leak assertions): Mooncake's
+    or NIXL's (``reqs_need_send``: the sends it holds blocks for)."""
     inner = getattr(worker, "inner", worker)
     w = inner.connector_worker
-    return {"remote_agents": sorted(w._remote_agents), "tp_size": sorted(w._tp_size),
-            "reqs_need_send": sorted(w.reqs_need_send),
-            "prepared_regions": len(w._prepared_transfer_regions)}
+    sends = getattr(w, "reqs_need_send", None)
+    if sends is None:
+        sends = getattr(w, "_reqs_to_send", {})
+    return {"remote_agents": sorted(w._remote_agents), "tp_size": sorted(getattr(w, "_tp_size", ())),
+            "reqs_need_send": sorted(sends),
+            "prepared_regions": len(getattr(w, "_prepared_transfer_regions", ()))}
 
 
 def main() -> None:
@@ -462,10 +486,15 @@ def main() -> None:
     ap.add_argument("--tp-size", type=int, default=1)
     ap.add_argument("--tp-rank", type=int, default=0)
     ap.add_argument("--kv-layout", choices=("blocks", "heads"), default="blocks")
+    ap.add_argument("--inner", choices=("mooncake", "nixl"), default="mooncake",
+                    help="the connector under test (nixl: NixlConnector, UCX on CPU)")
     a = ap.parse_args()
     os.environ["VLLM_HOST_IP"] = a.ip
     os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with
     os.environ["SHMHB_BOARD"] = a.board
+    if a.inner == "nixl":  # the scheduler-role side channel consumers handshake with
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = a.ip
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"]
     import logging
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

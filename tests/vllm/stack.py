@@ -18,11 +18,12 @@ import time
 import uuid
 from typing import Any
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 from shmhb.loopback import free_port
 from tests.hosts import Cluster
 
 import shmhb
+from shmhb import Status
 
 PREFILL_IP, DECODE_IP = "127.0.0.2", "127.0.0.3"
 #: short policy so hangs are judged within seconds; kills are seen through pidfds
@@ -38,10 +39,11 @@ class EngineProc:
                  on_dead_peer: str = "recompute", scheduler: bool = False,
                  failure_policy: str | None = None, tp_size: int = 1, tp_rank: int = 0,
                  dist_port: int | None = None, kv_layout: str = "blocks",
-                 wait: bool = True) -> None:
+                 inner: str = "mooncake", wait: bool = True) -> None:
         """``wait=False``: return once started; ``wait_ready()`` before use (the ranks of
         one TP group start together: each waits for the others in the gloo group)."""
         self.role, self.ip, self.engine_id, self.wrapped = role, ip, engine_id, wrapped
+        self.inner = inner
         self.tp_rank = tp_rank
         self.bootstrap = f"http://{ip}:{bootstrap_port}"
         e = dict(os.environ)
@@ -61,7 +63,8 @@ class EngineProc:
         cmd = [sys.executable, "-m", "tests.vllm.engine", "--role", role, "--ip", ip,
                "--board", board, "--engine-id", engine_id, "--dist-port", str(dist_port),
                "--model-dir", os.path.join(log_dir, "model"), "--on-dead-peer", on_dead_peer,
-               "--tp-size", str(tp_size), "--tp-rank", str(tp_rank), "--kv-layout", kv_layout]
+               "--tp-size", str(tp_size), "--tp-rank", str(tp_rank), "--kv-layout", kv_layout,
+               "--inner", inner]
         if wrapped:
             cmd.append("--wrapped")
         if scheduler:
@@ -178,8 +181,9 @@ class Stack:
     """The two hosts, their pingers, and the engines started on them."""
 
     def __init__(self, cluster: Cluster, log_dir: str, *, wrapped: bool,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, inner: str = "mooncake") -> None:
         self.cluster = cluster
+        self.inner = inner  # the connector under test: "mooncake" or "nixl"
         self.log_dir = log_dir
         self.wrapped = wrapped
         self.env = env or {}
@@ -199,7 +203,8 @@ class Stack:
         e = EngineProc(role, host.ip, host.name, eid,
                        wrapped=self.wrapped if wrapped is None else wrapped,
                        bootstrap_port=bootstrap_port or self.bootstrap_port,
-                       log_dir=self.log_dir, env={**self.env, **kw.pop("env", {})}, **kw)
+                       log_dir=self.log_dir, env={**self.env, **kw.pop("env", {})},
+                       inner=kw.pop("inner", self.inner), **kw)
         self.engines.append(e)
         return e
 
@@ -228,6 +233,31 @@ class Stack:
             e.close()
 
 
+def live(stack: Stack, role: str) -> EngineProc:
+    return [e for e in stack.engines if e.role == role and e.p.poll() is None][-1]
+
+
+def bootstrap_ep(p: EngineProc) -> str:
+    return p.bootstrap.split("://", 1)[1]
+
+
+def wait_alive_on_decode_host(stack: Stack, p: EngineProc) -> None:
+    """Until the decode host's board shows the prefill engine's rank 0 alive (a fresh
+    registration reaches the other host within a round trip)."""
+    ep = bootstrap_ep(p)
+    stack.decode_host.board.watch(ep)  # as the decode scheduler does at its first request
+
+    def alive() -> bool:
+        s = stack.decode_host.board.remote(ep)
+        return s is not None and s.status is Status.ALIVE and p.engine_id in s.key
+    wait_until(alive, timeout_s=20, what=f"{p.engine_id} alive on the decode host")
+
+
+def inner_engines(d: EngineProc) -> set[str]:
+    st = d.request("inner", "inner")
+    return set(st["remote_agents"]) | set(st["tp_size"])
+
+
 def new_ids(tag: str = "r") -> tuple[str, str]:
     u = uuid.uuid4().hex[:10]
     return f"{tag}-{u}", f"xfer-{u}"
@@ -239,12 +269,18 @@ def transfer(prefill: EngineProc, decode: EngineProc, *, seed: int = 1,
     rid, xid = new_ids()
     p = prefill.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed)
     prefill.send("finish", rid=rid)
-    prefill.expect("finished", rid=rid)
+    fin = prefill.expect("finished", rid=rid)
     decode.send("load", rid=rid, transfer_id=xid, engine_id=prefill.engine_id,
-                bootstrap=prefill.bootstrap)
+                bootstrap=prefill.bootstrap, params=pull_params(prefill, fin))
     decode.expect("loading", "vetoed", rid=rid)
     d = decode.expect("loaded", "load_failed", rid=rid, timeout_s=timeout_s)
     return p, d
+
+
+def pull_params(prefill: EngineProc, finished: dict[str, Any]) -> dict[str, Any] | None:
+    """What a proxy hands the decode side from the prefill's response: NIXL's transfer
+    params (the consumer reads from them); None for Mooncake (the test builds them)."""
+    return finished.get("params") if prefill.inner == "nixl" else None
 
 
 def expected_digest(seed: int) -> str:

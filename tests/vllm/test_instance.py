@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -33,9 +32,9 @@ def test_serving_url_is_validated() -> None:
 
 
 def test_roles_and_the_routable_bootstrap_address() -> None:
-    assert role_of(SimpleNamespace(is_kv_producer=True, is_kv_consumer=False)) == "prefill"
-    assert role_of(SimpleNamespace(is_kv_producer=False, is_kv_consumer=True)) == "decode"
-    assert role_of(SimpleNamespace(is_kv_producer=True, is_kv_consumer=True)) == "both"
+    assert role_of(True, False) == "prefill"
+    assert role_of(False, True) == "decode"
+    assert role_of(True, True) == "both"
     eps = {"engine": "127.0.0.7:17000", "bootstrap": "0.0.0.0:8998"}
     assert routable_bootstrap(eps) == "127.0.0.7:8998"
     assert routable_bootstrap({"engine": "10.0.0.2:1", "bootstrap": "127.0.0.1:8998"}) == "10.0.0.2:8998"
@@ -43,17 +42,16 @@ def test_roles_and_the_routable_bootstrap_address() -> None:
 
 
 def test_the_bootstrap_rank_registers_the_instance_and_closes_it_with_itself(board: shmhb.Board) -> None:
-    conn = SimpleNamespace(connector_worker=SimpleNamespace(is_kv_producer=True, is_kv_consumer=False))
     eps = {"engine": "127.0.0.7:17000", "bootstrap": "127.0.0.7:8998"}
     hb = board.register(rank_key("eng-1", 0, 0, 0), endpoints=tuple(eps.values()), agent=False)
-    inst = register_engine_instance(board, hb, eps, (0, 0, 0), conn, "eng-1",
+    inst = register_engine_instance(board, hb, eps, (0, 0, 0), "prefill", "eng-1",
                                     settings(serving_url="http://127.0.0.7:8000"))
     assert inst is not None
     (got,) = board_instances(board)
     assert (got.engine, got.role, got.serving, got.bootstrap, got.ranks) == \
         ("eng-1", "prefill", "127.0.0.7:8000", "127.0.0.7:8998", 1)
     # another rank of the engine registers none
-    assert register_engine_instance(board, hb, {"engine": "127.0.0.7:17001"}, (0, 1, 0), conn,
+    assert register_engine_instance(board, hb, {"engine": "127.0.0.7:17001"}, (0, 1, 0), "prefill",
                                     "eng-1", settings()) is None
     hb.close()
     assert board_instances(board)[0].status is shmhb.Status.LEFT

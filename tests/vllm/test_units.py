@@ -380,6 +380,30 @@ def test_adapter_refuses_a_vllm_it_was_not_written_for(monkeypatch: pytest.Monke
         a.check()
 
 
+def test_adapters_read_the_producer_address_from_untrusted_params() -> None:
+    """The scheduler's veto looks the producer up by the address its transfer params
+    name: each adapter reads its own fields, and anything that is not an address is
+    None (no veto, no crash)."""
+    from shmhb.vllm.adapters import adapter_class
+    from shmhb.vllm.mooncake_adapter import MooncakeAdapter
+    from shmhb.vllm.nixl_adapter import NixlAdapter
+    assert adapter_class("MooncakeConnector") is MooncakeAdapter
+    assert adapter_class("NixlConnector") is NixlAdapter
+    with pytest.raises(TypeError, match="no adapter"):
+        adapter_class("LMCacheConnectorV1")
+    m, n = MooncakeAdapter.producer_address, NixlAdapter.producer_address
+    assert MooncakeAdapter.address_fields == ("remote_bootstrap_addr",)
+    assert m("http://127.0.0.2:8998") == m("127.0.0.2:8998/x") == "127.0.0.2:8998"
+    for bad in (None, 8998, "http://", "http://a b:1", "http://127.0.0.2:99999", ["x"]):
+        assert m(bad) is None, bad
+    assert NixlAdapter.address_fields == ("remote_host", "remote_port")
+    assert n("127.0.0.2", 5600) == "127.0.0.2:5600" and n("::1", 5600) == "[::1]:5600"
+    for bad in ((None, 5600), ("127.0.0.2", "5600"), ("127.0.0.2", True), ("127.0.0.2", -1),
+                ("127.0.0.2", 1 << 20), ("a b", 1), ("127.0.0.2",), ()):
+        assert n(*bad) is None, bad
+    assert not NixlAdapter.asks_go_ahead and MooncakeAdapter.asks_go_ahead
+
+
 def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> None:
     """vLLM 0.32's fields, 0.33's rule (the backport): a request pulled from two
     producer workers is reported once, after both settled, its blocks invalid once."""

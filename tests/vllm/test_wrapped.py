@@ -16,12 +16,14 @@ from .conftest import require_vllm
 
 require_vllm()
 
-from shmhb import Status
 from tests.conftest import wait_until
 
 from .conftest import make_stack
 from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_BLOCKS, NUM_KV_HEADS
-from .stack import POLICY, EngineProc, Stack, expected_digest, new_ids, transfer, zeros_digest
+from .stack import (
+    POLICY, EngineProc, Stack, bootstrap_ep, expected_digest, inner_engines, live, new_ids, transfer,
+    wait_alive_on_decode_host, zeros_digest,
+)
 
 KILL_BOUND_S = 1.0  # kill -> failed load
 HANG_BOUND_S = POLICY.dead_after_s + 1.0  # SIGSTOP -> failed load
@@ -32,41 +34,16 @@ def wrapped(tmp_path_factory: Any) -> Iterator[Stack]:
     yield from make_stack(tmp_path_factory, wrapped=True)
 
 
-def _live(stack: Stack, role: str) -> EngineProc:
-    return [e for e in stack.engines if e.role == role and e.p.poll() is None][-1]
-
-
-def _bootstrap_ep(p: EngineProc) -> str:
-    return p.bootstrap.split("://", 1)[1]
-
-
-def _wait_alive_on_decode_host(stack: Stack, p: EngineProc) -> None:
-    """Until the decode host's board shows the prefill engine's rank 0 alive (a fresh
-    registration reaches the other host within a round trip)."""
-    ep = _bootstrap_ep(p)
-    stack.decode_host.board.watch(ep)  # as the decode scheduler does at its first request
-
-    def alive() -> bool:
-        s = stack.decode_host.board.remote(ep)
-        return s is not None and s.status is Status.ALIVE and p.engine_id in s.key
-    wait_until(alive, timeout_s=20, what=f"{p.engine_id} alive on the decode host")
-
-
-def _inner_engines(d: EngineProc) -> set[str]:
-    st = d.request("inner", "inner")
-    return set(st["remote_agents"]) | set(st["tp_size"])
-
-
 def test_wrapped_healthy_moves_the_same_bytes(wrapped: Stack) -> None:
     p, d = wrapped.start("prefill", "w-prefill"), wrapped.start("decode")
-    _wait_alive_on_decode_host(wrapped, p)
+    wait_alive_on_decode_host(wrapped, p)
     a, b = transfer(p, d, seed=7)
     assert b["ev"] == "loaded"
     assert a["digest"] == b["digest"] == expected_digest(7)  # what stock moves, byte for byte
 
 
 def test_kill_fails_fast_then_restart_same_id_serves_next(wrapped: Stack) -> None:
-    p, d = _live(wrapped, "prefill"), _live(wrapped, "decode")
+    p, d = live(wrapped, "prefill"), live(wrapped, "decode")
     rid, xid = new_ids()
     p.request("prefill", "prefilled", rid=rid, transfer_id=xid)
     d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
@@ -81,11 +58,11 @@ def test_kill_fails_fast_then_restart_same_id_serves_next(wrapped: Stack) -> Non
     rid2, xid2 = new_ids()
     d.send("load", rid=rid2, transfer_id=xid2, engine_id=p.engine_id, bootstrap=p.bootstrap)
     d.expect("vetoed", rid=rid2)
-    wait_until(lambda: p.engine_id not in _inner_engines(d), timeout_s=5,
+    wait_until(lambda: p.engine_id not in inner_engines(d), timeout_s=5,
                what="the dead engine evicted from the inner connector")
     # Restart under the same engine id: the very next request is served by it.
     p2 = wrapped.start("prefill", p.engine_id)
-    _wait_alive_on_decode_host(wrapped, p2)
+    wait_alive_on_decode_host(wrapped, p2)
     a, b = transfer(p2, d, seed=8)
     assert b["ev"] == "loaded" and b["digest"] == a["digest"] == expected_digest(8)
 
@@ -93,9 +70,9 @@ def test_kill_fails_fast_then_restart_same_id_serves_next(wrapped: Stack) -> Non
 @pytest.mark.parametrize("placement", ["after", "before", "during"])
 def test_sigstop_prefill_fails_within_dead_after_and_never_writes_later(
         wrapped: Stack, placement: str) -> None:
-    p, d = _live(wrapped, "prefill"), _live(wrapped, "decode")
+    p, d = live(wrapped, "prefill"), live(wrapped, "decode")
     for rep in range(3):
-        _wait_alive_on_decode_host(wrapped, p)
+        wait_alive_on_decode_host(wrapped, p)
         rid, xid = new_ids(f"{placement}{rep}")
         seed = 100 + rep
         p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed)
@@ -140,27 +117,27 @@ def test_sigstop_prefill_fails_within_dead_after_and_never_writes_later(
         # it with the fence.  Its blocks then wait for the stock abort timeout.)
         # A good transfer on the same pair afterwards: whatever the resumed producer
         # still had to do is done by then, and not one byte of it is in our blocks.
-        _wait_alive_on_decode_host(wrapped, p)
+        wait_alive_on_decode_host(wrapped, p)
         _, b = transfer(p, d, seed=seed + 50)
         assert b["ev"] == "loaded" and b["digest"] == expected_digest(seed + 50)
         assert d.request("digest", "digest", rid=rid)["digest"] == zeros_digest()
 
 
 def test_restart_new_engine_id_leaves_no_dead_entry(wrapped: Stack) -> None:
-    d = _live(wrapped, "decode")
-    old = _live(wrapped, "prefill")
+    d = live(wrapped, "decode")
+    old = live(wrapped, "prefill")
     old.kill()
     p3 = wrapped.start("prefill")
-    _wait_alive_on_decode_host(wrapped, p3)
+    wait_alive_on_decode_host(wrapped, p3)
     _, b = transfer(p3, d, seed=9)
     assert b["ev"] == "loaded" and b["digest"] == expected_digest(9)
     dead = {e.engine_id for e in wrapped.engines if e.role == "prefill"} - {p3.engine_id}
-    wait_until(lambda: not (dead & _inner_engines(d)), timeout_s=10,
+    wait_until(lambda: not (dead & inner_engines(d)), timeout_s=10,
                what=f"dead engines {dead} evicted from the inner connector")
 
 
 def test_decode_killed_during_send_freed_at_once_restarted_decode_untouched(wrapped: Stack) -> None:
-    p, d = _live(wrapped, "prefill"), _live(wrapped, "decode")
+    p, d = live(wrapped, "prefill"), live(wrapped, "decode")
     rid, xid = new_ids()
     p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=11)
     d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
