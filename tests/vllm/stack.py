@@ -258,6 +258,36 @@ def inner_engines(d: EngineProc) -> set[str]:
     return set(st["remote_agents"]) | set(st["tp_size"])
 
 
+def pair(stack: Stack, wrapped: bool) -> tuple[EngineProc, EngineProc]:
+    """The live prefill and decode of the stock or the wrapped pair (newest first)."""
+    def one(role: str) -> EngineProc:
+        return [e for e in stack.engines if e.role == role and e.wrapped == wrapped
+                and e.p.poll() is None][-1]
+    return one("prefill"), one("decode")
+
+
+def start_pair(stack: Stack, wrapped: bool, engine_id: str) -> tuple[EngineProc, EngineProc]:
+    """A prefill and a decode on a port of their own (the NIXL side channel)."""
+    port = free_port([PREFILL_IP, DECODE_IP])
+    p = stack.start("prefill", engine_id, wrapped=wrapped, bootstrap_port=port)
+    return p, stack.start("decode", wrapped=wrapped, bootstrap_port=port)
+
+
+def prefilled(p: EngineProc, seed: int) -> tuple[str, str, dict[str, Any]]:
+    """A request computed and finished on ``p``: (rid, transfer id, its params)."""
+    rid, xid = new_ids()
+    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed)
+    p.send("finish", rid=rid)
+    return rid, xid, p.expect("finished", rid=rid)["params"]
+
+
+def load_with(d: EngineProc, p: EngineProc, rid: str, params: dict[str, Any]) -> str:
+    """Load ``rid`` on ``d`` with the producer's own params (NIXL's): "loading" or "vetoed"."""
+    d.send("load", rid=rid, transfer_id="-", engine_id=p.engine_id, bootstrap=p.bootstrap,
+           params=params)
+    return str(d.expect("loading", "vetoed", rid=rid)["ev"])
+
+
 def new_ids(tag: str = "r") -> tuple[str, str]:
     u = uuid.uuid4().hex[:10]
     return f"{tag}-{u}", f"xfer-{u}"

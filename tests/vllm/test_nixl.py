@@ -21,13 +21,12 @@ from .conftest import require_nixl
 
 require_nixl()
 
-from shmhb.loopback import free_port
 from tests.conftest import wait_until
 
 from .conftest import make_stack
 from .stack import (
-    DECODE_IP, POLICY, PREFILL_IP, EngineProc, Stack, expected_digest, inner_engines, new_ids,
-    transfer, wait_alive_on_decode_host, zeros_digest,
+    POLICY, EngineProc, Stack, expected_digest, inner_engines, load_with, new_ids, pair,
+    prefilled, start_pair, transfer, wait_alive_on_decode_host, zeros_digest,
 )
 
 HANG_BOUND_S = POLICY.dead_after_s + 1.0  # SIGSTOP -> failed load (what is not posted)
@@ -39,35 +38,6 @@ def nixl(tmp_path_factory: Any) -> Iterator[Stack]:
     yield from make_stack(tmp_path_factory, wrapped=True, inner="nixl")
 
 
-def _pair(stack: Stack, wrapped: bool) -> tuple[EngineProc, EngineProc]:
-    """The live prefill and decode of the stock or the wrapped pair (newest first)."""
-    def one(role: str) -> EngineProc:
-        return [e for e in stack.engines if e.role == role and e.wrapped == wrapped
-                and e.p.poll() is None][-1]
-    return one("prefill"), one("decode")
-
-
-def _start_pair(stack: Stack, wrapped: bool, engine_id: str) -> tuple[EngineProc, EngineProc]:
-    """A prefill and a decode on a port of their own (the NIXL side channel)."""
-    port = free_port([PREFILL_IP, DECODE_IP])
-    p = stack.start("prefill", engine_id, wrapped=wrapped, bootstrap_port=port)
-    return p, stack.start("decode", wrapped=wrapped, bootstrap_port=port)
-
-
-def _prefilled(p: EngineProc, seed: int) -> tuple[str, str, dict[str, Any]]:
-    """A request computed and finished on ``p``: (rid, transfer id, its params)."""
-    rid, xid = new_ids()
-    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed)
-    p.send("finish", rid=rid)
-    return rid, xid, p.expect("finished", rid=rid)["params"]
-
-
-def _load(d: EngineProc, p: EngineProc, rid: str, params: dict[str, Any]) -> str:
-    d.send("load", rid=rid, transfer_id="-", engine_id=p.engine_id, bootstrap=p.bootstrap,
-           params=params)
-    return str(d.expect("loading", "vetoed", rid=rid)["ev"])
-
-
 def _granted(d: EngineProc) -> int:
     """Loads granted since the last look (each look takes the counts)."""
     stats = d.request("stats", "stats")["data"] or {}
@@ -76,11 +46,11 @@ def _granted(d: EngineProc) -> int:
 
 def test_nixl_a_load_whose_handshake_hangs_fails_within_dead_after_and_reads_nothing_later(
         nixl: Stack) -> None:
-    p, d = _start_pair(nixl, True, "nx-w")
+    p, d = start_pair(nixl, True, "nx-w")
     wait_alive_on_decode_host(nixl, p)
-    rid, _, params = _prefilled(p, seed=21)
+    rid, _, params = prefilled(p, seed=21)
     t_stop = p.stop()  # before the decode's first request: its handshake waits
-    assert _load(d, p, rid, params) == "loading"
+    assert load_with(d, p, rid, params) == "loading"
     ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=HANG_BOUND_S + 10)
     assert ev["ev"] == "load_failed" and ev["digest"] == zeros_digest(), ev
     assert ev["t"] - t_stop <= HANG_BOUND_S, f"hang -> failed load took {ev['t'] - t_stop:.3f} s"
@@ -94,29 +64,29 @@ def test_nixl_a_load_whose_handshake_hangs_fails_within_dead_after_and_reads_not
 
 
 def test_nixl_healthy_stock_and_wrapped_move_the_same_bytes(nixl: Stack) -> None:
-    _start_pair(nixl, False, "nx-s")
+    start_pair(nixl, False, "nx-s")
     for wrapped in (False, True):
-        p, d = _pair(nixl, wrapped)
+        p, d = pair(nixl, wrapped)
         a, b = transfer(p, d, seed=7)
         assert b["ev"] == "loaded" and a["digest"] == b["digest"] == expected_digest(7), wrapped
 
 
 def test_nixl_a_posted_read_is_never_failed_early_and_lands_once_resumed(nixl: Stack) -> None:
     for wrapped in (False, True):
-        p, d = _pair(nixl, wrapped)
+        p, d = pair(nixl, wrapped)
         if wrapped:
             wait_alive_on_decode_host(nixl, p)
-        rid, _, params = _prefilled(p, seed=23)
+        rid, _, params = prefilled(p, seed=23)
         if wrapped:
             _granted(d)  # counts from here on
         p.stop()  # the engine is known: the READ is posted at once, and hangs
-        assert _load(d, p, rid, params) == "loading"
+        assert load_with(d, p, rid, params) == "loading"
         with pytest.raises(AssertionError, match="no"):
             d.expect("loaded", "load_failed", rid=rid, timeout_s=STILL_WAITING_S)
         if wrapped:
             assert _granted(d) == 1  # the consumer's own go-ahead: held, not failed
             # the board says dead by now: a new request to it is computed locally at once
-            assert _load(d, p, rid + "-next", params) == "vetoed"
+            assert load_with(d, p, rid + "-next", params) == "vetoed"
         p.cont()
         ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=30)
         assert ev["ev"] == "loaded" and ev["digest"] == expected_digest(23), (wrapped, ev)
@@ -124,19 +94,19 @@ def test_nixl_a_posted_read_is_never_failed_early_and_lands_once_resumed(nixl: S
 
 def test_nixl_restart_under_the_same_id_is_served_only_wrapped(nixl: Stack) -> None:
     for wrapped in (False, True):
-        p, d = _pair(nixl, wrapped)
+        p, d = pair(nixl, wrapped)
         if wrapped:
             wait_alive_on_decode_host(nixl, p)
-        rid, _, params = _prefilled(p, seed=24)
+        rid, _, params = prefilled(p, seed=24)
         p.kill()
         if wrapped:
             # dead on the board: vetoed (computed locally), and the agent evicted
-            wait_until(lambda: _load(d, p, new_ids()[0], params) == "vetoed", timeout_s=10,
+            wait_until(lambda: load_with(d, p, new_ids()[0], params) == "vetoed", timeout_s=10,
                        what="a request to the killed prefill vetoed")
             wait_until(lambda: p.engine_id not in inner_engines(d), timeout_s=10,
                        what="the dead engine's agent evicted")
         else:
-            assert _load(d, p, rid, params) == "loading"
+            assert load_with(d, p, rid, params) == "loading"
             ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=30)
             assert ev["ev"] == "load_failed"  # fast: the transport sees the peer gone
             assert p.engine_id in inner_engines(d)  # and the dead agent stays cached
