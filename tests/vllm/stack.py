@@ -158,13 +158,21 @@ class EngineProc:
     def cont(self) -> None:
         os.kill(self.p.pid, signal.SIGCONT)
 
-    def close(self) -> None:
+    def ask_to_quit(self) -> None:
+        """Resume it if stopped and ask it to shut down (it leaves its board)."""
         if self.p.poll() is None:
             try:
                 os.kill(self.p.pid, signal.SIGCONT)
                 self.send("quit")
+            except (OSError, BrokenPipeError):
+                pass
+
+    def close(self) -> None:
+        self.ask_to_quit()
+        if self.p.poll() is None:
+            try:
                 self.p.wait(10)
-            except (OSError, subprocess.TimeoutExpired, BrokenPipeError):
+            except subprocess.TimeoutExpired:
                 pass
         if self.p.poll() is None:
             self.p.kill()
@@ -229,6 +237,8 @@ class Stack:
         return ranks
 
     def close(self) -> None:
+        for e in self.engines:  # all shut down at once, then each is waited for
+            e.ask_to_quit()
         for e in self.engines:
             e.close()
 

@@ -30,7 +30,7 @@ from .stack import (
 )
 
 HANG_BOUND_S = POLICY.dead_after_s + 1.0  # SIGSTOP -> failed load (what is not posted)
-STILL_WAITING_S = HANG_BOUND_S + 2.0  # "not failed": well past the bound
+STILL_WAITING_S = HANG_BOUND_S + 1.0  # "not failed": past the bound
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +63,10 @@ def test_nixl_a_load_whose_handshake_hangs_fails_within_dead_after_and_reads_not
     assert d.request("digest", "digest", rid=rid)["digest"] == zeros_digest()
 
 
-def test_nixl_healthy_stock_and_wrapped_move_the_same_bytes(nixl: Stack) -> None:
-    start_pair(nixl, False, "nx-s")
-    for wrapped in (False, True):
-        p, d = pair(nixl, wrapped)
-        a, b = transfer(p, d, seed=7)
-        assert b["ev"] == "loaded" and a["digest"] == b["digest"] == expected_digest(7), wrapped
-
-
 def test_nixl_a_posted_read_is_never_failed_early_and_lands_once_resumed(nixl: Stack) -> None:
+    p, d = start_pair(nixl, False, "nx-s")  # the stock pair: a healthy transfer first
+    a, b = transfer(p, d, seed=7)
+    assert b["ev"] == "loaded" and a["digest"] == b["digest"] == expected_digest(7)
     for wrapped in (False, True):
         p, d = pair(nixl, wrapped)
         if wrapped:
