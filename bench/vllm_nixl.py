@@ -41,7 +41,10 @@ WATCH_S = 15.0
 
 
 def _alive(stack: Stack, p: EngineProc) -> None:
-    """Until the decode host's board shows ``p`` alive (wrapped pairs are judged by it)."""
+    """Until the decode host's board shows ``p`` alive (wrapped engines are judged by it;
+    a stock one is not on the board: nothing to wait for)."""
+    if not p.wrapped:
+        return
     ep = bootstrap_ep(p)
     stack.decode_host.board.watch(ep)
     deadline = time.monotonic() + 30
