@@ -83,6 +83,15 @@ def _request(d: EngineProc, p: EngineProc, params: dict[str, Any], rid: str, t0:
     return _end(d, rid, t0, seed)
 
 
+def _healthy(stack: Stack, p: EngineProc, d: EngineProc, seed: int) -> None:
+    """One good transfer (the engine is known to the decode side after it)."""
+    _alive(stack, p)
+    rid, _, params = prefilled(p, seed=seed)
+    r = _request(d, p, params, rid, time.monotonic(), seed)
+    if r["outcome"] != "loaded":
+        raise RuntimeError(f"a healthy transfer ended {r}")
+
+
 def faults(stack: Stack, wrapped: bool, tag: str) -> dict[str, dict[str, Any]]:
     """Each fault to this variant's pair, in turn (see the module docstring)."""
     rows: dict[str, dict[str, Any]] = {}
@@ -93,16 +102,17 @@ def faults(stack: Stack, wrapped: bool, tag: str) -> dict[str, dict[str, Any]]:
     t0 = p.stop()
     rows["stop_handshake"] = _request(d, p, params, rid, t0, 31)
     p.cont()
-    _alive(stack, p)
-    # stopped with the READ posted (the engine is known now), then a new request to it
+    _healthy(stack, p, d, 30)
+    # stopped with the READ posted (the engine is known), then a new request to it
     rid, _, params = prefilled(p, seed=32)
     t0 = p.stop()
     rows["stop_posted"] = _request(d, p, params, rid, t0, 32)
-    rows["stop_next"] = _request(d, p, params, rid + "-next", t0, 32)
+    rows["stop_next"] = _request(d, p, params, rid + "-next", time.monotonic(), 32)
     t1 = time.monotonic()
     p.cont()
-    rows["stop_resumed"] = _end(d, rid, t1, 32, 60)
-    _alive(stack, p)
+    rows["stop_resumed"] = _end(d, rid, t1, 32, 60) if rows["stop_posted"]["s"] is None \
+        else {"outcome": "(ended before)", "s": None}
+    _healthy(stack, p, d, 36)
     # killed, then the next request once the board could know (dead-after)
     rid, _, params = prefilled(p, seed=33)
     t0 = p.kill()
@@ -120,8 +130,7 @@ def faults(stack: Stack, wrapped: bool, tag: str) -> dict[str, dict[str, Any]]:
     rid, _, params = prefilled(p3, seed=35)
     rows["restart_new"] = _request(d, p3, params, rid, time.monotonic(), 35)
     agents = d.request("inner", "inner")["remote_agents"]
-    rows["cached"] = {"outcome": ", ".join(a.rsplit("-", 1)[-1] for a in agents) or "none",
-                      "s": None}
+    rows["cached"] = {"outcome": ", ".join(agents) or "none", "s": None}
     return rows
 
 
@@ -150,9 +159,9 @@ def happy_path(stack: Stack, samples: int) -> dict[bool, dict[str, float]]:
 FAULTS = (
     ("stop_handshake", "SIGSTOP the prefill before the decode's first request to it (handshake pending)"),
     ("stop_posted", "SIGSTOP the prefill, then a request to it (READ posted while the board says ALIVE)"),
-    ("stop_next", "... and a second request, once the first has waited (the board now says DEAD)"),
+    ("stop_next", "... and a second request once the first has waited 15 s (the board says DEAD)"),
     ("stop_resumed", "... the first request, once the prefill resumes (time after the resume)"),
-    ("kill_next", "kill -9 the prefill; a request dead-after later"),
+    ("kill_next", "kill -9 the prefill (known to the decode); a request dead-after later"),
     ("restart_same", "prefill restarted, same engine id: the next request"),
     ("restart_new", "prefill restarted, new engine id, same address: the next request, at once"),
     ("cached", "engines the decode's NIXL worker still caches at the end"),
