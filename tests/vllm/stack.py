@@ -276,11 +276,12 @@ def pair(stack: Stack, wrapped: bool) -> tuple[EngineProc, EngineProc]:
     return one("prefill"), one("decode")
 
 
-def start_pair(stack: Stack, wrapped: bool, engine_id: str) -> tuple[EngineProc, EngineProc]:
+def start_pair(stack: Stack, wrapped: bool, engine_id: str,
+               env: dict[str, str] | None = None) -> tuple[EngineProc, EngineProc]:
     """A prefill and a decode on a port of their own (the NIXL side channel)."""
     port = free_port([PREFILL_IP, DECODE_IP])
-    p = stack.start("prefill", engine_id, wrapped=wrapped, bootstrap_port=port)
-    return p, stack.start("decode", wrapped=wrapped, bootstrap_port=port)
+    p = stack.start("prefill", engine_id, wrapped=wrapped, bootstrap_port=port, env=env or {})
+    return p, stack.start("decode", wrapped=wrapped, bootstrap_port=port, env=env or {})
 
 
 def prefilled(p: EngineProc, seed: int) -> tuple[str, str, dict[str, Any]]:
