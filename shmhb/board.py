@@ -1,16 +1,19 @@
 """The board: one host's liveness table in POSIX shared memory.
 
-``Board`` is the composition of four layers, one concern per module (see
-``shmhb.boardcore`` for why they are mixins of one class rather than separate objects):
+``Board`` is one class over two base classes, and owns two objects:
 
-- ``shmhb.boardcore``: the mapping's views, the registry lock, the change counter and
-  the agent's header as readers see it;
-- ``shmhb.localreads``: the hot local reads (``slot``, ``status``, ``slots``, ...);
-- ``shmhb.watchtable``: the watch table (``watch``, ``unwatch``, ``watched_hosts``, ...);
-- ``shmhb.remotereads``: the remote reads (``peers``, ``peer``, ``remote``).
+- ``shmhb.boardcore`` (base class): the mapping's views, the registry lock, the change
+  counter and the agent's header as readers see it;
+- ``shmhb.localreads`` (base class): the hot local reads (``slot``, ``status``,
+  ``slots``, ...), on the board itself so that no delegation call is added to them (see
+  ``shmhb.boardcore``);
+- ``shmhb.watchtable`` (an object the board owns): the watch table; ``watch``,
+  ``unwatch``, ``watched_hosts``, ... are one-line delegates to it;
+- ``shmhb.remotereads`` (an object the board owns): the remote reads; ``peers``,
+  ``peer`` and ``remote`` are one-line delegates to it.
 
-This module holds what is left: the lifecycle (create, attach, open, close, unlink),
-registration and forgetting.  It is storage only: it starts no agent and no thread.
+This module holds the rest: the lifecycle (create, attach, open, close, unlink),
+registration, forgetting, and the delegates.  It is storage only: it starts no agent and no thread.
 ``register`` hands the new ``Heartbeat`` to a hook that the layer above installs
 (``set_register_hook``; ``shmhb/__init__`` installs the one that joins the embedded agent),
 so that imports only go down: the agent is built on the board, never the reverse.
@@ -35,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from . import locks, segment
-from .boardcore import REGISTRY_TIMEOUT_S, bump_reg_gen
 from .clock import MONOTONIC, Clock
 from .config import UNIT_S, Capacity, Policy, board_name, policy_differences
 from .errors import (
@@ -44,17 +46,17 @@ from .errors import (
 )
 from .heartbeat import Heartbeat
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC, SLOT_STRIDE,
-    STATE_READY, Sizes, hb_ts_array, inc_tag, ts_units,
+    FEATURE_TIMENS, HEADER_DTYPE, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC,
+    STATE_READY, Sizes, hb_ts_array, header_index, inc_tag, ts_units,
     word_tag,
 )
 from .localreads import LocalReads
-from .native import extension
 from .procinfo import boot_id
 from .records import check_key, check_registration
 from .registration import Registrar, key_bucket
+from .registrylock import REGISTRY_TIMEOUT_S, bump_reg_gen
 from .remotereads import RemoteReads
-from .status import SlotStatus, Status
+from .status import PeerStatus, SlotStatus, Status
 from .timens import monotonic_offset_ns
 from .watchtable import WatchTable
 
@@ -97,16 +99,27 @@ def _asked_policy(policy: Policy | None, suspect_after_s: float | None,
     return pol
 
 
-class Board(LocalReads, WatchTable, RemoteReads):
+class Board(LocalReads):
     """A handle on one host's board.  Create, attach or open it with the classmethods."""
 
     # -- construction ---------------------------------------------------------------------
 
     def __init__(self, seg: segment.Segment, clock: Clock = MONOTONIC) -> None:
-        super().__init__(seg, clock)
-        self._bind_hot_paths(extension())
-        self._registrar = Registrar(self.name, self._records, self._hb, self._head,
-                                    self.registry, self._now_ns)
+        super().__init__(seg, clock)  # the hot paths are bound by now (LocalReads)
+        self._registrar = Registrar(self.name, self.record_table, self.hb_words, self.header,
+                                    self.registry, self.now_ns)
+        self._watchtable = WatchTable(self.name, self.watch_table, self.header,
+                                      self.registry_lock)
+        self._remotereads = RemoteReads(
+            self.peer_table, self.remote_table, self.sizes, now_ns=self.now_ns,
+            agent_ok=self.agent_ok_at, changes=self.changes, word_memo=self.word_memo,
+            agent_hb_index=header_index("agent_hb"))
+        # remote() is a connector's hot path too: bound here, like slot(), so that the
+        # delegate below adds no call to it (the method is what the class documents)
+        self.remote = self._remotereads.remote  # type: ignore[method-assign]
+        # (forget_after in units, 0: off; (slot, hb word) pairs not to try again)
+        self._forget: tuple[int, set[tuple[int, int]]] = (
+            ts_units(int(self.header["forget_after_ns"])), set())
 
     @classmethod
     def create(
@@ -240,22 +253,9 @@ class Board(LocalReads, WatchTable, RemoteReads):
 
     def close(self) -> None:
         """Drop this handle (the board stays for other processes)."""
-        if self._closed:
-            return
-        self._closed = True
-        pid, fd = self._reg
-        if fd != self._seg.fd and pid == os.getpid():
-            os.close(fd)
-        self._by_key.clear()
-        self._remote_cache.clear()
-        if self._ext is not None:  # give back the C objects' exports of the mapping
-            self.slot.__self__.release()  # type: ignore[attr-defined]
-            self.changes.__self__.release()  # type: ignore[attr-defined]
-        for attr in ("_head", "_words", "_records", "_peers", "_remotes", "_watches",
-                     "_hb", "_verdict"):
-            setattr(self, attr, None)
-        self._q.release()
-        self._seg.close()
+        self._watchtable.close()
+        self._remotereads.close()
+        super().close()
 
     def unlink(self) -> None:
         """Remove the board's name from the host; processes that have it mapped keep it."""
@@ -272,6 +272,46 @@ class Board(LocalReads, WatchTable, RemoteReads):
 
     def __repr__(self) -> str:
         return f"<shmhb.Board {self.name!r} slots={self.sizes.nslots}>"
+
+    # -- delegates: the watch table and the remote reads (objects the board owns) --------
+
+    def watch(self, endpoint: str, *, timeout_s: float | None = None) -> None:
+        """``WatchTable.watch``: ask this host's pinger to follow ``endpoint``'s host."""
+        self._watchtable.watch(endpoint, timeout_s=timeout_s)
+
+    def unwatch(self, endpoint: str, *, timeout_s: float | None = None) -> None:
+        """``WatchTable.unwatch``: take back one ``watch`` of this process."""
+        self._watchtable.unwatch(endpoint, timeout_s=timeout_s)
+
+    def change_watch(self, endpoint: str, delta: int, owner_pid: int | None = None,
+                     keep_port: bool = False, timeout_s: float | None = None) -> None:
+        """``WatchTable.change_watch``."""
+        self._watchtable.change_watch(endpoint, delta, owner_pid, keep_port, timeout_s)
+
+    def reclaim_watches(self, timeout_s: float | None = None) -> int:
+        """``WatchTable.reclaim_watches``: drop the watches of dead processes."""
+        return self._watchtable.reclaim_watches(timeout_s)
+
+    def watched_hosts(self) -> dict[str, int]:
+        """``WatchTable.watched_hosts``: watched hosts and their watcher counts."""
+        return self._watchtable.watched_hosts()
+
+    def refused_watches(self) -> list[str]:
+        """``WatchTable.refused_watches``: stored watches today's door refuses."""
+        return self._watchtable.refused_watches()
+
+    def peers(self) -> list[PeerStatus]:
+        """``RemoteReads.peers``: every remote host followed, with its workers."""
+        return self._remotereads.peers()
+
+    def peer(self, address: str) -> PeerStatus | None:
+        """``RemoteReads.peer``: the remote host at ``address``."""
+        return self._remotereads.peer(address)
+
+    def remote(self, endpoint: str) -> SlotStatus | None:
+        """``RemoteReads.remote``: the remote worker that advertises ``endpoint``
+        (replaced per instance by that bound method itself: see ``__init__``)."""
+        return self._remotereads.remote(endpoint)
 
     # -- registration ---------------------------------------------------------------------
 
@@ -291,7 +331,7 @@ class Board(LocalReads, WatchTable, RemoteReads):
         except BaseException:
             os.close(fd)
             raise
-        hb = Heartbeat(self, index, key, inc, eps, fd, self._hb0 + index * SLOT_STRIDE)
+        hb = Heartbeat(self, index, key, inc, eps, fd, self.hb_index(index))
         hook = _register_hook
         if agent and hook is not None:
             try:
@@ -324,8 +364,8 @@ class Board(LocalReads, WatchTable, RemoteReads):
         ``KeyNotFound`` (a ``KeyError``) if no slot holds ``key``."""
         check_key(key)
         with self.registry(timeout_s):
-            for i in np.flatnonzero(self._records["key"] == key.encode()):
-                got = self._slot_at(int(i))
+            for i in np.flatnonzero(self.record_table["key"] == key.encode()):
+                got = self.slot_at(int(i))
                 if got is None or got.key != key:
                     continue
                 if got.status not in (Status.DEAD, Status.LEFT):
@@ -348,8 +388,8 @@ class Board(LocalReads, WatchTable, RemoteReads):
         units, refused = self._forget
         if not units:
             return []
-        hb = self._hb.copy()
-        now = ts_units(self._now_ns())
+        hb = self.hb_words.copy()
+        now = ts_units(self.now_ns())
         old = np.flatnonzero((hb != 0) & (now - hb_ts_array(hb).astype(np.int64) >= units))
         todo = [int(i) for i in old if (int(i), int(hb[i])) not in refused]
         if not todo:
@@ -358,7 +398,7 @@ class Board(LocalReads, WatchTable, RemoteReads):
         try:
             with self.registry(timeout_s):
                 for i in todo:
-                    got = self._slot_at(i)
+                    got = self.slot_at(i)
                     if got is None or got.status not in (Status.DEAD, Status.LEFT):
                         refused.add((i, int(hb[i])))
                         continue
@@ -384,16 +424,17 @@ class Board(LocalReads, WatchTable, RemoteReads):
         try:
             # the key's bucket first: registrants of it take it to decide, without the
             # registry lock, whether a live process holds the key (shmhb.registration)
-            kb = bytes(self._records[i]["key"])
+            records, q = self.record_table, self.words
+            kb = bytes(records[i]["key"])
             if not locks.try_lock(fd, key_bucket(kb)) or not locks.try_lock(fd, LOCK_SLOT_BASE + i):
                 return False
-            wi = self._hb0 + i * SLOT_STRIDE
-            if word_tag(self._q[wi]) != inc_tag(incarnation):
+            wi = self.hb_index(i)
+            if word_tag(q[wi]) != inc_tag(incarnation):
                 return False  # not the incarnation judged (cannot happen under the registry lock)
-            self._q[wi] = 0  # readers see an empty slot from here on
-            self._records[i]["checksum"] = 0  # free: a registrant may take it
-            self._rec_cache.pop(i, None)
-            bump_reg_gen(self._head)
+            q[wi] = 0  # readers see an empty slot from here on
+            records[i]["checksum"] = 0  # free: a registrant may take it
+            self.drop_cached_record(i)
+            bump_reg_gen(self.header)
             return True
         finally:
             os.close(fd)  # drops the slot lock

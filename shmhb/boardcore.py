@@ -1,34 +1,33 @@
-"""The board's mapping, its views and the registry lock: what every part of ``Board`` shares.
+"""The board's mapping, its views and the registry lock: what ``Board`` and the objects
+it owns share.
 
-``Board`` (``shmhb.board``) is composed of four layers, one concern per module, all
-working on the one mapping this class views:
+``BoardCore`` sets up the segment's views (header, slot words and records, peer, remote
+and watch tables), the word indices of the header, the registry lock
+(``shmhb.registrylock``), the change counter, the agent's header as readers see it, and
+the small public surface that this package's writers use (the agent's header writer,
+the local watch, the row writer, the settings store) instead of reaching into private
+members.
 
-- ``BoardCore`` (here): the segment's views (header, slot words and records, peer,
-  remote and watch tables), the word indices of the header, the registry lock, the
-  change counter, and the small public surface that this package's writers use (the
-  agent's header writer, the local watch, the row writer, the settings store) instead
-  of reaching into private members;
-- ``LocalReads`` (``shmhb.localreads``): the hot local reads and their memo;
-- ``WatchTable`` (``shmhb.watchtable``): the watch rows;
-- ``RemoteReads`` (``shmhb.remotereads``): the peer and remote rows the pinger writes.
-
-They are mixins of one class, not separate objects, on purpose: ``slot()`` and
+``Board`` (``shmhb.board``) subclasses it, through ``LocalReads`` (``shmhb.localreads``,
+the hot local reads), and adds the lifecycle and registration.  The hot local reads are
+a base class of ``Board``, not an object it owns, on purpose: ``slot()`` and
 ``status()`` are bound per instance to the C extension's objects, and a delegating
-object would add a call (or an instance attribute per forwarded method) to the hot path.
-Instance attributes are all set here, in one order, and stay at most 30: beyond that
-CPython 3.11 stops sharing the instance dict's keys and every attribute load of the hot
-path gets slower.  The layers add methods and properties only.
+object would add a call to the hot path.  The colder concerns are objects the board
+constructs and owns, each with its own state and ``close()``: the watch table
+(``shmhb.watchtable``) and the remote reads (``shmhb.remotereads``).
+Instance attributes are all set here, in ``LocalReads._bind_hot_paths`` and in
+``Board.__init__``, in one order: add none lightly.  CPython 3.11 shares an instance
+dict's keys only up to 30 of them; a board handle on the C path has 36 (as many as
+before the watch table and the remote reads became objects), so the pure-Python hot
+path pays a plain dict lookup per attribute load.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -36,60 +35,18 @@ from . import locks, segment
 from .clock import MONOTONIC, Clock
 from .config import UNIT_S, Capacity, Policy
 from .agentterm import TERM_WORD, term_byte
-from .errors import BoardCorrupt, InvalidConfig, LockTimeout
+from .errors import BoardCorrupt, InvalidConfig
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, LOCK_REGISTRY, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
+    FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
     SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, VERDICT_WORD,
     WATCH_ROW_DTYPE, Sizes, agent_pid, header_index, ts_units, word_index, word_tag,
 )
 from .native import WordMemo
 from .netword import decode_network
+from .records import SlotInfo
+from .registrylock import RegistryLock, bump_reg_gen
 from .status import AgentStatus, NetworkStatus, Status
-
-REGISTRY_TIMEOUT_S = 5.0
-RETRIES = 8  # re-reads of a record caught mid-write before giving up on it for now
-
-
-class SlotInfo(NamedTuple):
-    """The validated record of a slot (``LocalReads.read_slot``)."""
-
-    key: str
-    pid: int
-    incarnation: int
-    endpoints: tuple[str, ...]
-
-
-class RemoteChoice(NamedTuple):
-    """What ``RemoteReads.remote`` memoises per endpoint: the remote row it chose, that
-    row's generation, its peer row, ``changes()`` when it was chosen, and the memo of
-    the words judged (``native.WordMemo``).  ``remote()`` reads it by position: it is
-    its hot path."""
-
-    row: int
-    gen: int
-    peer: int
-    changes: int
-    memo: Any
-
-
-def bump_reg_gen(head: np.ndarray) -> None:
-    """Move the registry's change counter (``reg_gen`` in ``head``, the board header) so
-    that readers memoising on ``changes()`` look again.  The one place it is written;
-    the caller holds the registry lock, which orders its writers."""
-    head["reg_gen"] = int(head["reg_gen"]) + 1
-
-
-_fork_guard = threading.Lock()
-
-
-def _reset_fork_guard() -> None:
-    global _fork_guard
-    _fork_guard = threading.Lock()  # a parent's thread may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_reset_fork_guard)
-
 
 class BoardCore:
     """The views of one mapped board; see the module docstring.  Not used alone."""
@@ -134,8 +91,6 @@ class BoardCore:
         except InvalidConfig as e:
             raise BoardCorrupt(f"board {self.name!r} holds a policy this shmhb refuses ({e}): "
                                "remove it (`shmhb gc`) and let its users create it again") from None
-        # (forget_after in units, 0: off; (slot, hb word) pairs not to try again)
-        self._forget: tuple[int, set[tuple[int, int]]] = (ts_units(forget_ns), set())
         self.thresholds = Thresholds(*(ts_units(int(h[f])) for f in (
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns")))
@@ -143,13 +98,8 @@ class BoardCore:
         # key -> its memo list for the hot path (slots named in localreads: MEMO_*)
         self._by_key: dict[str, list[Any]] = {}
         self._rec_cache: dict[int, tuple[int, SlotInfo]] = {}
-        self._remote_cache: dict[str, RemoteChoice] = {}  # endpoint -> its choice
         self._closed = False
-        self._thread_lock = threading.Lock()
-        # (pid, the registry lock's descriptor in that process): see _registry_fd.
-        # Instance attributes stay at most 30 here: beyond, CPython 3.11 stops sharing
-        # the instance dict's keys and every attribute load of the hot path gets slower.
-        self._reg = (os.getpid(), seg.fd)
+        self._lock = RegistryLock(self.name, seg.fd, seg.new_fd)
         self._ext: ModuleType | None = None  # set by LocalReads._bind_hot_paths
 
     @property
@@ -264,59 +214,44 @@ class BoardCore:
         q = self._q
         return q[self._reg_gen_i] + q[self._agent_gen_i]
 
-    def _word_memo(self, i: int, j: int, k: int) -> Any:
-        """A memo of an answer judged from words ``i``, ``j``, ``k`` (see native.WordMemo)."""
+    def word_memo(self, i: int, j: int, k: int) -> Any:
+        """A memo of an answer judged from words ``i``, ``j``, ``k`` (see native.WordMemo):
+        for the readers that memoise on words (``RemoteReads.remote``)."""
         return WordMemo(self._q, i, j, k)
 
     def __repr__(self) -> str:
         return f"<shmhb.Board {self.name!r} slots={self.sizes.nslots}>"
 
-    @contextlib.contextmanager
-    def registry(self, timeout_s: float | None = None) -> Iterator[None]:
-        """Hold the board's registry lock: the kernel-released OFD lock that orders
-        registrations, watches and settings between processes, plus a thread lock,
-        since threads sharing this handle share its open file description and an OFD
-        lock does not exclude them from each other.  ``LockTimeout`` after
-        ``timeout_s`` (default ``REGISTRY_TIMEOUT_S``): a process stopped or hung while
-        holding the lock keeps it (the kernel releases it only when its holder dies)."""
-        wait_s = REGISTRY_TIMEOUT_S if timeout_s is None else timeout_s
-        what = f"board {self.name!r} registry"
-        deadline = time.monotonic() + wait_s
-        fd, tlock = self._registry_fd()
-        if not tlock.acquire(timeout=max(wait_s, 0.0)):
-            raise LockTimeout(f"{what} stayed locked by another thread for {wait_s:g} s")
-        try:
-            locks.lock(fd, LOCK_REGISTRY, what=what,
-                       timeout_s=max(0.0, deadline - time.monotonic()))
-            try:
-                yield
-            finally:
-                locks.unlock(fd, LOCK_REGISTRY)
-        finally:
-            tlock.release()
+    def close(self) -> None:
+        """Drop the views of the mapping and close the segment (the board stays for
+        other processes); a second call does nothing.  ``Board.close`` first closes
+        what it owns, ``LocalReads.close`` the hot paths' objects."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lock.close()
+        for attr in ("_head", "_words", "_records", "_peers", "_remotes", "_watches",
+                     "_hb", "_verdict"):
+            setattr(self, attr, None)
+        self._q.release()
+        self._seg.close()
 
-    def _registry_fd(self) -> tuple[int, threading.Lock]:
-        """This process's descriptor for the registry lock, and its thread lock.
+    def registry(self, timeout_s: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Hold the board's registry lock (``RegistryLock.hold``): the kernel-released
+        OFD lock that orders registrations, watches and settings between processes.
+        ``LockTimeout`` after ``timeout_s`` (default ``REGISTRY_TIMEOUT_S``)."""
+        return self._lock.hold(timeout_s)
 
-        An OFD lock belongs to an open file description, which a forked child shares
-        with its parent: taken on the inherited one, parent and child would not exclude
-        each other, and a child killed while holding it would leave it held for as long
-        as the parent lives (the description stays open there).  So the first call in
-        a new process opens a description of its own (of the same segment, not by
-        name) and a new thread lock (the parent's may have been held at the fork by a
-        thread that does not exist here)."""
-        pid = os.getpid()
-        if pid != self._reg[0]:
-            with _fork_guard:
-                if pid != self._reg[0]:
-                    self._thread_lock = threading.Lock()
-                    self._reg = (pid, self._seg.new_fd())
-        return self._reg[1], self._thread_lock
+    @property
+    def registry_lock(self) -> RegistryLock:
+        """The registry lock itself, for the objects that write under it."""
+        return self._lock
 
 
     # -- the agent, as readers see it -------------------------------------------------------
 
-    def _agent_ok(self, now: int) -> bool:
+    def agent_ok_at(self, now: int) -> bool:
+        """Whether this host's agent is observing at ``now`` (board time units)."""
         return agent_fresh(self._q[self._agent_hb_i], now, self.thresholds)
 
     def agent(self) -> AgentStatus:
@@ -332,7 +267,7 @@ class BoardCore:
     def agent_fresh(self) -> bool:
         """Whether this host's agent is observing now (its heartbeat is fresh): when it
         is not, every remote status reads UNKNOWN.  One word and the clock."""
-        return self._agent_ok(ts_units(self._now_ns()))
+        return self.agent_ok_at(ts_units(self._now_ns()))
 
     def network(self) -> NetworkStatus:
         """The agent's network half (the pinger): listening or not, on which address,

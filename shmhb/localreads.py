@@ -1,10 +1,10 @@
 """The board's hot local reads: ``slot``, ``status``, ``slots``, ``snapshot``,
 ``oldest_beat_age``, and the per-key memo behind ``slot``.
 
-A mixin of ``Board`` (see ``shmhb.boardcore`` for why a mixin): it reads the views that
-``BoardCore`` sets up and adds no instance attribute of its own but those
-``_bind_hot_paths`` binds.  Readers take no lock and make no syscall but the clock: they
-load single aligned 64-bit words and judge them with ``shmhb.judge``.
+A base class of ``Board``, not an object it owns (see ``shmhb.boardcore`` for why): it
+reads the views that ``BoardCore`` sets up and adds no instance attribute of its own but
+those ``_bind_hot_paths`` binds.  Readers take no lock and make no syscall but the
+clock: they load single aligned 64-bit words and judge them with ``shmhb.judge``.
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from .boardcore import RETRIES, BoardCore, SlotInfo
+from . import segment
+from .boardcore import BoardCore
+from .clock import MONOTONIC, Clock
 from .config import UNIT_S
 from .judge import judge_local
 from .layout import (
     INC_SHIFT, SLOT_STRIDE, TS_SHIFT, VERDICT_WORD, hb_ts_array, inc_tag, record_checksum,
     ts_units, word_tag,
 )
-from .native import clock_arg
-from .records import stored_endpoints, stored_key
+from .native import clock_arg, extension
+from .records import RETRIES, SlotInfo, stored_endpoints, stored_key
 from .status import SlotStatus, Status
 
 #: The slots of a ``_by_key`` entry, the per-key memo of ``slot()``: a list, not a
@@ -39,7 +41,22 @@ _NO_ANSWER = (-1, -1, -1, None)
 
 
 class LocalReads(BoardCore):
-    """The local slots, read lock-free (a layer of ``Board``)."""
+    """The local slots, read lock-free (a base class of ``Board``)."""
+
+    def __init__(self, seg: segment.Segment, clock: Clock = MONOTONIC) -> None:
+        super().__init__(seg, clock)
+        self._bind_hot_paths(extension())
+
+    def close(self) -> None:
+        """Forget the memo and give back the C objects' exports of the mapping, then
+        close the core (``BoardCore.close``)."""
+        if self._closed:
+            return
+        self._by_key.clear()
+        if self._ext is not None:
+            self.slot.__self__.release()  # type: ignore[attr-defined]
+            self.changes.__self__.release()  # type: ignore[attr-defined]
+        super().close()
 
     def _bind_hot_paths(self, ext: ModuleType | None) -> None:
         """The one switch between the C and the pure-Python hot paths (``shmhb.native``):
@@ -60,7 +77,7 @@ class LocalReads(BoardCore):
         self.status = reader.status  # type: ignore[method-assign]
         self.changes = words.changes  # type: ignore[method-assign]
         self.oldest_beat_age = words.oldest_age  # type: ignore[method-assign]
-        self._word_memo = words.memo  # type: ignore[method-assign]
+        self.word_memo = words.memo  # type: ignore[method-assign]
 
     def slot(self, key: str) -> SlotStatus | None:
         """The worker registered under ``key`` on this host, judged now; None if absent.
@@ -172,7 +189,12 @@ class LocalReads(BoardCore):
             return None
         return ts_units(self._now_ns()) - int(hb_ts_array(self._hb[slots]).min())
 
-    def _slot_at(self, i: int) -> SlotStatus | None:
+    def drop_cached_record(self, i: int) -> None:
+        """Forget this handle's copy of slot ``i``'s record (the slot was cleared)."""
+        self._rec_cache.pop(i, None)
+
+    def slot_at(self, i: int) -> SlotStatus | None:
+        """Slot ``i`` judged now, or None if it is empty or being rewritten."""
         info = self.read_slot(i)
         if info is None:
             return None

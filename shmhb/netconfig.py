@@ -15,7 +15,7 @@ import stat
 import numpy as np
 
 from .board import Board
-from .boardcore import bump_reg_gen
+from .registrylock import bump_reg_gen
 from .config import DEFAULT_PORT, PingerConfig, has_port
 from .errors import InvalidConfig
 from .layout import checksum

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from .address import canonical_or_none
 from .config import check_endpoint
@@ -20,6 +21,18 @@ from .layout import (
 from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+
+RETRIES = 8  # re-reads of a row caught mid-write before giving up on it for now
+
+
+class SlotInfo(NamedTuple):
+    """The validated record of a slot (``LocalReads.read_slot``)."""
+
+    key: str
+    pid: int
+    incarnation: int
+    endpoints: tuple[str, ...]
+
 #: rows that today's doors refuse (written by an older version, or damaged): skipped
 skipped = RateLimitedLog(log)
 

@@ -56,7 +56,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import locks
-from .boardcore import bump_reg_gen
+from .registrylock import bump_reg_gen
 from .errors import BoardFull, KeyInUse, LockTimeout
 from .layout import (
     LOCK_KEY_BASE, LOCK_SLOT_BASE, hb_left, inc_tag, pack_hb, record_checksum, ts_units,

@@ -1,26 +1,29 @@
 """The board's remote reads: the hosts this host's pinger follows and their workers.
 
-A mixin of ``Board`` (see ``shmhb.boardcore`` for why a mixin).  The pinger writes the
-peer and remote rows (``shmhb.rows``); these reads take no lock: each row is copied,
-its checksum checked, and its status word judged with ``shmhb.judge`` together with the
-agent's freshness, so a stalled or absent agent reads UNKNOWN, never a stale ALIVE.
-``remote`` memoises its answer on the words it judged (``native.WordMemo``).
+An object that ``Board`` constructs and owns (``Board.peers``, ``peer`` and ``remote``
+delegate to it); it is given the tables' views and the board's clock, agent check,
+change counter and word memo, and keeps its own memo of ``remote``'s choices.  The
+pinger writes the peer and remote rows (``shmhb.rows``); these reads take no lock: each
+row is copied, its checksum checked, and its status word judged with ``shmhb.judge``
+together with the agent's freshness, so a stalled or absent agent reads UNKNOWN, never
+a stale ALIVE.  ``remote`` memoises its answer on the words it judged
+(``native.WordMemo``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .boardcore import RETRIES, BoardCore, RemoteChoice
 from .config import UNIT_S, parse_address
 from .judge import combine_remote, judge_row
 from .layout import (
-    PEER_STRIDE, REMOTE_STRIDE, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units,
-    unpack_auth, word_index,
+    PEER_ROW_DTYPE, PEER_STRIDE, REMOTE_ROW_DTYPE, REMOTE_STRIDE, Sizes, peer_checksum,
+    remote_checksum, row_ts, rtt_us, ts_units, unpack_auth, word_index,
 )
-from .records import stored_address, stored_endpoints, stored_key
+from .records import RETRIES, stored_address, stored_endpoints, stored_key
 from .status import PeerStatus, SlotStatus, Status
 
 
@@ -35,8 +38,52 @@ class PeerRow(NamedTuple):
     auth: tuple[bool, int]  # (authentication failing, frames that failed it)
 
 
-class RemoteReads(BoardCore):
-    """The peer and remote rows, read lock-free (a layer of ``Board``)."""
+class RemoteChoice(NamedTuple):
+    """What ``RemoteReads.remote`` memoises per endpoint: the remote row it chose, that
+    row's generation, its peer row, ``changes()`` when it was chosen, and the memo of
+    the words judged (``native.WordMemo``).  ``remote()`` reads it by position: it is
+    its hot path."""
+
+    row: int
+    gen: int
+    peer: int
+    changes: int
+    memo: Any
+
+
+class RemoteReads:
+    """The peer and remote rows of one board handle, read lock-free."""
+
+    def __init__(self, peers: np.ndarray, remotes: np.ndarray, sizes: Sizes, *,
+                 now_ns: Callable[[], int], agent_ok: Callable[[int], bool],
+                 changes: Callable[[], int], word_memo: Callable[[int, int, int], Any],
+                 agent_hb_index: int) -> None:
+        """``peers``, ``remotes``: the board's peer and remote tables; ``now_ns``: its
+        clock; ``agent_ok(now in units)``: whether its agent is observing;
+        ``changes``: its change counter; ``word_memo(i, j, k)``: a memo of an answer
+        judged from words ``i``, ``j``, ``k``; ``agent_hb_index``: the agent's heartbeat
+        word, one of the words every answer depends on."""
+        self._peers = peers
+        self._remotes = remotes
+        self._now_ns = now_ns
+        self._agent_ok = agent_ok
+        self._changes = changes
+        self._word_memo = word_memo
+        self._agent_hb_i = agent_hb_index
+        self._remote_base = word_index(sizes.remote_off)
+        self._peer_base = word_index(sizes.peer_off)
+        self._cache: dict[str, RemoteChoice] = {}  # endpoint -> its choice
+
+    def clear(self) -> None:
+        """Forget the memoised choices (``remote`` looks every endpoint up again)."""
+        self._cache.clear()
+
+    def close(self) -> None:
+        """Drop the views of the mapping (the board is being closed): from here on the
+        tables read empty."""
+        self._cache.clear()
+        self._peers = np.empty(0, PEER_ROW_DTYPE)
+        self._remotes = np.empty(0, REMOTE_ROW_DTYPE)
 
     def _peer_row(self, i: int, now: int, agent_ok: bool) -> PeerRow | None:
         for _ in range(RETRIES):
@@ -119,7 +166,7 @@ class RemoteReads(BoardCore):
         """The remote worker that advertises ``endpoint``, as this host's pinger last
         heard from its host; None if no followed host reports it."""
         now = ts_units(self._now_ns())
-        c = self._remote_cache.get(endpoint)
+        c = self._cache.get(endpoint)
         if c is not None:
             # The answer depends on the agent's heartbeat, the row's and its host's status
             # words (each names the record generation it belongs to) and the clock unit:
@@ -137,9 +184,9 @@ class RemoteReads(BoardCore):
             if at is not None and at[1] == c[2]:  # c.peer
                 if at[0].status not in (Status.DEAD, Status.LEFT):
                     return c[4].put(now, at[0])  # type: ignore[no-any-return]
-                if c[3] == self.changes():  # c.changes
+                if c[3] == self._changes():  # c.changes
                     return at[0]
-        changes = self.changes()
+        changes = self._changes()
         r = self._remotes
         live = np.flatnonzero(r["checksum"] != 0)
         best: tuple[int, int, int, SlotStatus] | None = None
@@ -152,9 +199,9 @@ class RemoteReads(BoardCore):
         if best is None:
             return None
         ri, gen, p, got = best
-        self._remote_cache[endpoint] = RemoteChoice(ri, gen, p, changes, self._word_memo(
-            self._agent_hb_i, word_index(self.sizes.remote_off) + ri * REMOTE_STRIDE,
-            word_index(self.sizes.peer_off) + p * PEER_STRIDE))
+        self._cache[endpoint] = RemoteChoice(ri, gen, p, changes, self._word_memo(
+            self._agent_hb_i, self._remote_base + ri * REMOTE_STRIDE,
+            self._peer_base + p * PEER_STRIDE))
         return got
 
     def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool

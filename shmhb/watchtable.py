@@ -1,7 +1,8 @@
 """The board's watch table: which remote hosts local processes ask the pinger to follow.
 
-A mixin of ``Board`` (see ``shmhb.boardcore`` for why a mixin).  Rows are written under
-the registry lock, counted per owning process (pid, start time, pid namespace) and
+An object that ``Board`` constructs and owns (``Board.watch``, ``unwatch``,
+``watched_hosts``... delegate to it), given the watch rows' view, the header (for the
+change counter) and the board's registry lock.  Rows are written under the registry lock, counted per owning process (pid, start time, pid namespace) and
 dropped when the owner is gone; the pinger's configured peers are rows of owner 0.
 Readers (``watched_hosts``) take no lock and skip rows caught mid-write.
 """
@@ -14,18 +15,34 @@ import os
 import numpy as np
 
 from . import locks
-from .boardcore import BoardCore, bump_reg_gen
 from .config import check_endpoint, parse_address
 from .errors import WatchTableFull
-from .layout import LOCK_WATCH_BASE, watch_checksum
+from .layout import HEADER_DTYPE, LOCK_WATCH_BASE, WATCH_ROW_DTYPE, watch_checksum
 from .procinfo import own_pid_namespace, start_time
 from .records import stored_address
+from .registrylock import RegistryLock, bump_reg_gen
 
 log = logging.getLogger(__name__)
 
 
-class WatchTable(BoardCore):
-    """The watch rows (a layer of ``Board``)."""
+class WatchTable:
+    """The watch rows of one board handle."""
+
+    def __init__(self, name: str, rows: np.ndarray, header: np.ndarray,
+                 lock: RegistryLock) -> None:
+        """``name``: the board's, for messages; ``rows``: its watch table
+        (``layout.WATCH_ROW_DTYPE``); ``header``: its header, whose change counter a
+        change moves; ``lock``: its registry lock, which every change holds."""
+        self.name = name
+        self._watches = rows
+        self._head = header
+        self._lock = lock
+
+    def close(self) -> None:
+        """Drop the views of the mapping (the board is being closed): from here on the
+        table reads empty."""
+        self._watches = np.empty(0, WATCH_ROW_DTYPE)
+        self._head = np.zeros((), HEADER_DTYPE)
 
     def watch(self, endpoint: str, *, timeout_s: float | None = None) -> None:
         """Ask this host's pinger to follow the host behind ``endpoint`` ("host:port").
@@ -49,12 +66,12 @@ class WatchTable(BoardCore):
             ab = str(parse_address(check_endpoint(endpoint)).with_port(None)).encode()
         pid = os.getpid() if owner_pid is None else owner_pid
         pstart = (start_time() or 0) if pid else 0
-        with self.registry(timeout_s):
+        with self._lock.hold(timeout_s):
             w = self._watches
             ns = own_pid_namespace() if pid else 0
             mine = np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == pid)
                                   & (w["owner_ns"] == ns) & (w["address"] == ab))
-            own_fd = self._registry_fd()[0]
+            own_fd = self._lock.fd()
             if len(mine):
                 i = int(mine[0])
                 row = w[i]
@@ -76,7 +93,7 @@ class WatchTable(BoardCore):
                     free = self._reclaim_watches()
                 if not len(free):
                     raise WatchTableFull(
-                        f"board {self.name!r}: all {self.sizes.nwatch} watch rows are in use")
+                        f"board {self.name!r}: all {len(w)} watch rows are in use")
                 i = int(free[0])
                 if pid:  # held while this process lives (see _reclaim_watches)
                     locks.try_lock(own_fd, LOCK_WATCH_BASE + i, exclusive=False)
@@ -97,7 +114,7 @@ class WatchTable(BoardCore):
         table filled for good (WatchTableFull)."""
         w = self._watches
         ns = own_pid_namespace()
-        probe = self._registry_fd()[0]
+        probe = self._lock.fd()
         for i in np.flatnonzero(w["checksum"] != 0):
             row = w[int(i)]
             pid = int(row["owner_pid"])
@@ -121,7 +138,7 @@ class WatchTable(BoardCore):
                                           & (w["owner_ns"] == own_pid_namespace()))}
         if all(start_time(pid) == start for pid, start in owners):
             return 0  # the common case, without the lock
-        with self.registry(timeout_s):
+        with self._lock.hold(timeout_s):
             before = int(np.count_nonzero(w["checksum"] == 0))
             freed = len(self._reclaim_watches()) - before
             if freed:

@@ -79,7 +79,8 @@ LAYERS: dict[str, frozenset[str]] = {
     }),
     "storage": frozenset({
         "agentterm", "board", "boardcore", "heartbeat", "instances", "localreads", "locks",
-        "netword", "reaper", "records", "registration", "remotereads", "segment", "watchtable",
+        "netword", "reaper", "records", "registration", "registrylock", "remotereads", "segment",
+        "watchtable",
     }),
     "net": frozenset({
         "badinput", "challenge", "digest", "evidence", "exchange", "faketransport",
