@@ -2,17 +2,20 @@
 frames fail authentication in its row (to ``status`` a configuration problem, not a
 death), and log the rest at most once per 10 s per kind.
 
-A mixin of ``pinger.NetworkHalf`` (its attributes are the half's own).
+An object the network half (``pinger.NetworkHalf``) constructs and owns, given the
+agent's words, the row writer, the followed hosts (read only) and the rate-limited log.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
 
 from .evidence import from_host
 from .followed import Target
+from .netstate import AgentWords
 from .ratelog import RateLimitedLog
+from .rows import RowWriter
 from .status import Status
 
 log = logging.getLogger("shmhb.pinger")
@@ -21,12 +24,16 @@ log = logging.getLogger("shmhb.pinger")
 class BadInput:
     """Dropped frames of the network half."""
 
-    w: Any
-    rows: Any
-    targets: dict[str, Target]
-    _ratelog: RateLimitedLog
+    def __init__(self, writer: AgentWords, rows: RowWriter, targets: Mapping[str, Target],
+                 ratelog: RateLimitedLog) -> None:
+        """``targets``: the followed hosts by address (``Following.targets``, read
+        here, never changed)."""
+        self.w = writer
+        self.rows = rows
+        self.targets = targets
+        self._ratelog = ratelog
 
-    def _bad(self, reason: str, source: str) -> None:
+    def bad(self, reason: str, source: str) -> None:
         """Count and log a dropped frame; ``source``: the followed host's address (a
         frame on our connection to it) or which socket it came in on."""
         self.w.count(f"bad_{reason}")
@@ -34,9 +41,9 @@ class BadInput:
         if t is not None:
             self._auth_failed(t)
             return
-        self._rate_log(reason, "pinger: dropped a bad frame from %s (%s)", source, reason)
+        self.rate_log(reason, "pinger: dropped a bad frame from %s (%s)", source, reason)
 
-    def _bad_auth_ping(self, source: str | None, claimed: str | None) -> None:
+    def bad_auth_ping(self, source: str | None, claimed: str | None) -> None:
         """A ping to us failed authentication: named after the followed host its
         connection comes from, else (pings leave from any local address, 127.0.0.1 on
         loopback) the one it claims to be while that one is not ALIVE: an unauthenticated
@@ -49,15 +56,15 @@ class BadInput:
         if t is not None:
             self._auth_failed(t)
         else:
-            self._rate_log("auth", "pinger: dropped a ping from %s that failed authentication",
-                           source or "an unknown address")
+            self.rate_log("auth", "pinger: dropped a ping from %s that failed authentication",
+                          source or "an unknown address")
 
     def _auth_failed(self, t: Target) -> None:
         # Named in its row: to `status`, a host whose frames fail authentication is a
         # configuration problem, not a death (its silence follows from it).
         self.rows.peer_auth(t.row, t.gen, True)
-        self._rate_log(f"auth {t.address}", "pinger: frames from %s fail authentication: give "
-                       "both hosts the same --secret-file", t.address)
+        self.rate_log(f"auth {t.address}", "pinger: frames from %s fail authentication: give "
+                      "both hosts the same --secret-file", t.address)
 
-    def _rate_log(self, what: str, msg: str, *args: object) -> None:
+    def rate_log(self, what: str, msg: str, *args: object) -> None:
         self._ratelog.warn(what, msg, *args)  # at most once per 10 s per kind

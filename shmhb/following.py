@@ -1,7 +1,11 @@
 """Which hosts the pinger follows: the watch table read through the address door, one
 connection per followed host, rows adopted or freed, the ping plan kept in step.
 
-A mixin of ``pinger.NetworkHalf`` (its attributes are the half's own).  A stored watch
+An object the network half (``pinger.NetworkHalf``) constructs and owns, given its
+collaborators: the board, the transport, the row writer, the agent's words, the ping
+plan, the outstanding pings and the rate-limited log.  It owns the followed set
+(``targets``, by address and by routing id), the hosts skipped, and those whose
+connection is down; the half reads them.  A stored watch
 that fails the door (an older version let it in) or a host that cannot be connected to
 (no CURVE key for it, an address ZMQ refuses) is skipped, reported in ``skipped`` (the
 network half reads degraded) and tried again every ``SKIP_RETRY_NS``; never fatal.
@@ -10,16 +14,19 @@ network half reads degraded) and tried again every ``SKIP_RETRY_NS``; never fata
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from .board import Board
 from .config import DEFAULT_PORT, format_hostport, parse_hostport
 from .errors import InvalidConfig, LockTimeout
 from .evidence import host_ip
+from .exchange import OutstandingPings
 from .followed import Target
-from .netstate import NetReason
-from .pingplan import MIN_PINGS_PER_WINDOW
+from .netstate import AgentWords, NetReason
+from .pingplan import MIN_PINGS_PER_WINDOW, PingPlan
+from .ratelog import RateLimitedLog
+from .rows import RowWriter
 from .suspicion import PeerState
-from .transport import HostSkipped
+from .transport import HostSkipped, Transport
 
 log = logging.getLogger("shmhb.pinger")
 
@@ -27,30 +34,38 @@ SKIP_RETRY_NS = 5 * 10**9
 
 
 class Following:
-    """Target bookkeeping of the network half."""
+    """The followed hosts of one network half."""
 
-    b: Any
-    net: Any
-    rows: Any
-    w: Any
-    plan: Any
-    host: str
-    port: int
-    address: str
-    targets: dict[str, Target]
-    skipped: dict[str, tuple[NetReason, str]]
-    _by_rid: dict[bytes, Target]
-    _adopted: dict[str, tuple[int, int]]
-    _down: set[str]
-    _states: list[PeerState] | None
-    _watch_gen: int
-    _next_reclaim_ns: int
-    _next_skip_retry_ns: int
-    client: Any
-    pollables_gen: int
-    outstanding: Any
+    def __init__(self, board: Board, net: Transport, rows: RowWriter, writer: AgentWords,
+                 plan: PingPlan, outstanding: OutstandingPings, ratelog: RateLimitedLog,
+                 me: str) -> None:
+        """``me``: the half's listen address ("host:port"); the rest are the half's
+        collaborators, shared with it (``rows`` writes the peer and remote rows,
+        ``writer.changed()`` tells readers the board changed)."""
+        self.b = board
+        self.net = net
+        self.rows = rows
+        self.w = writer
+        self.plan = plan
+        self.outstanding = outstanding
+        self._ratelog = ratelog
+        self.address = me
+        self.host, self.port = parse_hostport(me)
+        self.targets: dict[str, Target] = {}
+        self.by_rid: dict[bytes, Target] = {}
+        self.skipped: dict[str, tuple[NetReason, str]] = {}  # address -> (reason, why)
+        self.down: set[str] = set()  # targets whose connection is down: retried every tick
+        self._states: list[PeerState] | None = None  # the targets' verdict states, cached
+        self._adopted = rows.adopt_peers()  # rows an earlier holder left: address -> row
+        self._watch_gen = -1
+        self._next_reclaim_ns = 0
+        self._next_skip_retry_ns = 0
 
-    def _rate_log(self, what: str, msg: str, *args: object) -> None: ...
+    def states(self) -> list[PeerState]:
+        """The followed hosts' verdict states (rebuilt only when the set changes)."""
+        if self._states is None:
+            self._states = [t.state for t in self.targets.values()]
+        return self._states
 
     def _desired(self) -> tuple[set[str], dict[str, tuple[NetReason, str]]]:
         """Pinger addresses to follow: watched hosts, at the cluster's pinger port
@@ -81,7 +96,7 @@ class Following:
 
     def _skip(self, address: str, reason: NetReason, why: str) -> None:
         self.skipped[address] = (reason, why)
-        self._rate_log(f"skip:{reason.label}", "pinger: not following %s: %s", address, why)
+        self._ratelog.warn(f"skip:{reason.label}", "pinger: not following %s: %s", address, why)
 
     def _add_target(self, address: str, now_ns: int) -> None:
         host, port = parse_hostport(address)
@@ -92,9 +107,6 @@ class Following:
             self._skip(address, e.reason, str(e))
             return
         self.skipped.pop(address, None)
-        if self.client is None:
-            self.client = self.net.client
-            self.pollables_gen += 1
         adopted = self._adopted.pop(address, None)
         if adopted is not None:
             row, gen = adopted
@@ -109,24 +121,26 @@ class Following:
         t = Target(address, host.lower(), rid, endpoint, PeerState(address), row, gen,
                     now_ns, remotes=remotes, ip=host_ip(host))
         self.targets[address] = t
-        self._by_rid[rid] = t
+        self.by_rid[rid] = t
         # what we know of it is nothing yet, whatever an earlier holder wrote there
         self.rows.peer_status(row, gen, t.state.status, 0)
         log.info("pinger: following %s", address)
 
     def _drop_target(self, address: str) -> None:
         t = self.targets.pop(address)
-        self._by_rid.pop(t.rid, None)
+        self.by_rid.pop(t.rid, None)
         self.net.disconnect(t.endpoint)
         self.outstanding.drop_peer(address)
-        self._down.discard(address)
+        self.down.discard(address)
         for held in t.remotes.values():
             self.rows.free_remote(held.row)
         self.rows.free_peer(t.row)
         self.w.changed()
         log.info("pinger: no longer following %s", address)
 
-    def _reconcile(self, now_ns: int) -> None:
+    def reconcile(self, now_ns: int) -> None:
+        """Follow what the watch table asks for now: add and drop targets, free the rows
+        of hosts nobody follows, replan.  Cheap when the table has not changed."""
         if now_ns >= self._next_reclaim_ns:  # watches of processes that died unwatching
             self._next_reclaim_ns = now_ns + 1_000_000_000
             try:
@@ -135,10 +149,10 @@ class Following:
                 # the LockTimeout killed the agent).  Dead processes' watches can wait.
                 self.b.reclaim_watches(timeout_s=0.005)
             except LockTimeout:
-                self._rate_log("reclaim", "pinger: registry lock busy; watches of dead "
-                               "processes are dropped later")
+                self._ratelog.warn("reclaim", "pinger: registry lock busy; watches of dead "
+                                   "processes are dropped later")
             except OSError as e:  # EMFILE reading /proc: later
-                self._rate_log("reclaim-os", "pinger: cannot check watch owners: %s", e)
+                self._ratelog.warn("reclaim-os", "pinger: cannot check watch owners: %s", e)
         rg = self.b.words[self.b.reg_gen_index]
         if self.skipped and now_ns >= self._next_skip_retry_ns:
             self._next_skip_retry_ns = now_ns + SKIP_RETRY_NS

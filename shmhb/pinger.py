@@ -54,7 +54,7 @@ from .ratelog import RateLimitedLog
 from .rows import RowWriter
 from .sendcounter import COUNTER_WORD, SendCounter
 from .status import Status
-from .suspicion import PeerState, Suspicion
+from .suspicion import Suspicion
 from .transport import Transport, TransportFactory, recv_routed
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ _RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
 INTAKE_PER_TICK_NS = 5_000_000
 
 
-class NetworkHalf(BadInput, Following):
+class NetworkHalf:
     """The pinger, as a component of the agent loop (see ``shmhb.agent``), for settings
     generation ``cfg_gen``.  Raises ``NetDown`` if it cannot run as configured; what it
     made by then is closed."""
@@ -102,33 +102,38 @@ class NetworkHalf(BadInput, Following):
         self._intake_ns = 0  # time spent on incoming frames since the last tick
         self._muted = False
         self._linger_ms = 0  # a goodbye was sent: let close() flush it (see leave)
-        self.targets: dict[str, Target] = {}
-        self.skipped: dict[str, tuple[NetReason, str]] = {}  # address -> (reason, why)
-        self._by_rid: dict[bytes, Target] = {}
         self.outstanding = OutstandingPings()
         self.push_guard = ReplayGuard()
         self.suspicion = Suspicion(board.thresholds, late_ns=int(0.25e9))
         self.plan = PingPlan(cfg.ping_budget_pps, int(cfg.interval_s * 1e9),
                              units_to_ns(board.thresholds.peer_dead), me=cfg.listen)
-        self._down: set[str] = set()  # targets whose connection is down: retried every tick
-        self._states: list[PeerState] | None = None  # the targets' verdict states, cached
         self._next_expire_ns = 0
         # nonces and push seqs: one counter that only grows per board identity
         self.counter = SendCounter(board.words, COUNTER_WORD)
         self._nonce = 0
-        self._watch_gen = -1
-        self._next_reclaim_ns = 0
-        self._next_skip_retry_ns = 0
-        self._adopted = self.rows.adopt_peers()
         self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
+        self.following = Following(board, self.net, self.rows, writer, self.plan,
+                                   self.outstanding, self._ratelog, cfg.listen)
+        self.bad_input = BadInput(writer, self.rows, self.following.targets, self._ratelog)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
-                                   self._bad, self._rate_log, self._inbound_evidence,
-                                   self._bad_auth_ping, counter=self.counter)
+                                   self.bad_input.bad, self.bad_input.rate_log,
+                                   self._inbound_evidence, self.bad_input.bad_auth_ping,
+                                   counter=self.counter)
         log.info("pinger settings applied: listen %s, interval %.3f s, budget %g pings/s, auth %s",
                  cfg.listen, cfg.interval_s, cfg.ping_budget_pps,
                  "hmac" if self.secret else "curve" if cfg.curve_keys else "none")
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The followed hosts by address (``Following``'s)."""
+        return self.following.targets
+
+    @property
+    def skipped(self) -> dict[str, tuple[NetReason, str]]:
+        """Hosts not followed, with why (``Following``'s): the half reads degraded."""
+        return self.following.skipped
 
     def _inbound_evidence(self, msg: Ping, now_ns: int, source: str | None) -> bool:
         """A followed host's own ping as evidence that its pinger runs, if
@@ -190,11 +195,13 @@ class NetworkHalf(BadInput, Following):
             self._muted = False
             self.pollables_gen += 1
         self.responder.drain(now_ns)  # pings to us: answered once per tick, all together
-        self._reconcile(now_ns)
+        f = self.following
+        f.reconcile(now_ns)
+        if self.client is None and f.targets:  # the first host followed: poll its socket
+            self.client = self.net.client
+            self.pollables_gen += 1
         self.flush(now_ns)
-        if self._states is None:  # rebuilt only when the followed set changes
-            self._states = [t.state for t in self.targets.values()]
-        for st, old, new in self.suspicion.tick(self._states, now_ns):
+        for st, old, new in self.suspicion.tick(f.states(), now_ns):
             t = self.targets[st.address]
             log.info("pinger: host %s %s -> %s", t.address, old.value, new.value)
             self.rows.peer_status(t.row, t.gen, new, st.last_ack_ns)
@@ -208,10 +215,10 @@ class NetworkHalf(BadInput, Following):
                 self._ping(due, now_ns)
         # No connection to its pinger: silence accrues as usual; we try again every
         # tick (a failed send costs no message), so a restarted pinger is confirmed at once.
-        for a in list(self._down):
+        for a in list(f.down):
             down = self.targets.get(a)
             if down is None:
-                self._down.discard(a)
+                f.down.discard(a)
             elif now_ns >= down.next_ping_ns:
                 self._ping(down, now_ns)
         if now_ns >= self._next_expire_ns:  # once a second: O(watchers)
@@ -239,12 +246,12 @@ class NetworkHalf(BadInput, Following):
             t.next_ping_ns = now_ns + _RETRY_NS
             if t.reachable:
                 t.reachable = False
-                self._down.add(t.address)
+                self.following.down.add(t.address)
                 log.info("pinger: no connection to %s; retrying every tick", t.address)
             return False
         if not t.reachable:
             t.reachable = True
-            self._down.discard(t.address)
+            self.following.down.discard(t.address)
             log.info("pinger: connection to %s is back", t.address)
         self.outstanding.add(t.address, self._nonce, now_ns)
         t.answered = False
@@ -264,29 +271,29 @@ class NetworkHalf(BadInput, Following):
                 self.w.count("drain_budget_spent")
                 return  # the rest waits for the next wake-up, after the local watch
             rid, frame, _ = recv_routed(c)
-            t = self._by_rid.get(rid) if frame is not None else None
+            t = self.following.by_rid.get(rid) if frame is not None else None
             if t is None or frame is None:  # not [routing id of a host we follow, frame]
-                self._bad("malformed", "client")
+                self.bad_input.bad("malformed", "client")
                 continue
             try:
                 msg = decode(frame, self.secret)
             except FrameRejected as e:
-                self._bad(e.reason, t.address)
+                self.bad_input.bad(e.reason, t.address)
                 continue
             if isinstance(msg, Ack):
                 self._on_ack(t, msg, now_ns)
             elif isinstance(msg, Push):
                 self._on_push(t, msg, now_ns)
             else:
-                self._bad("type", t.address)
+                self.bad_input.bad("type", t.address)
 
     def _on_ack(self, t: Target, a: Ack, now_ns: int) -> None:
         sent = self.outstanding.take(t.address, a.nonce)
         if sent is None:
-            self._bad("unsolicited", t.address)  # replayed, duplicated or never asked for
+            self.bad_input.bad("unsolicited", t.address)  # replayed, duplicated or never asked for
             return
         if speaks_for_another(t, a.identity, a.address, self.targets.values()):
-            self._bad("spoofed", t.address)  # e.g. another host's ack relayed by t
+            self.bad_input.bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
         t.answered, t.capable = True, capable(a.gen)
@@ -332,7 +339,7 @@ class NetworkHalf(BadInput, Following):
         kept = own_endpoints(t, e)
         if kept is e:
             return e
-        self._bad("spoofed", t.address)  # it listed another host's endpoint
+        self.bad_input.bad("spoofed", t.address)  # it listed another host's endpoint
         return kept
 
     def _apply_digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> None:
@@ -366,10 +373,10 @@ class NetworkHalf(BadInput, Following):
         keys the last full ack listed are touched (a new key waits for the next ack,
         which the push makes full), so a flood of pushes cannot fill the remote table."""
         if t.identity is None or p.identity != t.identity:
-            self._bad("unsolicited", t.address)  # we have no ack from that board yet
+            self.bad_input.bad("unsolicited", t.address)  # we have no ack from that board yet
             return
         if not self.push_guard.accept(p.identity, p.seq):
-            self._bad("replay", t.address)
+            self.bad_input.bad("replay", t.address)
             return
         self.w.count("pushes_received")
         if is_goodbye(p):
