@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 
 import shmhb
-from shmhb.config import AgentConfig
+from shmhb.board.config import AgentConfig
 from shmhb.pingplan import DEFAULT_BUDGET_PPS, host_interval_ns
 from shmhb.loopback import child_env, free_port, loopback_addrs
 from shmhb.status import Status

@@ -46,7 +46,7 @@ import time
 
 import zmq
 
-from shmhb.config import AgentConfig
+from shmhb.board.config import AgentConfig
 from shmhb.challenge import advertised, echoed, issue, new_challenge
 from shmhb.evidence import counts_as_evidence
 from shmhb.exchange import wants_full_digest

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import shmhb
-from shmhb.config import AgentConfig
+from shmhb.board.config import AgentConfig
 from shmhb.loopback import child_env
 from shmhb.status import Status
 

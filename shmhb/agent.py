@@ -1,7 +1,7 @@
 """The host agent role: one process per host watches local workers (and, with the
 network half, remote hosts) and writes verdicts into the board.
 
-Election (``shmhb.agentterm``): term T of the role is an OFD lock byte on the board; the
+Election (``shmhb.board.agentterm``): term T of the role is an OFD lock byte on the board; the
 kernel drops it when its holder dies, and a standby polling every ``election_poll_s``
 takes term T+1, bumping ``agent_term`` (the agent's words name the term that wrote
 them).  A holder stalled as a whole -- SIGSTOPped, or a C call holding its GIL, so
@@ -25,15 +25,15 @@ import os
 import threading
 import time
 
-from . import locks
+from .board import locks
 from .agentloop import AgentLoop, Component
 from .agentwriter import AgentWriter
-from .board import Board
+from .board.handle import Board
 from .clock import MONOTONIC, Clock
-from .config import AgentConfig
-from .agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
+from .board.config import AgentConfig
+from .board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
                         term_byte)
-from .layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
+from .board.layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
 from .localwatch import LocalWatch
 from .netstate import NET_OFF
 from .netsup import NetSupervisor
@@ -63,7 +63,7 @@ class _Superseded(Exception):
 
 class _Renew(Exception):
     """Every stalled holder we replaced has stopped writing, and we took a fresh term:
-    set the components up anew over whatever they may have left (shmhb.agentterm)."""
+    set the components up anew over whatever they may have left (shmhb.board.agentterm)."""
 
 
 #: how often an embedded holder looks whether a daemon waits for the role (one fcntl)
@@ -168,7 +168,7 @@ class Agent:
 
     def elect(self, board: Board) -> AgentLoop | None:
         """One election step: take the role if it is free, or if its holder is stalled
-        (shmhb.agentterm), and return the loop that holds it (not started: call its
+        (shmhb.board.agentterm), and return the loop that holds it (not started: call its
         ``step``); None while another process holds it."""
         with self._fd_lock:
             if self._fd < 0:
@@ -290,7 +290,7 @@ class Agent:
             self._older = {b for b in self._older if locks.is_held(fd, b)}
             if not self._older:
                 # the replaced holders wrote their last word before letting their byte
-                # go: a fresh term now repairs whatever they left (shmhb.agentterm)
+                # go: a fresh term now repairs whatever they left (shmhb.board.agentterm)
                 if claim(fd, words, self.term):
                     locks.unlock(fd, term_byte(self.term))
                     self._renewed = self.term = self.term + 1

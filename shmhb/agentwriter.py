@@ -2,15 +2,15 @@
 id words, the change counter, its counters, and the network half's state.
 
 Every word here has one writer, the role holder (the role lock excludes any other);
-see the ownership table in ``shmhb.layout``.
+see the ownership table in ``shmhb.board.layout``.
 """
 
 from __future__ import annotations
 
 import os
 
-from .board import Board
-from .layout import (
+from .board.handle import Board
+from .board.layout import (
     ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
     pack_hb, pack_net_gen, pack_net_state, ts_units,
 )

@@ -25,10 +25,10 @@ import logging
 import os
 import stat
 
-from .board import Board
-from .config import Policy
+from .board.handle import Board
+from .board.config import Policy
 from .errors import BoardPermissionError, InvalidConfig
-from .segment import SHM_DIR
+from .board.segment import SHM_DIR
 
 log = logging.getLogger(__name__)
 

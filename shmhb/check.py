@@ -2,7 +2,7 @@
 
 ``shmhb gc`` names a board whose rows readers would skip, and the chaos harness counts a
 row that stays invalid as a breach; both ask this module, so the rules live once.  A row
-is valid when (docs in ``shmhb.layout``):
+is valid when (docs in ``shmhb.board.layout``):
 
 - slot ``i`` whose heartbeat word names an incarnation: its record has a non-zero,
   matching checksum and that very incarnation, and neither its heartbeat nor its
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import locks
-from .board import Board
-from .boardcore import BoardCore
-from .layout import (
+from .board import locks
+from .board.handle import Board
+from .board.core import BoardCore
+from .board.layout import (
     LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum,
     record_checksum, remote_checksum, row_code, row_gen, ts_units, verdict_ts, watch_checksum,
     word_tag,

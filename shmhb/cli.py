@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 
 from .version import __version__
-from .board import Board
-from .config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
+from .board.handle import Board
+from .board.config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
 from .errors import BoardNotFound, InvalidConfig, ShmhbError
 from .pipes import EXIT_BROKEN_PIPE, PipeConsole, reader_gone  # noqa: F401 (EXIT_ re-exported)
 from .stopsignal import stop_on_signals

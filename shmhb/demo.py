@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .board import Board
-from .config import Policy
+from .board.handle import Board
+from .board.config import Policy
 from .loopback import free_port, loopback_addrs
 from .status import SlotStatus, Status
 from .stopsignal import stop_on_signals

@@ -8,8 +8,8 @@ import os
 import threading
 
 from .agent import Agent
-from .board import Board
-from .heartbeat import Heartbeat
+from .board.handle import Board
+from .board.heartbeat import Heartbeat
 
 __all__ = ["embedded_join", "embedded_leave", "embedded_register"]
 

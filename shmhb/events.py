@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .records import shown
+from .board.records import shown
 from .status import AgentStatus, PeerStatus, SlotStatus, Status
 from .view import View
 

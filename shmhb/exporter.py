@@ -22,13 +22,13 @@ from wsgiref.simple_server import make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .board import Board
-from .config import board_name as _board_name
+from .board.handle import Board
+from .board.config import board_name as _board_name
 from .errors import BoardNotFound, ShmhbError
 from .gc import shm_path
 from .httpserve import BoundedHandler, BoundedServer, BoundedServer6
 from .instview import BoardInstances, with_instances
-from .records import shown  # label values escaped (keys reach dashboards)
+from .board.records import shown  # label values escaped (keys reach dashboards)
 from .status import PeerStatus, Status
 from .view import View, read_view
 
@@ -131,7 +131,7 @@ class BoardCollector:
         return board
 
     def _native(self) -> bool:
-        from .native import native
+        from .board.native import native
         return bool(native)
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import zmq
 
-from .config import format_hostport
+from .board.config import format_hostport
 from .netstate import NetDown, NetReason
 from .transport import Transport
 

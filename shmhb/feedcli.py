@@ -1,5 +1,5 @@
 """``shmhb feed`` and ``shmhb instances``: the command-line side of ``shmhb.feeder`` and
-``shmhb.instances`` (``shmhb.cli`` adds these subcommands with ``add_parsers``)."""
+``shmhb.board.instances`` (``shmhb.cli`` adds these subcommands with ``add_parsers``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import sys
 import threading
 from typing import Any
 
-from .board import Board
+from .board.handle import Board
 from .clock import MONOTONIC
-from .config import board_name
+from .board.config import board_name
 from .errors import InvalidConfig
 from .feeder import Action, Feeder, FeederConfig
-from .instances import Instance, board_instances
+from .board.instances import Instance, board_instances
 from .routerapi import KINDS, RouterClient, client_for
 from .stopsignal import stop_on_signals
 

@@ -1,6 +1,6 @@
 """``shmhb feed``: keep a router's worker list equal to the live instances on the board.
 
-Two threads.  The *follower* reads the boards (``shmhb.instances``) whenever their change
+Two threads.  The *follower* reads the boards (``shmhb.board.instances``) whenever their change
 counter moves, and at least every ``reread_s`` (silence turns a slot SUSPECT or DEAD
 without a write), and hands the instances it read to the *applier*.  The applier plans
 (``plan``, pure) against the router's worker list as it last knew it and calls the
@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .address import parse_address
+from .board.address import parse_address
 from .clock import MONOTONIC, Clock
 from .errors import InvalidConfig, ShmhbError
-from .instances import Instance
+from .board.instances import Instance
 from .ratelog import RateLimitedLog
 from .routerapi import RouterClient, RouterError, RouterWorker, worker_endpoint
 from .status import Status

@@ -15,7 +15,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .config import parse_hostport
+from .board.config import parse_hostport
 from .errors import InvalidConfig
 from .protocol import DigestEntry, Identity
 from .rows import RemoteRow

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from .board import Board
-from .config import DEFAULT_PORT, format_hostport, parse_hostport
+from .board.handle import Board
+from .board.config import DEFAULT_PORT, format_hostport, parse_hostport
 from .errors import InvalidConfig, LockTimeout
 from .evidence import host_ip
 from .exchange import OutstandingPings

@@ -35,8 +35,8 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from . import locks, segment
-from .board import Board
+from .board import locks, segment
+from .board.handle import Board
 from .check import Finding, check_rows
 from .errors import (
     BoardNotFound,
@@ -46,9 +46,9 @@ from .errors import (
     ShmhbError,
     StaleBoard,
 )
-from .layout import HEADER_BYTES, LOCK_REGISTRY, MAGIC
-from .locks import any_lock_held
-from .segment import SHM_DIR
+from .board.layout import HEADER_BYTES, LOCK_REGISTRY, MAGIC
+from .board.locks import any_lock_held
+from .board.segment import SHM_DIR
 
 log = logging.getLogger(__name__)
 

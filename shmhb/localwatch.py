@@ -13,11 +13,11 @@ import signal
 import numpy as np
 import zmq
 
-from . import locks
+from .board import locks
 from .agentwriter import AgentWriter
-from .board import Board
+from .board.handle import Board
 from .errors import FD_ERRNOS, BoardOpenError, ShmhbError
-from .layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
+from .board.layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from .procinfo import own_pid_namespace, pidfd_open, start_time
 from .ratelog import RateLimitedLog
 
@@ -210,7 +210,7 @@ class LocalWatch:
         rec = self.board.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
-        self.w.changed()  # as for a leave: the registrant may not have (shmhb.registration)
+        self.w.changed()  # as for a leave: the registrant may not have (shmhb.board.registration)
         if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
             pidfd = None
             try:

@@ -21,10 +21,10 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from .board import Board
+from .board.handle import Board
 from .events import Event, EventLog
 from .pipes import PipeConsole
-from .records import shown
+from .board.records import shown
 from .status import PeerStatus, SlotStatus, Status
 from .screen import (
     NEWLINE,

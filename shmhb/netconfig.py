@@ -14,11 +14,11 @@ import stat
 
 import numpy as np
 
-from .board import Board
-from .registrylock import bump_reg_gen
-from .config import DEFAULT_PORT, PingerConfig, has_port
+from .board.handle import Board
+from .board.registrylock import bump_reg_gen
+from .board.config import DEFAULT_PORT, PingerConfig, has_port
 from .errors import InvalidConfig
-from .layout import checksum
+from .board.layout import checksum
 from .pingplan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
 
 # -- settings stored in the board ---------------------------------------------------------

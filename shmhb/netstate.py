@@ -12,7 +12,7 @@ watch.  The local watch never depends on it; the network half goes through::
                  stopped it.  Retried with backoff; never weaker security instead.
 
 The holder records the state in the board header (``layout.pack_net_state``), where
-``shmhb status`` reads it (``shmhb.netword`` names the states and decodes the word);
+``shmhb status`` reads it (``shmhb.board.netword`` names the states and decodes the word);
 this module decides when to retry.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 # the word's codes and its decoding live with the board (a lower layer); re-exported
-from .netword import NetAuth, NetReason, NetState, decode_network, working
+from .board.netword import NetAuth, NetReason, NetState, decode_network, working
 
 __all__ = ["AgentWords", "Backoff", "NET_OFF", "NetAuth", "NetDown", "NetReason", "NetShown",
            "NetState", "decode_network", "working"]

@@ -19,11 +19,11 @@ from typing import Protocol
 
 import zmq
 
-from .board import Board
+from .board.handle import Board
 from .clock import Clock
-from .config import PingerConfig
+from .board.config import PingerConfig
 from .errors import FD_ERRNOS, InvalidConfig
-from .layout import header_index
+from .board.layout import header_index
 from .netconfig import load_config
 from .netstate import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
 from .pinger import NetworkHalf
@@ -117,7 +117,7 @@ class NetSupervisor:
 
     def reserved(self) -> int:
         """The highest ``net_counter`` reservation any of our halves stored (the agent
-        restores it after a stale writer may have stored a lower one: shmhb.agentterm)."""
+        restores it after a stale writer may have stored a lower one: shmhb.board.agentterm)."""
         h = self.half
         return max(self._reserved, h.counter.reserved if h is not None else 0)
 

@@ -32,9 +32,9 @@ import logging
 import zmq
 
 from .badinput import BadInput
-from .board import Board
+from .board.handle import Board
 from .clock import Clock
-from .config import PingerConfig, parse_hostport
+from .board.config import PingerConfig, parse_hostport
 from .errors import InvalidConfig
 from .netconfig import configure_from_args, load_config, read_secret, store_config  # re-exported
 from .netstate import AgentWords, NetDown, NetReason
@@ -48,7 +48,7 @@ from .challenge import advertised, capable, echoed, issue, new_challenge
 from .evidence import counts_as_evidence
 from .followed import Target, confirm_now, own_endpoints, speaks_for_another
 from .following import Following
-from .layout import row_code, units_to_ns
+from .board.layout import row_code, units_to_ns
 from .pingplan import PingPlan
 from .ratelog import RateLimitedLog
 from .rows import RowWriter

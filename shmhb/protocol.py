@@ -32,7 +32,7 @@ from typing import Final, Union
 from shmhb.errors import ProtocolError
 from shmhb.frametag import MIN_SECRET_BYTES, TAG_BYTES
 from shmhb.frametag import fresh_mac as _mac
-from shmhb.layout import (
+from shmhb.board.layout import (
     MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,
 )
 from shmhb.frametag import seal as _seal

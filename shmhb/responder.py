@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import zmq
 
-from .board import Board
+from .board.handle import Board
 from .challenge import advertised
 from .clock import Clock
 from .digest import LocalDigest

@@ -21,7 +21,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.text import Text
 
-from .records import shown
+from .board.records import shown
 from .status import Status
 
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from .judge import Thresholds, peer_verdict
-from .layout import ts_units, units_to_ns
+from .board.judge import Thresholds, peer_verdict
+from .board.layout import ts_units, units_to_ns
 from .status import Status
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import zmq
 
-from .config import format_hostport
+from .board.config import format_hostport
 from .errors import FD_ERRNOS, InvalidConfig
 from .netconfig import curve_keypair, curve_public_key
 from .netstate import NetDown, NetReason

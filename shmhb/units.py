@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import DEFAULT_BOARD, board_name
+from .board.config import DEFAULT_BOARD, board_name
 from .errors import InvalidConfig
 
 PINGER_UNIT = "shmhb-pinger.service"

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .board import Board
-from .config import Policy
+from .board.handle import Board
+from .board.config import Policy
 from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 
 BAD_PREFIX = "bad_"

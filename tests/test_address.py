@@ -1,4 +1,4 @@
-"""The address door (shmhb.address): one validator for endpoints, watches, --peer and
+"""The address door (shmhb.board.address): one validator for endpoints, watches, --peer and
 --listen, with the wire's limits, and what it refuses at register/watch/PingerConfig."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 import shmhb
-from shmhb.address import (
+from shmhb.board.address import (
     MAX_ADDRESS_TEXT, check_endpoint, format_address, is_canonical, is_endpoint, parse_address,
 )
-from shmhb.config import PingerConfig, parse_hostport
+from shmhb.board.config import PingerConfig, parse_hostport
 from shmhb.errors import InvalidAddress
 from shmhb.protocol import MAX_ENDPOINT_BYTES
 

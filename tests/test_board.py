@@ -14,7 +14,7 @@ import posix_ipc
 import pytest
 
 import shmhb
-from shmhb import layout as L
+from shmhb.board import layout as L
 from shmhb.loopback import child_env
 
 from .conftest import unlink_quietly
@@ -217,7 +217,7 @@ def test_full_board_names_its_size(board_name: str) -> None:
 
 
 def test_slots_lists_everything_and_snapshot_agrees(board: shmhb.Board) -> None:
-    from shmhb.judge import judge_local_array
+    from shmhb.board.judge import judge_local_array
 
     hbs = [board.register(f"w{i}", agent=False) for i in range(5)]
     hbs[2].close()

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import shmhb
-from shmhb import locks, segment
-from shmhb.layout import (
+from shmhb.board import locks, segment
+from shmhb.board.layout import (
     HEADER_DTYPE, LOCK_REGISTRY, LOCK_SLOT_BASE, record_checksum, watch_checksum,
 )
 
@@ -117,9 +117,9 @@ def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registr
 
 DIE_CREATING = textwrap.dedent("""
     import os, signal, sys
-    from shmhb import segment
-    from shmhb.config import Capacity
-    from shmhb.layout import Sizes
+    from shmhb.board import segment
+    from shmhb.board.config import Capacity
+    from shmhb.board.layout import Sizes
     c = Capacity()
     segment.Segment.create(sys.argv[1], Sizes(c.slots, c.peers, c.remote_slots, c.watches), 0o600)
     os.kill(os.getpid(), signal.SIGKILL)  # before READY, holding the registry lock

@@ -83,14 +83,14 @@ def test_a_library_open_asking_for_another_policy_is_warned_or_refused(
         name: str, caplog: pytest.LogCaptureFixture) -> None:
     with shmhb.Board.create(name) as created:
         asked = shmhb.Policy(dead_after_s=30, suspect_after_s=3)
-        with caplog.at_level(logging.WARNING, logger="shmhb.board"):
+        with caplog.at_level(logging.WARNING, logger="shmhb.board.handle"):
             with shmhb.Board.open(name, policy=asked) as b:
                 assert b.policy == created.policy  # the board's applies
         msgs = [r.getMessage() for r in caplog.records]
         assert any("dead_after_s: board 10, asked 30" in m and "suspect_after_s: board 2, asked 3"
                    in m for m in msgs), msgs
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="shmhb.board"):
+        with caplog.at_level(logging.WARNING, logger="shmhb.board.handle"):
             shmhb.Board.open(name, dead_after_s=10.0).close()  # the same: silence
             shmhb.Board.open(name).close()  # nothing asked: silence
         assert not caplog.records

@@ -13,7 +13,7 @@ import pytest
 
 import shmhb
 from shmhb import gc
-from shmhb import layout as L
+from shmhb.board import layout as L
 from shmhb.check import Finding, check_board
 from shmhb.errors import BoardCorrupt, BoardNotFound
 

@@ -317,7 +317,7 @@ def test_a_stored_watch_address_that_cannot_be_pinged_is_skipped(cluster: Cluste
 
 def _store_raw_watch(board: shmhb.Board, address: bytes) -> None:
     """A watch row written as an older version would have (no validation)."""
-    from shmhb.layout import watch_checksum
+    from shmhb.board.layout import watch_checksum
 
     with board.registry():
         w = board._watches
@@ -344,7 +344,7 @@ def test_stored_settings_are_reapplied_by_a_standby_with_the_same_state(cluster:
 
 
 def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster: Cluster) -> None:
-    from shmhb.layout import encode_endpoints, pack_hb, record_checksum
+    from shmhb.board.layout import encode_endpoints, pack_hb, record_checksum
     from shmhb.procinfo import own_pid_namespace, start_time
 
     a = cluster.host()

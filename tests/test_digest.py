@@ -13,7 +13,7 @@ import shmhb
 from shmhb import Status
 from shmhb.clock import FakeClock
 from shmhb.digest import LocalDigest
-from shmhb.layout import TS_SHIFT
+from shmhb.board.layout import TS_SHIFT
 from shmhb.protocol import Ack, FrameRejected, Identity, decode, encode_ack_raw, encode_entries
 
 from .chaos.bigdigest import BULK
@@ -200,7 +200,7 @@ def test_the_cut_byte_round_trips_and_nothing_past_it_is_accepted() -> None:
 
 def test_a_board_holds_no_more_slots_than_one_ack_lists() -> None:
     """The door uses the wire's limit: a slot past 4,096 would never reach another host."""
-    from shmhb.config import Capacity
+    from shmhb.board.config import Capacity
     from shmhb.errors import InvalidConfig
     from shmhb.protocol import MAX_DIGEST_ENTRIES
     assert Capacity(slots=MAX_DIGEST_ENTRIES).slots == 4096

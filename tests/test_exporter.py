@@ -19,7 +19,7 @@ import shmhb
 from shmhb import Status
 from shmhb.agent import Agent
 from shmhb.exporter import Exporter
-from shmhb.layout import HEADER_DTYPE, STAT_NAMES
+from shmhb.board.layout import HEADER_DTYPE, STAT_NAMES
 from shmhb.loopback import child_env
 
 from .conftest import ROOT, Procs, unlink_quietly, wait_until

@@ -18,7 +18,7 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.agent import Agent
-from shmhb.layout import HEADER_DTYPE
+from shmhb.board.layout import HEADER_DTYPE
 from shmhb.loopback import child_env
 
 from .conftest import Procs, unlink_quietly, wait_until

@@ -15,7 +15,7 @@ import pytest
 
 import shmhb
 from shmhb import gc
-from shmhb import layout as L
+from shmhb.board import layout as L
 from shmhb.loopback import child_env
 
 from .conftest import Procs, unlink_quietly, wait_until

@@ -14,7 +14,7 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.protocol import Ack, decode, encode_ack
-from shmhb.records import check_key, shown
+from shmhb.board.records import check_key, shown
 
 from .conftest import ROOT, wait_until
 from .hosts import Cluster, FakePeer, entry

@@ -25,7 +25,7 @@ from shmhb import Status
 from shmhb.agent import Agent
 from shmhb.agentloop import AgentLoop
 from shmhb.clock import FakeClock
-from shmhb.config import AgentConfig, PingerConfig
+from shmhb.board.config import AgentConfig, PingerConfig
 from shmhb.faketransport import FakeNetwork
 from shmhb.netconfig import store_config
 from shmhb.protocol import Push, decode

@@ -1,4 +1,4 @@
-"""Instances on the board (shmhb.instances): the key format, the judging rule, and real
+"""Instances on the board (shmhb.board.instances): the key format, the judging rule, and real
 engine processes (a rank slot plus the instance slot, as ShmhbConnector registers
 them) killed, closed and restarted under this test's own agent."""
 
@@ -12,7 +12,7 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.errors import InvalidConfig, InvalidKey
-from shmhb.instances import (
+from shmhb.board.instances import (
     board_instances, instance_key, instances_from, judge_instance, parse_instance_key,
     register_instance,
 )
@@ -94,7 +94,7 @@ def engine(procs: Procs, board: shmhb.Board, eng: str, role: str = "prefill",
     return p, int(p.ready_line.split()[1])  # type: ignore[attr-defined]
 
 
-def only(board: shmhb.Board, eng: str) -> shmhb.instances.Instance | None:
+def only(board: shmhb.Board, eng: str) -> shmhb.board.instances.Instance | None:
     got = [i for i in board_instances(board) if i.engine == eng]
     return got[0] if got else None
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from shmhb import FakeClock, Status
-from shmhb import layout as L
-from shmhb.judge import (
+from shmhb.board import layout as L
+from shmhb.board.judge import (
     Thresholds, combine_remote, judge_agent, judge_local, judge_local_array, judge_row,
     peer_verdict,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shmhb import layout as L
+from shmhb.board import layout as L
 
 
 def test_header_fits_and_words_are_aligned() -> None:

@@ -1,5 +1,5 @@
 """The C hot path (``shmhb._native``) and the C header (``shmhb.h``) against the
-pure-Python path and ``shmhb/layout.py``: the same words, judged alike, bit for bit."""
+pure-Python path and ``shmhb/board/layout.py``: the same words, judged alike, bit for bit."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import shmhb
-from shmhb import judge as J
-from shmhb import layout as L
+from shmhb.board import judge as J
+from shmhb.board import layout as L
 from shmhb.clock import FakeClock
 from shmhb.loopback import child_env
 from shmhb.protocol import DigestEntry
@@ -74,8 +74,8 @@ def test_header_defines_agree_with_layout() -> None:
 
 def test_memo_slots_agree_with_localreads() -> None:
     """Board.slot()'s per-key memo is a list read by position on both sides: the slots
-    _native.c names (SHMHB_MEMO_*) are those shmhb/localreads.py names (MEMO_*)."""
-    from shmhb import localreads
+    _native.c names (SHMHB_MEMO_*) are those shmhb/board/localreads.py names (MEMO_*)."""
+    from shmhb.board import localreads
 
     with open(os.path.join(ROOT, "shmhb", "_native.c")) as f:
         text = f.read()

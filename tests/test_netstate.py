@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from shmhb.layout import (
+from shmhb.board.layout import (
     HEADER_DTYPE, INC_MASK, net_checksum, pack_net_gen, pack_net_state, unpack_net_state,
 )
 from shmhb.netstate import Backoff, NetAuth, NetReason, NetState, decode_network

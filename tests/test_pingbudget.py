@@ -15,9 +15,9 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.config import PingerConfig
+from shmhb.board.config import PingerConfig
 from shmhb.errors import InvalidConfig
-from shmhb.layout import checksum
+from shmhb.board.layout import checksum
 from shmhb.pinger import load_config, store_config
 from shmhb.pingplan import DEFAULT_BUDGET_PPS
 from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from shmhb import FakeClock, Status
-from shmhb.judge import Thresholds
-from shmhb.layout import ts_units
+from shmhb.board.judge import Thresholds
+from shmhb.board.layout import ts_units
 from shmhb.pingplan import (
     BATCH_NS, DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW, PingPlan, host_interval_ns,
 )
@@ -205,7 +205,7 @@ def test_seconds_alone_would_flap_at_one_ping_a_second() -> None:
             susp.on_ping(q)
         susp.tick([q], c.monotonic_ns())
     assert q.silent_ns > TH.peer_suspect << 20 and q.status is Status.ALIVE
-    from shmhb.judge import peer_verdict
+    from shmhb.board.judge import peer_verdict
     assert peer_verdict(q.silent_ns >> 20, TH, self_suspect=False) is Status.SUSPECT
 
 

@@ -217,7 +217,7 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
                                                                 path: str) -> None:
     """On the C path the writer's beat is a release store and the reader's load an
     acquire load; on the pure path both go through a memoryview.  Neither may tear."""
-    from shmhb.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
+    from shmhb.board.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
 
     if path == "native":
         ext = pytest.importorskip("shmhb._native", reason="shmhb._native was not built")

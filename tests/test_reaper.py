@@ -527,7 +527,7 @@ def test_a_raising_callback_is_logged_and_loses_nothing(make_site: Callable[...,
     reaper = LinkReaper(site.board, on_drop=on_drop)
     reaper.track(ep1)
     reaper.track(ep2)
-    caplog.set_level(logging.ERROR, logger="shmhb.reaper")
+    caplog.set_level(logging.ERROR, logger="shmhb.board.reaper")
     reaper.start(interval_s=0.002)
     try:
         w1.kill()

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from shmhb.board import Board, set_register_hook
-from shmhb.heartbeat import Heartbeat
+from shmhb.board.handle import Board, set_register_hook
+from shmhb.board.heartbeat import Heartbeat
 from shmhb.status import Status
 
 from .conftest import wait_until

@@ -1,4 +1,4 @@
-"""Registration without the registry lock (issue 23 case 14, ``shmhb.registration``):
+"""Registration without the registry lock (issue 23 case 14, ``shmhb.board.registration``):
 many processes registering at once while a stopped process holds the registry lock get
 distinct, growing incarnations, and a key is held by one live process at most."""
 
@@ -16,7 +16,7 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.loopback import child_env
-from shmhb.registration import LOCKFREE_GAP, issue_incarnation, key_bucket
+from shmhb.board.registration import LOCKFREE_GAP, issue_incarnation, key_bucket
 
 from .conftest import Procs, Stall
 
@@ -104,8 +104,8 @@ def test_after_a_stall_registrations_with_the_lock_read_newer(board: shmhb.Board
 HOLD_BUCKET = textwrap.dedent("""
     import os, signal, sys
     import shmhb
-    from shmhb import locks
-    from shmhb.registration import key_bucket
+    from shmhb.board import locks
+    from shmhb.board.registration import key_bucket
     b = shmhb.Board.attach(sys.argv[1])
     fd = b.new_fd()
     assert locks.try_lock(fd, key_bucket(sys.argv[2].encode()))

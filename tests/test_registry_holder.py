@@ -2,7 +2,7 @@
 
 Attaching needs no lock once the board is finished: ``status``, a standby pinger and a
 new worker's attach must not wait for it.  Nor does a registration: a restarted worker
-registers past the stopped holder (``shmhb.registration``), the agent watches it and
+registers past the stopped holder (``shmhb.board.registration``), the agent watches it and
 announces it, and registrations after the holder resumed read newer still."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Issue 23 case 3, the stalled holder: a holder of the agent role stopped as a whole
 (SIGSTOP, or a C call holding its GIL, so neither its loop nor its watchdog runs) keeps
-its lock byte; a standby replaces it within seconds (shmhb.agentterm), and the holder,
+its lock byte; a standby replaces it within seconds (shmhb.board.agentterm), and the holder,
 once it resumes, stands down and writes no more."""
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
 CLAIMER = textwrap.dedent("""
     import os, sys
     import shmhb
-    from shmhb import agentterm, locks
+    from shmhb.board import agentterm, locks
     b = shmhb.Board.attach(sys.argv[1])
     fd = b.new_fd()
     print("ready", flush=True)
@@ -228,7 +228,7 @@ CLAIMER = textwrap.dedent("""
 
 def test_processes_claiming_one_term_at_once_exactly_one_wins(
         board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
-    from shmhb.agentterm import TERM_WORD
+    from shmhb.board.agentterm import TERM_WORD
 
     claimers = [_spawn(procs, [sys.executable, "-c", CLAIMER, board.name],
                        tmp_path / f"claimer{i}.log", ready=True) for i in range(6)]
@@ -329,8 +329,8 @@ def test_the_systemd_watchdog_is_fed_through_a_takeover_and_a_stand_down(
 OLD_HOLDER = """
 import sys
 import shmhb
-from shmhb import locks
-from shmhb.layout import LOCK_AGENT
+from shmhb.board import locks
+from shmhb.board.layout import LOCK_AGENT
 b = shmhb.Board.attach(sys.argv[1])
 fd = b.new_fd()
 assert locks.try_lock(fd, LOCK_AGENT)  # what a holder of an earlier version holds

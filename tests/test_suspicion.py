@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shmhb import FakeClock, Status
-from shmhb.judge import Thresholds
-from shmhb.layout import ts_units
+from shmhb.board.judge import Thresholds
+from shmhb.board.layout import ts_units
 from shmhb.suspicion import PeerState, Suspicion
 
 S = 10**9

@@ -1,7 +1,7 @@
 /* shmhb.h: read (and beat into) a shmhb board from C, without Python.
  *
- * The byte map, the word packing and the judging rule of shmhb/layout.py,
- * shmhb/words.py and shmhb/judge.py, in C99 plus the GCC/Clang __atomic builtins.  Header-only; the
+ * The byte map, the word packing and the judging rule of shmhb/board/layout.py,
+ * shmhb/board/words.py and shmhb/board/judge.py, in C99 plus the GCC/Clang __atomic builtins.  Header-only; the
  * Python extension shmhb._native is built from it, and tests/test_native.py keeps every
  * #define below equal to layout.py (and compiles examples/board_status.c against it).
  * Find it with `python -c "import shmhb; print(shmhb.get_include())"`.

@@ -31,8 +31,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorRole, SupportsHMA,
 )
 
-from ..board import Board
-from ..config import format_hostport, parse_hostport
+from ..board.handle import Board
+from ..board.config import format_hostport, parse_hostport
 from ..errors import InvalidConfig, ShmhbError
 from .adapters import adapter_for
 from .guard import WorkerGuard

@@ -35,9 +35,10 @@ from typing import Any
 import zmq
 
 import shmhb
-from shmhb import Board, LinkReaper, locks
+from shmhb import Board, LinkReaper
+from shmhb.board import locks
 from shmhb.check import check_rows
-from shmhb.layout import LOCK_REGISTRY
+from shmhb.board.layout import LOCK_REGISTRY
 from shmhb.protocol import Ack, Identity, encode_ack
 
 from ..conftest import ROOT, Procs

@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from shmhb.layout import watch_checksum
+from shmhb.board.layout import watch_checksum
 from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from ..conftest import ROOT

@@ -72,7 +72,7 @@ import numpy as np
 
 from shmhb import Board, Status
 from shmhb.check import Finding
-from shmhb.layout import INC_SHIFT, TS_SHIFT, inc_tag
+from shmhb.board.layout import INC_SHIFT, TS_SHIFT, inc_tag
 
 from .schedule import Timing
 
@@ -269,8 +269,8 @@ class View:
 
 
 def read_view(board: Board, host_of_ip: dict[str, int]) -> View:
-    from shmhb.config import parse_hostport
-    from shmhb.judge import judge_local
+    from shmhb.board.config import parse_hostport
+    from shmhb.board.judge import judge_local
 
     t = now_ns()
     a = board.agent()

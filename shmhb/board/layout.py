@@ -36,7 +36,7 @@ an old record, or the reverse, notices the mismatch instead of mixing them.  Rec
 included; a reader that catches one half-written sees a bad checksum and retries.
 
 The bit map of each 64-bit word (which field sits where, the packing and the reading of
-every field) is ``shmhb.words``; this module re-exports it.
+every field) is ``shmhb.board.words``; this module re-exports it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ ADDR_BYTES: Final = 64  # "host:port" of a pinger or watched endpoint
 PATH_BYTES: Final = 256
 MAX_ENDPOINTS: Final = 8
 NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
-# text limits, one for the board and the wire (shmhb.protocol, shmhb.address use these)
+# text limits, one for the board and the wire (shmhb.protocol, shmhb.board.address use these)
 MAX_KEY_BYTES: Final = KEY_BYTES - 1  # a key, UTF-8: what a slot holds with its NUL
 MAX_ENDPOINT_BYTES: Final = 63  # one endpoint "host:port"
 MAX_ADDRESS_BYTES: Final = ADDR_BYTES  # a pinger address in a frame (a row holds one less)
@@ -81,13 +81,13 @@ MAX_DIGEST_ENTRIES: Final = 4096
 # features              creator: which of the fields above it wrote
 # created_ns, creator_pid
 # state                 creator                                 last, under the init lock
-# inc_counter           registrants, under the registry lock (shmhb.registration: one kept
+# inc_counter           registrants, under the registry lock (shmhb.board.registration: one kept
 #                       from it issues above counter + LOCKFREE_GAP and writes neither)
 # reg_gen               registrants, under the registry lock (bumped on register/leave/watch)
 # agent_hb, agent_id    the agent role holder
 # agent_gen             the agent role holder (bumped on every verdict or remote change)
 # agent_term            the agent role holder, at its takeover (a takeover counter; only
-#                       the holder of the new term's lock byte writes it: shmhb.agentterm)
+#                       the holder of the new term's lock byte writes it: shmhb.board.agentterm)
 # agent_lateness_us     the agent role holder: its worst loop lateness of the last second
 # stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
 # cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings
@@ -252,14 +252,14 @@ LOCK_AGENT: Final = 1  # the role's holder takes it too: earlier versions know o
 #: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
 #: hands it over to it, and embedded standbys leave the role to it (shmhb.agent)
 LOCK_DAEMON: Final = 2
-#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.agentterm)
+#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.board.agentterm)
 LOCK_TERM_BASE: Final = 1 << 19
 TERM_RING: Final = 64
 LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
 #: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
 #: owners in another pid namespace, whose pids mean nothing here, are judged
 LOCK_WATCH_BASE: Final = 1 << 21
-#: a key's registrants hold LOCK_KEY_BASE + crc32(key) % 65536 (shmhb.registration)
+#: a key's registrants hold LOCK_KEY_BASE + crc32(key) % 65536 (shmhb.board.registration)
 LOCK_KEY_BASE: Final = 1 << 22
 
 

@@ -31,10 +31,10 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .address import check_endpoint, format_address, parse_address
-from .errors import InvalidConfig
-from .ratelog import RateLimitedLog
+from ..errors import InvalidConfig
+from ..ratelog import RateLimitedLog
 from .records import check_key
-from .status import SlotStatus, Status
+from ..status import SlotStatus, Status
 
 __all__ = [
     "INSTANCE_PREFIX", "Instance", "RANK_PREFIX", "ROLES", "instance_key", "instances_from",

@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .board import Board
+from .handle import Board
 from .config import check_endpoint, parse_hostport, positive_seconds
-from .errors import InvalidAddress, LockTimeout
-from .periodic import Periodic
-from .status import PeerStatus, SlotStatus, Status
+from ..errors import InvalidAddress, LockTimeout
+from ..periodic import Periodic
+from ..status import PeerStatus, SlotStatus, Status
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class LinkReaper:
         of a remote host lags by a round trip, so right after a peer restarts the board
         may still show the old incarnation, or no row at all for a new key.
 
-        ``endpoint`` passes the door every address passes (``shmhb.address``): it is
+        ``endpoint`` passes the door every address passes (``shmhb.board.address``): it is
         canonicalised (``[FD00:0::1]:30001`` is tracked as ``[fd00::1]:30001``,
         ``Node-A:30002`` as ``node-a:30002``; the returned link holds that text) or
         refused with ``InvalidAddress``.  Uncanonical text matched no report: the link

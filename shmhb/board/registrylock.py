@@ -1,6 +1,6 @@
 """The board's registry lock: a kernel-released OFD lock on the segment plus a thread lock.
 
-It orders registrations, watches and settings between processes (``shmhb.registration``
+It orders registrations, watches and settings between processes (``shmhb.board.registration``
 says which registrations go on without it).  ``BoardCore`` owns one per handle and lends
 it to the objects that write under it (the watch table, the registrar).  The registry's
 change counter, which only holders of the lock move, is bumped here too.
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from . import locks
-from .errors import LockTimeout
+from ..errors import LockTimeout
 from .layout import LOCK_REGISTRY
 
 REGISTRY_TIMEOUT_S = 5.0

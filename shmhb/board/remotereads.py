@@ -4,7 +4,7 @@ An object that ``Board`` constructs and owns (``Board.peers``, ``peer`` and ``re
 delegate to it); it is given the tables' views and the board's clock, agent check,
 change counter and word memo, and keeps its own memo of ``remote``'s choices.  The
 pinger writes the peer and remote rows (``shmhb.rows``); these reads take no lock: each
-row is copied, its checksum checked, and its status word judged with ``shmhb.judge``
+row is copied, its checksum checked, and its status word judged with ``shmhb.board.judge``
 together with the agent's freshness, so a stalled or absent agent reads UNKNOWN, never
 a stale ALIVE.  ``remote`` memoises its answer on the words it judged
 (``native.WordMemo``).
@@ -24,7 +24,7 @@ from .layout import (
     remote_checksum, row_ts, rtt_us, ts_units, unpack_auth, word_index,
 )
 from .records import RETRIES, stored_address, stored_endpoints, stored_key
-from .status import PeerStatus, SlotStatus, Status
+from ..status import PeerStatus, SlotStatus, Status
 
 
 class PeerRow(NamedTuple):

@@ -23,7 +23,7 @@ import time
 import weakref
 from typing import Protocol
 
-from .errors import LockTimeout
+from ..errors import LockTimeout
 
 log = logging.getLogger(__name__)
 

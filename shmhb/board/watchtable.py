@@ -16,9 +16,9 @@ import numpy as np
 
 from . import locks
 from .config import check_endpoint, parse_address
-from .errors import WatchTableFull
+from ..errors import WatchTableFull
 from .layout import HEADER_DTYPE, LOCK_WATCH_BASE, WATCH_ROW_DTYPE, watch_checksum
-from .procinfo import own_pid_namespace, start_time
+from ..procinfo import own_pid_namespace, start_time
 from .records import stored_address
 from .registrylock import RegistryLock, bump_reg_gen
 

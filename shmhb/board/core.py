@@ -3,18 +3,18 @@ it owns share.
 
 ``BoardCore`` sets up the segment's views (header, slot words and records, peer, remote
 and watch tables), the word indices of the header, the registry lock
-(``shmhb.registrylock``), the change counter, the agent's header as readers see it, and
+(``shmhb.board.registrylock``), the change counter, the agent's header as readers see it, and
 the small public surface that this package's writers use (the agent's header writer,
 the local watch, the row writer, the settings store) instead of reaching into private
 members.
 
-``Board`` (``shmhb.board``) subclasses it, through ``LocalReads`` (``shmhb.localreads``,
+``Board`` (``shmhb.board.handle``) subclasses it, through ``LocalReads`` (``shmhb.board.localreads``,
 the hot local reads), and adds the lifecycle and registration.  The hot local reads are
 a base class of ``Board``, not an object it owns, on purpose: ``slot()`` and
 ``status()`` are bound per instance to the C extension's objects, and a delegating
 object would add a call to the hot path.  The colder concerns are objects the board
 constructs and owns, each with its own state and ``close()``: the watch table
-(``shmhb.watchtable``) and the remote reads (``shmhb.remotereads``).
+(``shmhb.board.watchtable``) and the remote reads (``shmhb.board.remotereads``).
 Instance attributes are all set here, in ``LocalReads._bind_hot_paths`` and in
 ``Board.__init__``, in one order: add none lightly.  CPython 3.11 shares an instance
 dict's keys only up to 30 of them; a board handle on the C path has 36 (as many as
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from . import locks, segment
-from .clock import MONOTONIC, Clock
+from ..clock import MONOTONIC, Clock
 from .config import UNIT_S, Capacity, Policy
 from .agentterm import TERM_WORD, term_byte
-from .errors import BoardCorrupt, InvalidConfig
+from ..errors import BoardCorrupt, InvalidConfig
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
     FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
@@ -46,7 +46,7 @@ from .native import WordMemo
 from .netword import decode_network
 from .records import SlotInfo
 from .registrylock import RegistryLock, bump_reg_gen
-from .status import AgentStatus, NetworkStatus, Status
+from ..status import AgentStatus, NetworkStatus, Status
 
 class BoardCore:
     """The views of one mapped board; see the module docstring.  Not used alone."""
@@ -104,7 +104,7 @@ class BoardCore:
 
     @property
     def native(self) -> bool:
-        """Whether this handle's hot paths are the C extension's (``shmhb.native``)."""
+        """Whether this handle's hot paths are the C extension's (``shmhb.board.native``)."""
         return self._ext is not None
 
     @property
@@ -194,7 +194,7 @@ class BoardCore:
 
     @property
     def extension(self) -> ModuleType | None:
-        """The C extension whose hot paths this handle uses, or None (``shmhb.native``)."""
+        """The C extension whose hot paths this handle uses, or None (``shmhb.board.native``)."""
         return self._ext
 
     def new_fd(self) -> int:

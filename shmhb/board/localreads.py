@@ -1,10 +1,10 @@
 """The board's hot local reads: ``slot``, ``status``, ``slots``, ``snapshot``,
 ``oldest_beat_age``, and the per-key memo behind ``slot``.
 
-A base class of ``Board``, not an object it owns (see ``shmhb.boardcore`` for why): it
+A base class of ``Board``, not an object it owns (see ``shmhb.board.core`` for why): it
 reads the views that ``BoardCore`` sets up and adds no instance attribute of its own but
 those ``_bind_hot_paths`` binds.  Readers take no lock and make no syscall but the
-clock: they load single aligned 64-bit words and judge them with ``shmhb.judge``.
+clock: they load single aligned 64-bit words and judge them with ``shmhb.board.judge``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from . import segment
-from .boardcore import BoardCore
-from .clock import MONOTONIC, Clock
+from .core import BoardCore
+from ..clock import MONOTONIC, Clock
 from .config import UNIT_S
 from .judge import judge_local
 from .layout import (
@@ -25,7 +25,7 @@ from .layout import (
 )
 from .native import clock_arg, extension
 from .records import RETRIES, SlotInfo, stored_endpoints, stored_key
-from .status import SlotStatus, Status
+from ..status import SlotStatus, Status
 
 #: The slots of a ``_by_key`` entry, the per-key memo of ``slot()``: a list, not a
 #: record, for speed (``slot()`` reads it by position, and so does ``_native.c``, whose
@@ -59,7 +59,7 @@ class LocalReads(BoardCore):
         super().close()
 
     def _bind_hot_paths(self, ext: ModuleType | None) -> None:
-        """The one switch between the C and the pure-Python hot paths (``shmhb.native``):
+        """The one switch between the C and the pure-Python hot paths (``shmhb.board.native``):
         with the extension, ``slot``, ``status``, ``changes`` and ``oldest_beat_age`` are its
         acquire loads and ``remote`` memoises through its ``WordMemo``; without it,
         the methods below run as written.  Both judge the same words alike."""

@@ -14,11 +14,11 @@ from typing import NamedTuple
 
 from .address import canonical_or_none
 from .config import check_endpoint
-from .errors import InvalidKey
+from ..errors import InvalidKey
 from .layout import (
     ENDPOINTS_BYTES, KEY_BYTES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES, encode_endpoints,
 )
-from .ratelog import RateLimitedLog
+from ..ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from .layout import (
     CODE_MASK, CODE_SHIFT, GEN_MASK, GEN_SHIFT, INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK,
     TS40_MASK,
 )
-from .status import Status
+from ..status import Status
 
 ALIVE, SUSPECT, DEAD, LEFT, UNKNOWN = (
     Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN,

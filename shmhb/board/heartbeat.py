@@ -3,7 +3,7 @@
 ``beat()`` is one clock read and one aligned 8-byte store into the worker's own word
 (``incarnation:24 | left:1 | ts:39``).  Nobody else writes that word, so no lock and no
 fence are needed: a reader sees either the previous beat or this one, both complete.
-With the C extension the store is a release store (``shmhb.native``; see layout.py).
+With the C extension the store is a release store (``shmhb.board.native``; see layout.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import numpy as np
 
 from . import locks, native
 from .config import positive_seconds
-from .errors import HeartbeatClosed, LockTimeout
+from ..errors import HeartbeatClosed, LockTimeout
 from .layout import LOCK_SLOT_BASE, TS_SHIFT, pack_hb, ts_units
-from .periodic import Periodic
+from ..periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class _ClosedWords:
 
 
 class HeartbeatBoard(Protocol):
-    """What a heartbeat needs of its board (``shmhb.board.Board`` has it).  A protocol,
+    """What a heartbeat needs of its board (``shmhb.board.handle.Board`` has it).  A protocol,
     not an import: the board module builds heartbeats, so this module must not import it."""
 
     name: str
@@ -99,7 +99,7 @@ class Heartbeat:
     def _make_beat(self) -> Callable[[], None]:
         ext = self._board.extension
         if ext is not None:
-            # the same word, one C call: clock read and one release store (shmhb.native)
+            # the same word, one C call: clock read and one release store (shmhb.board.native)
             self._beater = ext.Beater(self._board.mapping, self._word_index, self._base,
                                       native.clock_arg(self._now_ns))
             fast: Callable[[], None] = self._beater.beat

@@ -13,7 +13,7 @@ reads back identically: ``str(parse_address(x)) == x`` for every canonical ``x``
 literals are canonicalised to their compressed lower-case form, host names to lower
 case: DNS names are case-insensitive, RFC 4343, and ``Node-A:30002`` and
 ``node-a:30002`` must be one endpoint to every table that matches endpoints by text).  The limits are the
-board's and the wire's (``shmhb.layout``): an endpoint is at most ``MAX_ENDPOINT_BYTES`` (63) bytes, a
+board's and the wire's (``shmhb.board.layout``): an endpoint is at most ``MAX_ENDPOINT_BYTES`` (63) bytes, a
 pinger address at most ``MAX_ADDRESS_TEXT`` bytes (what both a frame and a board row
 hold).
 
@@ -27,7 +27,7 @@ import re
 import socket
 from typing import Final, NamedTuple
 
-from .errors import InvalidAddress
+from ..errors import InvalidAddress
 from .layout import ADDR_BYTES, MAX_ADDRESS_BYTES, MAX_ENDPOINT_BYTES
 
 #: The pinger port, one number for the whole cluster; ``--listen``/``--peer`` override it.

@@ -1,5 +1,5 @@
 """The bit map of the board's 64-bit words: how each word packs its fields, and the one
-decoder that reads them back.  (``shmhb.layout`` is the byte map: where each word sits;
+decoder that reads them back.  (``shmhb.board.layout`` is the byte map: where each word sits;
 it re-exports this module.)
 
 Timestamps are CLOCK_MONOTONIC nanoseconds shifted right by ``TS_SHIFT`` (units of
@@ -20,7 +20,7 @@ Word maps (bit 63 on the left)::
                                                    agent; the network half (see netstate.py)
     net_gen   | term:24 | cfg_gen:40             |      agent; the settings generation applied
 
-Every field of every word is packed and read here, and judged in ``shmhb.judge``: no
+Every field of every word is packed and read here, and judged in ``shmhb.board.judge``: no
 other module shifts or masks a word (tests/test_structure.py checks; ``shmhb.h`` and
 ``_native.c`` mirror these).  The two hot paths a call would slow, Heartbeat's pure
 beat and ``LocalReads.slot``, inline ``>> TS_SHIFT`` / ``>> INC_SHIFT`` instead; that

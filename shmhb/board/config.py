@@ -11,7 +11,7 @@ from .address import (
     DEFAULT_PORT, MAX_ADDRESS_TEXT, Address, check_endpoint, check_host, format_address,
     is_canonical, is_endpoint, parse_address,
 )
-from .errors import InvalidConfig, InvalidName
+from ..errors import InvalidConfig, InvalidName
 from .layout import MAX_DIGEST_ENTRIES, PATH_BYTES, TS_UNIT_NS
 
 __all__ = [
@@ -172,7 +172,7 @@ class AgentConfig:
 
 def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
     """``"host"``, ``"host:port"`` or ``"[v6]:port"`` -> (host, port), validated by
-    :func:`shmhb.address.parse_address` (``InvalidAddress`` if refused)."""
+    :func:`shmhb.board.address.parse_address` (``InvalidAddress`` if refused)."""
     a = parse_address(text, default_port=default_port)
     assert a.port is not None
     return a.host, a.port

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 from .layout import inc_tag, net_cfg_gen, net_checksum, unpack_net_state, word_tag
-from .status import NetworkStatus
+from ..status import NetworkStatus
 
 
 class NetState(enum.IntEnum):

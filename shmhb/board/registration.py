@@ -8,7 +8,7 @@ used to run entirely under that lock, so such a holder made every new worker fai
 needs one writer among registrants (the incarnation counter and the change counter),
 and registration goes on without it when it cannot be had within ``REGISTRY_WAIT_S``.
 
-What orders registrations, then (OFD byte locks on the segment, ``shmhb.locks``; each
+What orders registrations, then (OFD byte locks on the segment, ``shmhb.board.locks``; each
 registration takes them on a description of its own, so threads are excluded as well):
 
 - **The key's bucket** (``LOCK_KEY_BASE + key_bucket(key)``), held for the registration
@@ -24,7 +24,7 @@ registration takes them on a description of its own, so threads are excluded as 
   one writer of the slot's record and heartbeat word.
 
 Incarnations.  Readers need them distinct for every registration, and growing: per key
-and per endpoint a later registration must read as newer (``shmhb.reaper`` compares).
+and per endpoint a later registration must read as newer (``shmhb.board.reaper`` compares).
 Without a shared counter, distinctness comes from the slot: an incarnation issued for
 slot ``i`` is congruent to ``i`` modulo the slot count, and slot ``i``'s issues are
 serialised by its lock, each above the slot's previous one.  Growth comes from the
@@ -57,11 +57,11 @@ import numpy as np
 
 from . import locks
 from .registrylock import bump_reg_gen
-from .errors import BoardFull, KeyInUse, LockTimeout
+from ..errors import BoardFull, KeyInUse, LockTimeout
 from .layout import (
     LOCK_KEY_BASE, LOCK_SLOT_BASE, hb_left, inc_tag, pack_hb, record_checksum, ts_units,
 )
-from .procinfo import own_pid_namespace, start_time
+from ..procinfo import own_pid_namespace, start_time
 
 log = logging.getLogger(__name__)
 

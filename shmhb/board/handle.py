@@ -2,14 +2,14 @@
 
 ``Board`` is one class over two base classes, and owns two objects:
 
-- ``shmhb.boardcore`` (base class): the mapping's views, the registry lock, the change
+- ``shmhb.board.core`` (base class): the mapping's views, the registry lock, the change
   counter and the agent's header as readers see it;
-- ``shmhb.localreads`` (base class): the hot local reads (``slot``, ``status``,
+- ``shmhb.board.localreads`` (base class): the hot local reads (``slot``, ``status``,
   ``slots``, ...), on the board itself so that no delegation call is added to them (see
-  ``shmhb.boardcore``);
-- ``shmhb.watchtable`` (an object the board owns): the watch table; ``watch``,
+  ``shmhb.board.core``);
+- ``shmhb.board.watchtable`` (an object the board owns): the watch table; ``watch``,
   ``unwatch``, ``watched_hosts``, ... are one-line delegates to it;
-- ``shmhb.remotereads`` (an object the board owns): the remote reads; ``peers``,
+- ``shmhb.board.remotereads`` (an object the board owns): the remote reads; ``peers``,
   ``peer`` and ``remote`` are one-line delegates to it.
 
 This module holds the rest: the lifecycle (create, attach, open, close, unlink),
@@ -19,9 +19,9 @@ registration, forgetting, and the delegates.  It is storage only: it starts no a
 so that imports only go down: the agent is built on the board, never the reverse.
 
 Readers take no lock and make no syscall but the clock: they load single aligned
-64-bit words and judge them with ``shmhb.judge``.  Registration and watches take the
+64-bit words and judge them with ``shmhb.board.judge``.  Registration and watches take the
 kernel-released registry lock, except a registration past a stopped holder of it
-(``shmhb.registration``).  See ``shmhb.layout`` for the byte map and the
+(``shmhb.board.registration``).  See ``shmhb.board.layout`` for the byte map and the
 one-writer-per-word rules.
 """
 
@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from . import locks, segment
-from .clock import MONOTONIC, Clock
+from ..clock import MONOTONIC, Clock
 from .config import UNIT_S, Capacity, Policy, board_name, policy_differences
-from .errors import (
+from ..errors import (
     BoardNotFound, InvalidConfig, KeyInUse, KeyNotFound, LockTimeout, PolicyMismatch,
     StaleBoard,
 )
@@ -51,13 +51,13 @@ from .layout import (
     word_tag,
 )
 from .localreads import LocalReads
-from .procinfo import boot_id
+from ..procinfo import boot_id
 from .records import check_key, check_registration
 from .registration import Registrar, key_bucket
 from .registrylock import REGISTRY_TIMEOUT_S, bump_reg_gen
 from .remotereads import RemoteReads
-from .status import PeerStatus, SlotStatus, Status
-from .timens import monotonic_offset_ns
+from ..status import PeerStatus, SlotStatus, Status
+from ..timens import monotonic_offset_ns
 from .watchtable import WatchTable
 
 __all__ = ["Board", "REGISTRY_TIMEOUT_S", "RegisterHook", "UNIT_S", "set_register_hook"]
@@ -423,7 +423,7 @@ class Board(LocalReads):
         fd = self.new_fd()
         try:
             # the key's bucket first: registrants of it take it to decide, without the
-            # registry lock, whether a live process holds the key (shmhb.registration)
+            # registry lock, whether a live process holds the key (shmhb.board.registration)
             records, q = self.record_table, self.words
             kb = bytes(records[i]["key"])
             if not locks.try_lock(fd, key_bucket(kb)) or not locks.try_lock(fd, LOCK_SLOT_BASE + i):

@@ -2,7 +2,7 @@
 
 ``native`` is True when the extension was built (``pip install .`` with a C compiler)
 and ``SHMHB_PURE_PYTHON`` is not set to ``1``.  Both paths read and write the same words
-and judge them by the same rule (``shmhb/include/shmhb.h`` mirrors ``shmhb.judge``; the
+and judge them by the same rule (``shmhb/include/shmhb.h`` mirrors ``shmhb.board.judge``; the
 tests check they agree bit for bit), so processes on either path share a board.
 
 The factories below are the one place that chooses: ``Heartbeat`` asks for its beat
@@ -24,7 +24,7 @@ def _load() -> ModuleType | None:
     if os.environ.get(PURE_ENV, "") == "1":
         return None
     try:
-        from . import _native  # type: ignore[attr-defined]
+        from .. import _native  # type: ignore[attr-defined]
     except ImportError:  # built without a compiler: the pure-Python path
         return None
     return _native  # type: ignore[no-any-return]
@@ -46,7 +46,7 @@ def extension(use_native: bool | None = None) -> ModuleType | None:
         return None
     if _ext is not None:
         return _ext
-    from . import _native  # type: ignore[attr-defined]
+    from .. import _native  # type: ignore[attr-defined]
     return _native  # type: ignore[no-any-return]
 
 

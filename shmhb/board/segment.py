@@ -19,14 +19,14 @@ import numpy as np
 import posix_ipc
 
 from . import locks
-from .errors import (
+from ..errors import (
     BoardCorrupt, BoardExists, BoardNotFound, BoardOpenError, BoardPermissionError, BoardSpaceError,
     BoardVersionMismatch, ShmhbError, StaleBoard,
 )
 from .layout import (
     HEADER_BYTES, HEADER_DTYPE, LAYOUT_VERSION, LOCK_REGISTRY, MAGIC, STATE_READY, TS_UNIT_NS, Sizes,
 )
-from .procinfo import boot_id
+from ..procinfo import boot_id
 
 log = logging.getLogger(__name__)
 
