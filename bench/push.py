@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from shmhb.protocol import PUSH, Ack, decode, encode_ack_raw, encode_entries
+from shmhb.net.protocol import PUSH, Ack, decode, encode_ack_raw, encode_entries
 from shmhb.loopback import free_port, loopback_addrs
 
 from . import stats

@@ -44,7 +44,7 @@ import zmq
 import shmhb
 from shmhb.board.config import Capacity, Policy
 from shmhb.board.layout import Sizes
-from shmhb.pingplan import DEFAULT_BUDGET_PPS
+from shmhb.net.plan import DEFAULT_BUDGET_PPS
 from shmhb.loopback import child_env, free_port, loopback_addrs, set_base
 from shmhb.status import Status
 
@@ -1054,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     out.append("\nModel: every host follows every other; seed = 2 x H x R x (H-1) x R / 1 s (ping + ack "
                "per rank pair); shmhb = 2 x H x (H-1) / I (ping + ack per host pair and direction; "
                "pushes only on change), I = the per-host interval of a default pinger following H-1 "
-               f"hosts (`shmhb.pingplan.host_interval_ns`: 0.2 s while the budget of "
+               f"hosts (`shmhb.net.plan.host_interval_ns`: 0.2 s while the budget of "
                f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / 4 = 1.25 s). At the "
                "defaults a followed host's own pings count as evidence (authenticated, or from its own "
                "address), so in each pair one side pings every I and the other once per peer dead-after "

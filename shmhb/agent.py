@@ -35,13 +35,13 @@ from .board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others
                         term_byte)
 from .board.layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
 from .localwatch import LocalWatch
-from .netstate import NET_OFF
-from .netsup import NetSupervisor
+from .net.state import NET_OFF
+from .net.supervisor import NetSupervisor
 from .procinfo import thread_switches
 from .ratelog import RateLimitedLog
-from .rows import RowWriter
-from .sendcounter import COUNTER_WORD
-from .transport import Transport, TransportFactory
+from .net.rowwriter import RowWriter
+from .net.sendcounter import COUNTER_WORD
+from .net.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, 30.0)

@@ -14,7 +14,7 @@ from .board.layout import (
     ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
     pack_hb, pack_net_gen, pack_net_state, ts_units,
 )
-from .netstate import NetShown
+from .net.state import NetShown
 
 _STAT = {n: i for i, n in enumerate(STAT_NAMES)}
 

@@ -35,8 +35,8 @@ from typing import NamedTuple
 import zmq
 
 from .board.config import format_hostport
-from .netstate import NetDown, NetReason
-from .transport import Transport
+from .net.state import NetDown, NetReason
+from .net.transport import Transport
 
 __all__ = ["FakeNetwork", "FakeTransport", "Frame"]
 

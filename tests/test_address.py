@@ -11,7 +11,7 @@ from shmhb.board.address import (
 )
 from shmhb.board.config import PingerConfig, parse_hostport
 from shmhb.errors import InvalidAddress
-from shmhb.protocol import MAX_ENDPOINT_BYTES
+from shmhb.net.protocol import MAX_ENDPOINT_BYTES
 
 K8S = "decode-rank-3.decode-headless.llm-inference-prod.svc.cluster.local:30003"
 

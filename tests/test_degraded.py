@@ -22,7 +22,7 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.loopback import child_env
-from shmhb.netconfig import read_secret, store_config
+from shmhb.net.settings import read_secret, store_config
 
 from .conftest import ROOT, wait_until
 from .hosts import (

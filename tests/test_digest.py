@@ -12,9 +12,9 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.clock import FakeClock
-from shmhb.digest import LocalDigest
+from shmhb.net.digest import LocalDigest
 from shmhb.board.layout import TS_SHIFT
-from shmhb.protocol import Ack, FrameRejected, Identity, decode, encode_ack_raw, encode_entries
+from shmhb.net.protocol import Ack, FrameRejected, Identity, decode, encode_ack_raw, encode_entries
 
 from .chaos.bigdigest import BULK
 from .conftest import Procs, wait_until
@@ -118,7 +118,7 @@ def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
     """Entries of the largest size a board holds (a 63-byte key, 255 bytes of
     endpoints): 447 fit in a digest.  60 dead and 520 live slots: the digest carries
     live ones only, as many as fit; what is left out is counted and logged."""
-    from shmhb.protocol import MAX_DIGEST_BODY_BYTES, DigestEntry, encode_entries
+    from shmhb.net.protocol import MAX_DIGEST_BODY_BYTES, DigestEntry, encode_entries
     board = shmhb.Board.create(board_name, slots=600, suspect_after_s=0.5, dead_after_s=1.0)
     eps = [",".join(f"{'h' * 52}-{k}.x:{30000 + j}" for j in range(4)) for k in range(2)]
     dead = procs.python("""
@@ -144,7 +144,7 @@ def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
                    timeout_s=20, what="60 slots dead by age")
         for hb in hbs:
             hb.beat()
-        with caplog.at_level("WARNING", logger="shmhb.digest"):
+        with caplog.at_level("WARNING", logger="shmhb.net.digest"):
             d = LocalDigest(board, lambda stat, n=1: counted.__setitem__(stat, counted.get(stat, 0) + n))
         got = _statuses(d)
         assert len(got) == fit and set(got.values()) == {Status.ALIVE.code}
@@ -202,7 +202,7 @@ def test_a_board_holds_no_more_slots_than_one_ack_lists() -> None:
     """The door uses the wire's limit: a slot past 4,096 would never reach another host."""
     from shmhb.board.config import Capacity
     from shmhb.errors import InvalidConfig
-    from shmhb.protocol import MAX_DIGEST_ENTRIES
+    from shmhb.net.protocol import MAX_DIGEST_ENTRIES
     assert Capacity(slots=MAX_DIGEST_ENTRIES).slots == 4096
     with pytest.raises(InvalidConfig, match=r"slots must be an integer in 1\.\.4096"):
         Capacity(slots=MAX_DIGEST_ENTRIES + 1)

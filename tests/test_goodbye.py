@@ -14,9 +14,9 @@ import time
 
 from shmhb import Status
 from shmhb.events import EventLog
-from shmhb.exchange import GOODBYE_GEN, is_goodbye
+from shmhb.net.exchange import GOODBYE_GEN, is_goodbye
 from shmhb.loopback import child_env
-from shmhb.protocol import Identity, Push, decode, encode_push
+from shmhb.net.protocol import Identity, Push, decode, encode_push
 from shmhb.view import read_view
 
 from .conftest import wait_until

@@ -19,7 +19,7 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
+from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from .conftest import Procs, wait_until
 from .hosts import (
@@ -286,7 +286,7 @@ def test_a_stuck_agent_loop_gives_the_role_up(board: shmhb.Board, procs: Procs,
 ZMQ_FAULT = textwrap.dedent("""
     import errno, sys
     import zmq
-    from shmhb import pinger
+    from shmhb.net import pinger
     orig = pinger.NetworkHalf.tick
     fired = []
     def tick(self, now_ns, late_ns):

@@ -13,7 +13,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.protocol import Ack, decode, encode_ack
+from shmhb.net.protocol import Ack, decode, encode_ack
 from shmhb.board.records import check_key, shown
 
 from .conftest import ROOT, wait_until

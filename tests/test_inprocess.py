@@ -27,9 +27,9 @@ from shmhb.agentloop import AgentLoop
 from shmhb.clock import FakeClock
 from shmhb.board.config import AgentConfig, PingerConfig
 from shmhb.faketransport import FakeNetwork
-from shmhb.netconfig import store_config
-from shmhb.protocol import Push, decode
-from shmhb.transport import Transport
+from shmhb.net.settings import store_config
+from shmhb.net.protocol import Push, decode
+from shmhb.net.transport import Transport
 
 from .conftest import Procs, unlink_quietly
 

@@ -25,8 +25,8 @@ from shmhb.board import judge as J
 from shmhb.board import layout as L
 from shmhb.clock import FakeClock
 from shmhb.loopback import child_env
-from shmhb.protocol import DigestEntry
-from shmhb.rows import RowWriter
+from shmhb.net.protocol import DigestEntry
+from shmhb.net.rowwriter import RowWriter
 from shmhb.status import Status
 
 from .conftest import ROOT, Procs, use_hot_path, wait_until

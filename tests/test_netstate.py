@@ -9,7 +9,7 @@ import numpy as np
 from shmhb.board.layout import (
     HEADER_DTYPE, INC_MASK, net_checksum, pack_net_gen, pack_net_state, unpack_net_state,
 )
-from shmhb.netstate import Backoff, NetAuth, NetReason, NetState, decode_network
+from shmhb.net.state import Backoff, NetAuth, NetReason, NetState, decode_network
 
 
 def _head(term: int, state: NetState, *, listening: bool = True, reason: NetReason = NetReason.NONE,

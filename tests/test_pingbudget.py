@@ -18,9 +18,9 @@ from shmhb import Status
 from shmhb.board.config import PingerConfig
 from shmhb.errors import InvalidConfig
 from shmhb.board.layout import checksum
-from shmhb.pinger import load_config, store_config
-from shmhb.pingplan import DEFAULT_BUDGET_PPS
-from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
+from shmhb.net.pinger import load_config, store_config
+from shmhb.net.plan import DEFAULT_BUDGET_PPS
+from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from .conftest import wait_until
 from .hosts import FAST, Cluster, FakePeer, entry, write_secret
@@ -101,7 +101,7 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
 
 def test_without_a_secret_pings_that_echo_our_challenge_are_evidence(cluster: Cluster) -> None:
     """No secret: a ping counts only if it echoes a challenge we sent in our own pings
-    to that host (shmhb.challenge); the source address plays no part (all these
+    to that host (shmhb.net.challenge); the source address plays no part (all these
     pingers connect from 127.0.0.1).  The pair halves its messages as it does with a
     secret, and a death is still seen."""
     a = cluster.host()  # 127.0.0.2: active (the smaller address)
@@ -299,7 +299,7 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
     import sys
 
     from shmhb.cli import build_parser
-    from shmhb.pinger import configure_from_args
+    from shmhb.net.pinger import configure_from_args
 
     from .conftest import ROOT
 

@@ -1,5 +1,5 @@
-"""The ping budget (shmhb.pingplan) with a fake clock: rates, phases, newcomers, stalls,
-mutual pairs; and, with shmhb.suspicion, the verdict bounds it must keep."""
+"""The ping budget (shmhb.net.plan) with a fake clock: rates, phases, newcomers, stalls,
+mutual pairs; and, with shmhb.net.suspicion, the verdict bounds it must keep."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from shmhb import FakeClock, Status
 from shmhb.board.judge import Thresholds
 from shmhb.board.layout import ts_units
-from shmhb.pingplan import (
+from shmhb.net.plan import (
     BATCH_NS, DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW, PingPlan, host_interval_ns,
 )
-from shmhb.suspicion import PeerState, Suspicion
+from shmhb.net.suspicion import PeerState, Suspicion
 
 S = 10**9
 TICK = S // 20  # a fast tick (the agent's default is 0.1 s; the plan is the same at any)
@@ -265,8 +265,8 @@ def test_evidence_keeps_a_host_alive_but_never_makes_an_unheard_one_alive() -> N
 def test_only_an_authenticated_or_echoing_fresh_ping_naming_our_current_digest_counts() -> None:
     import os
 
-    from shmhb.evidence import counts_as_evidence
-    from shmhb.protocol import Identity, Ping
+    from shmhb.net.evidence import counts_as_evidence
+    from shmhb.net.protocol import Identity, Ping
 
     them, me, other = (Identity(os.urandom(16), k) for k in (1, 2, 3))
     good = Ping(them, "10.0.0.1:45645", 100, 77, me)
@@ -287,7 +287,7 @@ def test_only_an_authenticated_or_echoing_fresh_ping_naming_our_current_digest_c
 
 
 def test_a_connection_comes_from_a_host_only_from_the_ip_address_it_is_followed_at() -> None:
-    from shmhb.evidence import from_host, host_ip
+    from shmhb.net.evidence import from_host, host_ip
 
     v4, v6 = host_ip("10.0.0.1"), host_ip("[fd00::1]")
     assert v4 is not None and v6 is not None
@@ -304,7 +304,7 @@ def test_a_connection_comes_from_a_host_only_from_the_ip_address_it_is_followed_
 def test_pings_never_bind_a_source_address() -> None:
     # libzmq resolves a bound source through getifaddrs() on every reconnect and aborts
     # the process when that fails (EMFILE under a connection flood): the kernel picks
-    from shmhb.transport import connect_endpoint
+    from shmhb.net.transport import connect_endpoint
 
     for me in ("127.0.0.2", "::1", "10.0.0.1", "0.0.0.0", None):
         assert ";" not in connect_endpoint(me, "127.0.0.3", 45645)

@@ -1,4 +1,4 @@
-"""Tests of the pinger wire protocol (shmhb.protocol): round trips, limits, rejection
+"""Tests of the pinger wire protocol (shmhb.net.protocol): round trips, limits, rejection
 reasons, authentication, a 100k-frame fuzz loop and the replay helpers."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from shmhb import protocol
+from shmhb.net import protocol
 from shmhb.errors import InvalidConfig, ProtocolError
-from shmhb.exchange import OutstandingPings, ReplayGuard, wants_full_digest
-from shmhb.protocol import (
+from shmhb.net.exchange import OutstandingPings, ReplayGuard, wants_full_digest
+from shmhb.net.protocol import (
     MAX_ACK_ENTRIES, MAX_ADDRESS_BYTES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_FRAME_BYTES,
     MAX_KEY_BYTES, MAX_PUSH_ENTRIES, REASONS, TAG_BYTES, U32_MAX, Ack, DigestEntry, Frame,
     FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_ack_raw, encode_entries,
@@ -468,7 +468,7 @@ def test_the_challenge_extension_is_16_bytes_on_pings_only() -> None:
 
 
 def test_challenges_kept_echoed_and_advertised() -> None:
-    from shmhb.challenge import KEEP, advertised, capable, echoed, issue, new_challenge
+    from shmhb.net.challenge import KEEP, advertised, capable, echoed, issue, new_challenge
 
     got = [new_challenge() for _ in range(100)]
     assert all(0 < c < 2**64 for c in got) and len(set(got)) == 100

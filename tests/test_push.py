@@ -3,7 +3,7 @@ watch it (issue 8).
 
 The real-process tests use a ping interval of 2 s, so that anything seen on the
 watching host well within 1 s can only have come from a push.  The fake-peer tests
-craft pushes by hand (``shmhb.protocol.encode_push``) from a ROUTER standing at the
+craft pushes by hand (``shmhb.net.protocol.encode_push``) from a ROUTER standing at the
 watched host's address, to check that duplicated, reordered, replayed and forged
 pushes are harmless.
 """
@@ -19,7 +19,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.protocol import Identity
+from shmhb.net.protocol import Identity
 
 from .conftest import wait_until
 from .hosts import (

@@ -41,7 +41,7 @@ HOT_INLINE: dict[str, str] = {
 
 #: files whose hex literals are not board words, with the reason
 HEX_FILES: dict[str, str] = {
-    "protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
+    "net/protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
 }
 
 MAX_FUNCTION_LINES = 60
@@ -53,7 +53,7 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
     "board/handle.py:Board.create": 64,
     "check.py:_check_rows": 103,
     "cli.py:build_parser": 111,
-    "digest.py:LocalDigest.rebuild": 62,
+    "net/digest.py:LocalDigest.rebuild": 62,
     "exporter.py:BoardCollector._families": 122,
     "localwatch.py:LocalWatch._examine": 73,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
@@ -85,10 +85,10 @@ LAYERS: dict[str, frozenset[str]] = {
         "board.segment", "board.watchtable",
     }),
     "net": frozenset({
-        "badinput", "challenge", "digest", "evidence", "exchange", "faketransport",
-        "followed", "following", "frametag", "netconfig", "netstate", "netsup", "pinger",
-        "pingplan", "protocol", "responder", "rows", "sendcounter", "suspicion",
-        "transport",
+        "faketransport", "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
+        "net.exchange", "net.following", "net.frametag", "net.pinger", "net.plan",
+        "net.protocol", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
+        "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),
     "agent": frozenset({"agent", "agentloop", "agentwriter", "embedded", "localwatch"}),
     "tools": frozenset({

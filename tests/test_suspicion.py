@@ -5,7 +5,7 @@ from __future__ import annotations
 from shmhb import FakeClock, Status
 from shmhb.board.judge import Thresholds
 from shmhb.board.layout import ts_units
-from shmhb.suspicion import PeerState, Suspicion
+from shmhb.net.suspicion import PeerState, Suspicion
 
 S = 10**9
 TH = Thresholds(ts_units(2 * S), ts_units(10 * S), ts_units(S), ts_units(S), ts_units(5 * S))

@@ -71,7 +71,7 @@ def test_a_running_holder_keeps_its_settings_through_a_tear_and_applies_the_comp
         wait_until(lambda: "settings are torn" in cluster.log_tail(a.pinger), timeout_s=10,
                    what="the tear noticed")
         assert b.network().state == "listening"
-        from shmhb.netconfig import _cfg_checksum
+        from shmhb.net.settings import _cfg_checksum
         h["cfg_checksum"] = _cfg_checksum(h)
     wait_until(lambda: b.network().settings_gen == gen0 + 1 and b.network().listening,
                timeout_s=10, what="the completed settings applied")

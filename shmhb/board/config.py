@@ -195,10 +195,10 @@ class PingerConfig:
 
     listen: str | None = None  # "host:port"; None: the network half is off
     peers: tuple[str, ...] = field(default_factory=tuple)
-    interval_s: float = 0.2  # the shortest per-host interval (see shmhb.pingplan)
+    interval_s: float = 0.2  # the shortest per-host interval (see shmhb.net.plan)
     secret_file: str | None = None
     curve_keys: str | None = None
-    #: pings per second to all followed hosts together (see shmhb.pingplan)
+    #: pings per second to all followed hosts together (see shmhb.net.plan)
     ping_budget_pps: float = DEFAULT_BUDGET_PPS
 
     def __post_init__(self) -> None:

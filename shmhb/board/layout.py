@@ -61,7 +61,7 @@ ADDR_BYTES: Final = 64  # "host:port" of a pinger or watched endpoint
 PATH_BYTES: Final = 256
 MAX_ENDPOINTS: Final = 8
 NET_ERROR_BYTES: Final = 256  # the network half's last error, UTF-8, truncated
-# text limits, one for the board and the wire (shmhb.protocol, shmhb.board.address use these)
+# text limits, one for the board and the wire (shmhb.net.protocol, shmhb.board.address use these)
 MAX_KEY_BYTES: Final = KEY_BYTES - 1  # a key, UTF-8: what a slot holds with its NUL
 MAX_ENDPOINT_BYTES: Final = 63  # one endpoint "host:port"
 MAX_ADDRESS_BYTES: Final = ADDR_BYTES  # a pinger address in a frame (a row holds one less)
@@ -101,7 +101,7 @@ MAX_DIGEST_ENTRIES: Final = 4096
 #                       the state word: a reader that catches them mid-write sees a bad
 #                       checksum and shows the state word alone, never mixed details
 # net_counter           the agent role holder: the reservation of its ping nonces and
-#                       push seqs, 0 in boards of earlier versions (shmhb.sendcounter)
+#                       push seqs, 0 in boards of earlier versions (shmhb.net.sendcounter)
 
 #: features bits: which optional header fields the creator wrote
 FEATURE_TIMENS: Final = 1
@@ -186,7 +186,7 @@ HEADER_DTYPE: Final = np.dtype(
             1224, 1232, 1240,
             # the network half's state (agent role holder), its own cache lines
             1280, 1288, 1296, 1360, 1616,
-            2048,  # the agent role holder: nonce/push seq reservation (shmhb.sendcounter)
+            2048,  # the agent role holder: nonce/push seq reservation (shmhb.net.sendcounter)
         ],
         "itemsize": HEADER_BYTES,
     }

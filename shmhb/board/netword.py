@@ -3,7 +3,7 @@ half records in the board header (``layout.pack_net_state``), and what a reader 
 board (``Board.network()``, ``shmhb status``) makes of it.
 
 Part of the board, not of the network half: a reader decodes the word without importing
-the pinger (``shmhb.netstate``, which writes it, builds on this module).
+the pinger (``shmhb.net.state``, which writes it, builds on this module).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 An object that ``Board`` constructs and owns (``Board.peers``, ``peer`` and ``remote``
 delegate to it); it is given the tables' views and the board's clock, agent check,
 change counter and word memo, and keeps its own memo of ``remote``'s choices.  The
-pinger writes the peer and remote rows (``shmhb.rows``); these reads take no lock: each
+pinger writes the peer and remote rows (``shmhb.net.rowwriter``); these reads take no lock: each
 row is copied, its checksum checked, and its status word judged with ``shmhb.board.judge``
 together with the agent's freshness, so a stalled or absent agent reads UNKNOWN, never
 a stale ALIVE.  ``remote`` memoises its answer on the words it judged

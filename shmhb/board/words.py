@@ -107,7 +107,7 @@ def pack_rtt(gen: int, rtt_us: int) -> int:
     return ((gen & GEN_MASK) << GEN_SHIFT) | (min(rtt_us, RTT_MASK) & RTT_MASK)
 
 
-# network half state word (net_state): see the word map above and shmhb.netstate
+# network half state word (net_state): see the word map above and shmhb.net.state
 NET_STATE_SHIFT: Final = 36
 NET_AUTH_SHIFT: Final = 34
 NET_LISTENING_BIT: Final = 1 << 33

@@ -39,7 +39,7 @@ from shmhb import Board, LinkReaper
 from shmhb.board import locks
 from shmhb.check import check_rows
 from shmhb.board.layout import LOCK_REGISTRY
-from shmhb.protocol import Ack, Identity, encode_ack
+from shmhb.net.protocol import Ack, Identity, encode_ack
 
 from ..conftest import ROOT, Procs
 from ..hosts import Cluster, Host, NetNs, netns_unavailable

@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 
 from shmhb.board.layout import watch_checksum
-from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
+from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from ..conftest import ROOT
 from .invariants import NS, now_ns

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 # the word's codes and its decoding live with the board (a lower layer); re-exported
-from .board.netword import NetAuth, NetReason, NetState, decode_network, working
+from ..board.netword import NetAuth, NetReason, NetState, decode_network, working
 
 __all__ = ["AgentWords", "Backoff", "NET_OFF", "NetAuth", "NetDown", "NetReason", "NetShown",
            "NetState", "decode_network", "working"]
@@ -37,7 +37,7 @@ class AgentWords(Protocol):
 
 
 class NetShown(NamedTuple):
-    """The network half's state as the supervisor shows it (``shmhb.netsup``) and the
+    """The network half's state as the supervisor shows it (``shmhb.net.supervisor``) and the
     role holder records it in the board header (``AgentWriter.network``)."""
 
     state: NetState

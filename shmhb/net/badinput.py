@@ -12,13 +12,13 @@ import logging
 from collections.abc import Mapping
 
 from .evidence import from_host
-from .followed import Target
-from .netstate import AgentWords
-from .ratelog import RateLimitedLog
-from .rows import RowWriter
-from .status import Status
+from .target import Target
+from .state import AgentWords
+from ..ratelog import RateLimitedLog
+from .rowwriter import RowWriter
+from ..status import Status
 
-log = logging.getLogger("shmhb.pinger")
+log = logging.getLogger("shmhb.net.pinger")
 
 
 class BadInput:

@@ -19,12 +19,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .board.handle import Board
-from .board.judge import Thresholds, judge_local_array
-from .board.layout import hb_ts, inc_tag, units_to_ms, units_to_ns, word_tag, word_tag_array
-from .errors import ProtocolError
+from ..board.handle import Board
+from ..board.judge import Thresholds, judge_local_array
+from ..board.layout import hb_ts, inc_tag, units_to_ms, units_to_ns, word_tag, word_tag_array
+from ..errors import ProtocolError
 from .protocol import MAX_DIGEST_BODY_BYTES, MAX_DIGEST_ENTRIES, DigestEntry, encode_entries
-from .ratelog import RateLimitedLog
+from ..ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import stat
 
 import numpy as np
 
-from .board.handle import Board
-from .board.registrylock import bump_reg_gen
-from .board.config import DEFAULT_PORT, PingerConfig, has_port
-from .errors import InvalidConfig
-from .board.layout import checksum
-from .pingplan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
+from ..board.handle import Board
+from ..board.registrylock import bump_reg_gen
+from ..board.config import DEFAULT_PORT, PingerConfig, has_port
+from ..errors import InvalidConfig
+from ..board.layout import checksum
+from .plan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
 
 # -- settings stored in the board ---------------------------------------------------------
 

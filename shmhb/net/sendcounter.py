@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from .board.layout import WORD_MAX, header_index
+from ..board.layout import WORD_MAX, header_index
 
 #: Values reserved per store of the reservation word.
 RESERVE: Final = 1 << 24

@@ -15,10 +15,10 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .board.config import parse_hostport
-from .errors import InvalidConfig
+from ..board.config import parse_hostport
+from ..errors import InvalidConfig
 from .protocol import DigestEntry, Identity
-from .rows import RemoteRow
+from .rowwriter import RemoteRow
 from .suspicion import PeerState
 
 _WILDCARDS = frozenset(("-", "0.0.0.0", "::", "*"))
@@ -46,7 +46,7 @@ class Target:
     remotes: dict[str, RemoteRow] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
-    # Challenges (shmhb.challenge), without a secret: whether its acks say it decodes
+    # Challenges (shmhb.net.challenge), without a secret: whether its acks say it decodes
     # them, whether our last ping to it was answered (else the next one is plain v1),
     # the ones we sent it lately, and the last one it sent us (echoed in our pings).
     capable: bool = False

@@ -18,7 +18,7 @@ Why this shape (fixed-width integers, length-prefixed UTF-8, every length checke
 against its limit and the bytes left, no pickle): docs/PROTOCOL.md, "Why this design".
 The tag is HMAC-SHA256 (key = the shared secret, message = ``b"shmhb-v1"`` + every byte
 before the tag) truncated to 16 bytes, checked before the body is parsed.  Decoding is
-stateless; ``shmhb.exchange`` holds replay state and the responder's full-digest rule.
+stateless; ``shmhb.net.exchange`` holds replay state and the responder's full-digest rule.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import Final, Union
 
 from shmhb.errors import ProtocolError
-from shmhb.frametag import MIN_SECRET_BYTES, TAG_BYTES
-from shmhb.frametag import fresh_mac as _mac
+from shmhb.net.frametag import MIN_SECRET_BYTES, TAG_BYTES
+from shmhb.net.frametag import fresh_mac as _mac
 from shmhb.board.layout import (
     MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,
 )
-from shmhb.frametag import seal as _seal
+from shmhb.net.frametag import seal as _seal
 
 MAGIC: Final = b"SHHB"
 VERSION: Final = 1
@@ -43,7 +43,7 @@ PING: Final = 1
 ACK: Final = 2
 PUSH: Final = 3
 FLAG_AUTH: Final = 0x01
-#: PING only: ``u64 challenge, u64 echo`` follow the address (see ``shmhb.challenge``).
+#: PING only: ``u64 challenge, u64 echo`` follow the address (see ``shmhb.net.challenge``).
 FLAG_ECHO: Final = 0x02
 #: ACK ``full`` byte: 0 no digest follows, 1 the digest, 2 the digest cut to what fits
 FULL: Final = 1
@@ -128,7 +128,7 @@ class Ping:
     """``known_gen``/``known_identity``: the responder digest the sender holds (0/None:
     none); the responder answers with a full digest unless both match its own.
     ``challenge``/``echo`` (both 0: a plain ping, no extension): one the sender issues
-    to the responder, the last the responder issued to the sender (``shmhb.challenge``)."""
+    to the responder, the last the responder issued to the sender (``shmhb.net.challenge``)."""
 
     identity: Identity
     address: str

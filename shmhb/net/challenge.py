@@ -35,7 +35,7 @@ import os
 from typing import Final
 
 #: Bit of an ack's (and a push's) digest generation that says "I decode PING challenges".
-#: Generations start below 2**62 (``shmhb.digest``) and grow by one per change.
+#: Generations start below 2**62 (``shmhb.net.digest``) and grow by one per change.
 CAPABLE: Final = 1 << 63
 #: Challenges issued to a host that its echo may name: the newest and those before it
 #: (a ping of B may cross A's next ping to B on the wire).

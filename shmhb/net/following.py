@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import logging
 
-from .board.handle import Board
-from .board.config import DEFAULT_PORT, format_hostport, parse_hostport
-from .errors import InvalidConfig, LockTimeout
+from ..board.handle import Board
+from ..board.config import DEFAULT_PORT, format_hostport, parse_hostport
+from ..errors import InvalidConfig, LockTimeout
 from .evidence import host_ip
 from .exchange import OutstandingPings
-from .followed import Target
-from .netstate import AgentWords, NetReason
-from .pingplan import MIN_PINGS_PER_WINDOW, PingPlan
-from .ratelog import RateLimitedLog
-from .rows import RowWriter
+from .target import Target
+from .state import AgentWords, NetReason
+from .plan import MIN_PINGS_PER_WINDOW, PingPlan
+from ..ratelog import RateLimitedLog
+from .rowwriter import RowWriter
 from .suspicion import PeerState
 from .transport import HostSkipped, Transport
 
-log = logging.getLogger("shmhb.pinger")
+log = logging.getLogger("shmhb.net.pinger")
 
 SKIP_RETRY_NS = 5 * 10**9
 

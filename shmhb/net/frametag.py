@@ -1,4 +1,4 @@
-"""The HMAC tag that ends an authenticated frame (``shmhb.protocol``): HMAC-SHA256 keyed
+"""The HMAC tag that ends an authenticated frame (``shmhb.net.protocol``): HMAC-SHA256 keyed
 by the shared secret over ``b"shmhb-v1"`` and every byte before the tag, truncated to
 ``TAG_BYTES``.  Pure; the HMAC primed with the domain prefix is kept per secret."""
 

@@ -5,7 +5,7 @@ be forged or replayed into a false ALIVE.  In short, a ping that decoded and pas
 replay guard counts only if:
 
 * frames are authenticated (a shared secret or CURVE), or else it echoes a challenge we
-  sent in our own pings to that host's listen address (``shmhb.challenge``): only that
+  sent in our own pings to that host's listen address (``shmhb.net.challenge``): only that
   host's live pinger (or whoever could already answer our pings to it) knows one.  The
   TCP connection's source address proves nothing: another process on that host, or a
   container behind its NAT, connects from the same address (issue 23);
@@ -53,7 +53,7 @@ def counts_as_evidence(ping: Ping, *, authenticated: bool, known: Identity | Non
                        echoed: bool = False) -> bool:
     """Whether ``ping`` (from the followed host whose acks established ``known``, and
     whose pings up to ``last_nonce`` counted before) is evidence that its pinger runs.
-    ``echoed``: it echoes a challenge we sent that host (``shmhb.challenge.echoed``);
+    ``echoed``: it echoes a challenge we sent that host (``shmhb.net.challenge.echoed``);
     it stands in for authentication, never adds to it."""
     return ((authenticated or echoed) and known is not None
             and ping.identity == known and ping.nonce > last_nonce

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import zmq
 
-from .board.config import format_hostport
-from .errors import FD_ERRNOS, InvalidConfig
-from .netconfig import curve_keypair, curve_public_key
-from .netstate import NetDown, NetReason
+from ..board.config import format_hostport
+from ..errors import FD_ERRNOS, InvalidConfig
+from .settings import curve_keypair, curve_public_key
+from .state import NetDown, NetReason
 from .protocol import MAX_FRAME_BYTES
 
 HANDSHAKE_IVL_MS = 2000

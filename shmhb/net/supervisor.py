@@ -19,16 +19,16 @@ from typing import Protocol
 
 import zmq
 
-from .board.handle import Board
-from .clock import Clock
-from .board.config import PingerConfig
-from .errors import FD_ERRNOS, InvalidConfig
-from .board.layout import header_index
-from .netconfig import load_config
-from .netstate import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
+from ..board.handle import Board
+from ..clock import Clock
+from ..board.config import PingerConfig
+from ..errors import FD_ERRNOS, InvalidConfig
+from ..board.layout import header_index
+from .settings import load_config
+from .state import NET_OFF, Backoff, NetAuth, NetDown, NetReason, NetShown, NetState
 from .pinger import NetworkHalf
-from .ratelog import RateLimitedLog
-from .rows import RowWriter
+from ..ratelog import RateLimitedLog
+from .rowwriter import RowWriter
 from .transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import zmq
 
-from .board.handle import Board
+from ..board.handle import Board
 from .challenge import advertised
-from .clock import Clock
+from ..clock import Clock
 from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
 from .sendcounter import COUNTER_WORD, SendCounter
@@ -119,7 +119,7 @@ class Responder:
             ours = self._on_ping is not None and self._on_ping(msg, now_ns, source)
             self._watch(rid, ours, now_ns)
             d = self.digest
-            gen = advertised(d.gen)  # says we decode challenges (shmhb.challenge)
+            gen = advertised(d.gen)  # says we decode challenges (shmhb.net.challenge)
             full = wants_full_digest(msg, self.identity, gen)
             ack = encode_ack_raw(msg.nonce, self.identity, self.address, gen,
                                  d.body if full else None, self.secret, cut=d.cut > 0)

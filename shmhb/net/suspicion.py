@@ -16,7 +16,7 @@ clock.  The rule, and why:
   has been sent, or attempted while its connection was down).  Under a ping budget a
   host may be pinged once a second or less often; judged in seconds alone, one ack that
   arrives just after ``peer_suspect_after`` would make a live host flap.  The budget
-  (``shmhb.pingplan``) gives each host at least ``MIN_PINGS_PER_WINDOW`` (4) pings per
+  (``shmhb.net.plan``) gives each host at least ``MIN_PINGS_PER_WINDOW`` (4) pings per
   ``peer_dead_after``, so the count never delays DEAD past ``peer_dead_after`` plus one
   interval after the last evidence: by then at least four pings were due, more than the
   ``MISSED_IN_A_ROW`` the verdict waits for.
@@ -35,9 +35,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from .board.judge import Thresholds, peer_verdict
-from .board.layout import ts_units, units_to_ns
-from .status import Status
+from ..board.judge import Thresholds, peer_verdict
+from ..board.layout import ts_units, units_to_ns
+from ..status import Status
 
 log = logging.getLogger(__name__)
 

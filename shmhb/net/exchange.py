@@ -1,6 +1,6 @@
 """What the two ends of a ping exchange remember and decide, above the frame codec.
 
-``shmhb.protocol`` turns bytes into frames and back and keeps no state.  This module
+``shmhb.net.protocol`` turns bytes into frames and back and keeps no state.  This module
 holds the rest of the exchange, pure as well: the responder's rule for answering a ping
 with a full digest or "unchanged" (:func:`wants_full_digest`), and the little state that
 replay protection needs (:class:`ReplayGuard` per sender identity, :class:`OutstandingPings`
@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from shmhb.errors import InvalidConfig
-from shmhb.protocol import FLAG_AUTH, TAG_BYTES, FrameRejected, Identity, Ping, Push, decode
+from shmhb.net.protocol import FLAG_AUTH, TAG_BYTES, FrameRejected, Identity, Ping, Push, decode
 
-_FLAGS_AT = 6  # the flags byte of a frame's header (shmhb.protocol)
+_FLAGS_AT = 6  # the flags byte of a frame's header (shmhb.net.protocol)
 
 
 def claimed_ping_address(frame: bytes) -> str | None:
@@ -36,7 +36,7 @@ def claimed_ping_address(frame: bytes) -> str | None:
 
 #: The generation a goodbye names: a PUSH of generation 0 with no entries says that the
 #: sender's pinger stops and no worker of its host lives (docs/PROTOCOL.md, "Goodbye").
-#: A digest's generation is never 0 (``shmhb.digest``), so no other push looks like it,
+#: A digest's generation is never 0 (``shmhb.net.digest``), so no other push looks like it,
 #: and a receiver that predates the goodbye applies it as an empty push: nothing.
 GOODBYE_GEN = 0
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .board.config import DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS  # noqa: F401 (re-exported)
+from ..board.config import DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS  # noqa: F401 (re-exported)
 
 # DEFAULT_BUDGET_PPS, MAX_BUDGET_PPS (the total ping rate): settings values, defined
 # with the settings in config.py, the lower layer that validates PingerConfig by them

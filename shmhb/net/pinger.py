@@ -3,9 +3,9 @@
 It pings the pinger of every host that local processes watch (or that ``--peer``
 names), answers the pings of others with a digest of this host's slots, writes what it
 learns into the board's peer and remote tables, and pushes local deaths, leaves and
-restarts at once to the hosts that watch us.  The wire format is ``shmhb.protocol``;
-verdicts on hosts are decided by ``shmhb.suspicion``; table writes by ``shmhb.rows``;
-sockets by ``shmhb.transport``; settings by ``shmhb.netconfig``.  ``shmhb.netsup`` runs
+restarts at once to the hosts that watch us.  The wire format is ``shmhb.net.protocol``;
+verdicts on hosts are decided by ``shmhb.net.suspicion``; table writes by ``shmhb.net.rowwriter``;
+sockets by ``shmhb.net.transport``; settings by ``shmhb.net.settings``.  ``shmhb.net.supervisor`` runs
 it inside the agent loop, records its state and restarts it after a failure.
 
 Sockets: one ROUTER bound to the listen address answers pings and sends pushes back over
@@ -18,7 +18,7 @@ One NetworkHalf is one run with one set of settings: it is built with them (rais
 ``NetDown`` if it cannot run as configured: it never runs with less security than
 configured) and replaced by a new one when they change.
 
-Bounds: what a followed host may speak for is ``shmhb.followed``; a push never creates
+Bounds: what a followed host may speak for is ``shmhb.net.target``; a push never creates
 a row for a key the last full ack did not list; at most ``MAX_DIGEST_ENTRIES`` rows per
 host; incoming frames cost at most ``DRAIN_BUDGET_NS`` per wake-up and
 ``INTAKE_PER_TICK_NS`` per tick.
@@ -32,12 +32,12 @@ import logging
 import zmq
 
 from .badinput import BadInput
-from .board.handle import Board
-from .clock import Clock
-from .board.config import PingerConfig, parse_hostport
-from .errors import InvalidConfig
-from .netconfig import configure_from_args, load_config, read_secret, store_config  # re-exported
-from .netstate import AgentWords, NetDown, NetReason
+from ..board.handle import Board
+from ..clock import Clock
+from ..board.config import PingerConfig, parse_hostport
+from ..errors import InvalidConfig
+from .settings import configure_from_args, load_config, read_secret, store_config  # re-exported
+from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
     MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ping,
@@ -46,14 +46,14 @@ from .protocol import (
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
 from .challenge import advertised, capable, echoed, issue, new_challenge
 from .evidence import counts_as_evidence
-from .followed import Target, confirm_now, own_endpoints, speaks_for_another
+from .target import Target, confirm_now, own_endpoints, speaks_for_another
 from .following import Following
-from .board.layout import row_code, units_to_ns
-from .pingplan import PingPlan
-from .ratelog import RateLimitedLog
-from .rows import RowWriter
+from ..board.layout import row_code, units_to_ns
+from .plan import PingPlan
+from ..ratelog import RateLimitedLog
+from .rowwriter import RowWriter
 from .sendcounter import COUNTER_WORD, SendCounter
-from .status import Status
+from ..status import Status
 from .suspicion import Suspicion
 from .transport import Transport, TransportFactory, recv_routed
 
@@ -137,9 +137,9 @@ class NetworkHalf:
 
     def _inbound_evidence(self, msg: Ping, now_ns: int, source: str | None) -> bool:
         """A followed host's own ping as evidence that its pinger runs, if
-        ``shmhb.evidence`` says it counts (the responder calls this for each ping).
+        ``shmhb.net.evidence`` says it counts (the responder calls this for each ping).
         Returns whether it is that host's own (authenticated, or echoing a challenge of
-        ours: ``shmhb.challenge``); the responder keeps such watchers apart."""
+        ours: ``shmhb.net.challenge``); the responder keeps such watchers apart."""
         t = self.targets.get(msg.address)
         if t is None:
             return False
@@ -206,7 +206,7 @@ class NetworkHalf:
             log.info("pinger: host %s %s -> %s", t.address, old.value, new.value)
             self.rows.peer_status(t.row, t.gen, new, st.last_ack_ns)
             self.w.changed()
-        # Turns come from the plan (the budget, phased: see shmhb.pingplan).  A turn
+        # Turns come from the plan (the budget, phased: see shmhb.net.plan).  A turn
         # counts as a ping for the verdict even if the host's connection is down.
         for a in self.plan.due(now_ns):
             due = self.targets.get(a)
@@ -231,7 +231,7 @@ class NetworkHalf:
         """Send one ping; False if the host's connection is down (nothing is queued)."""
         self._nonce = self.counter.next()
         # Without authentication, a challenge for it to echo (only to a host whose acks
-        # say it decodes one, and plain v1 after an unanswered ping: shmhb.challenge).
+        # say it decodes one, and plain v1 after an unanswered ping: shmhb.net.challenge).
         ch = new_challenge() if t.capable and t.answered and self.plain else 0
         frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
                                  t.identity, ch, t.their_challenge if ch else 0), self.secret)

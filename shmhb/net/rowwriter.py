@@ -15,14 +15,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .board.handle import Board
-from .board.layout import (
+from ..board.handle import Board
+from ..board.layout import (
     ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_STRIDE,
     encode_endpoints, next_gen, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
     ts_units, unpack_auth, unpack_row, word_index,
 )
 from .protocol import DigestEntry, Identity
-from .status import Status
+from ..status import Status
 
 log = logging.getLogger(__name__)
 
