@@ -41,7 +41,7 @@ def _join_embedded_agent(board: Board, hb: Heartbeat) -> None:
     lives here, at the top, so that the board (storage) never imports the agent (which
     is built on the board); the agent module, and zmq with it, is imported on the first
     registration that wants it, not by ``import shmhb``."""
-    from .embedded import embedded_register
+    from .agent.embedded import embedded_register
 
     embedded_register(board, hb)
 

@@ -183,7 +183,7 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 
 
 def cmd_pinger(args: argparse.Namespace) -> int:
-    from .agent import Agent
+    from .agent.role import Agent
 
     from .boardopts import open_board
 

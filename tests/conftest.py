@@ -163,7 +163,7 @@ def procs() -> Iterator[Procs]:
 @pytest.fixture
 def agent(board: shmhb.Board) -> Iterator[Any]:
     """This test's own agent (local half), holding the role on ``board``."""
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02)).start()
     assert a.holding.wait(5), "agent never took the role"
@@ -175,7 +175,7 @@ def agent(board: shmhb.Board) -> Iterator[Any]:
 def local_agent(board: shmhb.Board) -> Iterator[Any]:
     """An agent without its network half, holding the role on ``board`` (so peer and
     remote rows a test writes by hand, as FakePinger's, are left alone)."""
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
     assert a.holding.wait(5)

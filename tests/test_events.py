@@ -226,7 +226,7 @@ class Follower:
 def roomy_board(board_name: str) -> Iterator[shmhb.Board]:
     """A board whose SUSPECT window (0.5 s to 4 s of silence) is wide enough for a test
     process starved of CPU on a busy machine still to look at it during a hang."""
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     b = shmhb.Board.create(board_name, suspect_after_s=0.5, dead_after_s=4.0)
     a = Agent(board_name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import shmhb
 from shmhb import Status
-from shmhb.agent import Agent
+from shmhb.agent.role import Agent
 from shmhb.exporter import Exporter
 from shmhb.board.layout import HEADER_DTYPE, STAT_NAMES
 from shmhb.loopback import child_env

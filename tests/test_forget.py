@@ -17,7 +17,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.agent import Agent
+from shmhb.agent.role import Agent
 from shmhb.board.layout import HEADER_DTYPE
 from shmhb.loopback import child_env
 

@@ -239,8 +239,8 @@ def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs:
 STUCK_AGENT = textwrap.dedent("""
     import os, signal, sys, threading
     import shmhb
-    from shmhb import localwatch
-    from shmhb.agent import Agent
+    from shmhb.agent import localwatch
+    from shmhb.agent.role import Agent
     name, flag = sys.argv[1], sys.argv[2]
     orig = localwatch.LocalWatch.tick
     def tick(self, now_ns, late_ns):
@@ -259,7 +259,7 @@ STUCK_AGENT = textwrap.dedent("""
 
 def test_a_stuck_agent_loop_gives_the_role_up(board: shmhb.Board, procs: Procs,
                                              tmp_path: Any) -> None:
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     flag = os.path.join(str(tmp_path), "stick")
     stuck = procs.python(STUCK_AGENT, board.name, flag)

@@ -22,8 +22,8 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.agent import Agent
-from shmhb.agentloop import AgentLoop
+from shmhb.agent.role import Agent
+from shmhb.agent.loop import AgentLoop
 from shmhb.clock import FakeClock
 from shmhb.board.config import AgentConfig, PingerConfig
 from shmhb.faketransport import FakeNetwork

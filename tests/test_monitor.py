@@ -17,7 +17,7 @@ from rich.console import Console
 
 import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
-from shmhb.agent import Agent
+from shmhb.agent.role import Agent
 from shmhb.events import EventLog
 from shmhb.loopback import child_env
 from shmhb.monitor import (

@@ -253,7 +253,7 @@ def test_local_pinger_killed_reads_unknown_then_a_standby_makes_it_fresh(cluster
 def test_a_new_holder_never_shows_the_previous_holders_verdicts(cluster: Cluster) -> None:
     # A holder that does not (or not yet) run the network half must not present the
     # dead holder's last verdicts as its own: they read UNKNOWN, not a stale ALIVE.
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     a, b = alive_pair(cluster)
     b.worker("dec-0", b.endpoint(1))

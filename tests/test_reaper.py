@@ -71,7 +71,7 @@ class Site:
             if kind == "local":
                 self.ip = "127.0.0.1"
                 self.board = self.peer_board = self._board(slots, policy)
-                from shmhb.agent import Agent
+                from shmhb.agent.role import Agent
                 self.agent = Agent(self.board.name, config=shmhb.AgentConfig(tick_s=0.02)).start()
                 assert self.agent.holding.wait(10), "agent never took the role"
             else:

@@ -19,7 +19,7 @@ from typing import Any
 
 import shmhb
 from shmhb import DropReason, LinkReaper, Status
-from shmhb.agent import Agent
+from shmhb.agent.role import Agent
 from shmhb.loopback import child_env
 
 from .conftest import Procs, Stall, wait_until

@@ -346,7 +346,7 @@ def test_a_holder_of_an_earlier_version_keeps_the_role_from_this_one(board: shmh
     import subprocess
     import sys
 
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
     from shmhb.loopback import child_env
     old = subprocess.Popen([sys.executable, "-c", OLD_HOLDER, board.name], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, env=child_env())

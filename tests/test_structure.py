@@ -55,7 +55,7 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
     "cli.py:build_parser": 111,
     "net/digest.py:LocalDigest.rebuild": 62,
     "exporter.py:BoardCollector._families": 122,
-    "localwatch.py:LocalWatch._examine": 73,
+    "agent/localwatch.py:LocalWatch._examine": 73,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_producer": 63,
 }
@@ -90,7 +90,9 @@ LAYERS: dict[str, frozenset[str]] = {
         "net.protocol", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),
-    "agent": frozenset({"agent", "agentloop", "agentwriter", "embedded", "localwatch"}),
+    "agent": frozenset({
+        "agent", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",
+    }),
     "tools": frozenset({
         "__main__", "boardopts", "check", "cli", "demo", "events", "exporter", "feedcli",
         "feeder", "gc", "httpserve", "instview", "monitor", "pipes", "routerapi", "screen",

@@ -250,7 +250,7 @@ WATCH_ROW_DTYPE: Final = np.dtype(
 LOCK_REGISTRY: Final = 0  # registration counters, watch writes, pinger settings; init
 LOCK_AGENT: Final = 1  # the role's holder takes it too: earlier versions know only this byte
 #: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
-#: hands it over to it, and embedded standbys leave the role to it (shmhb.agent)
+#: hands it over to it, and embedded standbys leave the role to it (shmhb.agent.role)
 LOCK_DAEMON: Final = 2
 #: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.board.agentterm)
 LOCK_TERM_BASE: Final = 1 << 19

@@ -39,7 +39,7 @@ know only the counter, cannot meet an incarnation issued meanwhile.
 
 The change counter (``reg_gen``) is moved under the registry lock only.  A registration
 made without it does not move it; the agent sees the new slot at its next scan of the
-slot words (``shmhb.localwatch``, within a quarter of a second) and moves its own half
+slot words (``shmhb.agent.localwatch``, within a quarter of a second) and moves its own half
 of the counter, as it does for a leave kept from the lock.
 """
 

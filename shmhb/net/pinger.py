@@ -68,7 +68,7 @@ INTAKE_PER_TICK_NS = 5_000_000
 
 
 class NetworkHalf:
-    """The pinger, as a component of the agent loop (see ``shmhb.agent``), for settings
+    """The pinger, as a component of the agent loop (see ``shmhb.agent.role``), for settings
     generation ``cfg_gen``.  Raises ``NetDown`` if it cannot run as configured; what it
     made by then is closed."""
 

@@ -25,23 +25,23 @@ import os
 import threading
 import time
 
-from .board import locks
-from .agentloop import AgentLoop, Component
-from .agentwriter import AgentWriter
-from .board.handle import Board
-from .clock import MONOTONIC, Clock
-from .board.config import AgentConfig
-from .board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
+from ..board import locks
+from .loop import AgentLoop, Component
+from .writer import AgentWriter
+from ..board.handle import Board
+from ..clock import MONOTONIC, Clock
+from ..board.config import AgentConfig
+from ..board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
                         term_byte)
-from .board.layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
+from ..board.layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
 from .localwatch import LocalWatch
-from .net.state import NET_OFF
-from .net.supervisor import NetSupervisor
-from .procinfo import thread_switches
-from .ratelog import RateLimitedLog
-from .net.rowwriter import RowWriter
-from .net.sendcounter import COUNTER_WORD
-from .net.transport import Transport, TransportFactory
+from ..net.state import NET_OFF
+from ..net.supervisor import NetSupervisor
+from ..procinfo import thread_switches
+from ..ratelog import RateLimitedLog
+from ..net.rowwriter import RowWriter
+from ..net.sendcounter import COUNTER_WORD
+from ..net.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, 30.0)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 
-from .board.handle import Board
-from .board.layout import (
+from ..board.handle import Board
+from ..board.layout import (
     ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
     pack_hb, pack_net_gen, pack_net_state, ts_units,
 )
-from .net.state import NetShown
+from ..net.state import NetShown
 
 _STAT = {n: i for i, n in enumerate(STAT_NAMES)}
 

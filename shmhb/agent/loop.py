@@ -1,7 +1,7 @@
 """The agent's loop, one step at a time: poll the components' fds and sockets, hand
 what is ready to its owner (deaths first), flush, and tick when the tick is due.
 
-``Agent`` (``shmhb.agent``) runs ``step()`` until it is stopped; a test drives the very
+``Agent`` (``shmhb.agent.role``) runs ``step()`` until it is stopped; a test drives the very
 same code with ``step(0)`` while it advances a ``FakeClock``.  Every time the loop
 acts on is read from the injected clock, never from the wall: in a test, fake time
 passes only when the test says so.
@@ -15,8 +15,8 @@ from typing import Protocol
 
 import zmq
 
-from .agentwriter import AgentWriter
-from .clock import Clock
+from .writer import AgentWriter
+from ..clock import Clock
 
 __all__ = ["AgentLoop", "Component", "NetComponent"]
 

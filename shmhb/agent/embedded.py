@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import threading
 
-from .agent import Agent
-from .board.handle import Board
-from .board.heartbeat import Heartbeat
+from .role import Agent
+from ..board.handle import Board
+from ..board.heartbeat import Heartbeat
 
 __all__ = ["embedded_join", "embedded_leave", "embedded_register"]
 

@@ -13,13 +13,13 @@ import signal
 import numpy as np
 import zmq
 
-from .board import locks
-from .agentwriter import AgentWriter
-from .board.handle import Board
-from .errors import FD_ERRNOS, BoardOpenError, ShmhbError
-from .board.layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
-from .procinfo import own_pid_namespace, pidfd_open, start_time
-from .ratelog import RateLimitedLog
+from ..board import locks
+from .writer import AgentWriter
+from ..board.handle import Board
+from ..errors import FD_ERRNOS, BoardOpenError, ShmhbError
+from ..board.layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
+from ..procinfo import own_pid_namespace, pidfd_open, start_time
+from ..ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
