@@ -46,7 +46,7 @@ import posix_ipc
 import shmhb
 from shmhb.board.judge import judge_local_array
 from shmhb.board.layout import TS_SHIFT
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.status import Status
 
 from . import stats

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import shmhb
 from shmhb.board.config import AgentConfig
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, host_interval_ns
-from shmhb.loopback import child_env, free_port, loopback_addrs
+from shmhb.testing.loopback import child_env, free_port, loopback_addrs
 from shmhb.status import Status
 
 from . import push as push_bench

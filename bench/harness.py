@@ -23,7 +23,7 @@ from pathlib import Path
 
 import shmhb
 from shmhb.board.config import AgentConfig
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.status import Status
 
 REPO = Path(__file__).resolve().parent.parent

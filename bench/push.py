@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import zmq
 
 from shmhb.net.protocol import PUSH, Ack, decode, encode_ack_raw, encode_entries
-from shmhb.loopback import free_port, loopback_addrs
+from shmhb.testing.loopback import free_port, loopback_addrs
 
 from . import stats
 from .harness import (

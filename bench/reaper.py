@@ -34,7 +34,7 @@ from typing import Any
 
 import shmhb
 from shmhb import LinkReaper, Status
-from shmhb.loopback import child_env, free_port, loopback_addrs
+from shmhb.testing.loopback import child_env, free_port, loopback_addrs
 
 from . import stats
 from .stats import Summary, Variant

@@ -45,7 +45,7 @@ import shmhb
 from shmhb.board.config import Capacity, Policy
 from shmhb.board.layout import Sizes
 from shmhb.net.plan import DEFAULT_BUDGET_PPS
-from shmhb.loopback import child_env, free_port, loopback_addrs, set_base
+from shmhb.testing.loopback import child_env, free_port, loopback_addrs, set_base
 from shmhb.status import Status
 
 from . import anchors

@@ -1,7 +1,7 @@
 """``shmhb demo``: the whole system on one machine, for a new user.
 
 Two simulated hosts on loopback (127.0.0.2 and 127.0.0.3 by default; ``--base-addr`` or
-``$SHMHB_LOOPBACK_BASE`` moves them, see ``shmhb.loopback``), each with its own board, its
+``$SHMHB_LOOPBACK_BASE`` moves them, see ``shmhb.testing.loopback``), each with its own board, its
 own ``shmhb pinger`` and a few worker processes; each host follows the other's workers.
 On each side the demo kills a worker (SIGKILL), hangs one (SIGSTOP, later SIGCONT) and
 restarts one, and reports when each host's board saw it.  On a terminal it shows host
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from .board.handle import Board
 from .board.config import Policy
-from .loopback import free_port, loopback_addrs
+from .testing.loopback import free_port, loopback_addrs
 from .status import SlotStatus, Status
 from .stopsignal import stop_on_signals
 

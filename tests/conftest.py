@@ -21,7 +21,7 @@ import pytest
 import shmhb
 from shmhb import Status, units
 from shmhb.board.instances import Instance
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 if TYPE_CHECKING:
     from .hosts import Cluster, FakePeer

@@ -34,7 +34,7 @@ import zmq
 import shmhb
 from shmhb import Status
 from shmhb.net.challenge import advertised
-from shmhb.loopback import child_env, free_port
+from shmhb.testing.loopback import child_env, free_port
 from shmhb.net.protocol import (
     Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_push,
 )

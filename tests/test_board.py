@@ -15,7 +15,7 @@ import pytest
 
 import shmhb
 from shmhb.board import layout as L
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import unlink_quietly
 

@@ -22,7 +22,7 @@ from shmhb.board.layout import (
 )
 
 from shmhb import Status
-from shmhb.loopback import child_env, free_port
+from shmhb.testing.loopback import child_env, free_port
 from shmhb.procinfo import own_pid_namespace, start_time
 
 from .conftest import Procs, unlink_quietly, wait_until

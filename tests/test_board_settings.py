@@ -17,7 +17,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import install_args, unlink_quietly, wait_until
 

@@ -21,7 +21,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.net.settings import read_secret, store_config
 
 from .conftest import ROOT, wait_until

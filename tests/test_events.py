@@ -18,7 +18,7 @@ import pytest
 import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
 from shmhb.events import Event, EventLog, Kind, diff
-from shmhb.loopback import child_env, free_port
+from shmhb.testing.loopback import child_env, free_port
 from shmhb.view import View, read_view
 
 from .conftest import Procs, unlink_quietly, wait_until

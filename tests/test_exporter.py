@@ -20,7 +20,7 @@ from shmhb import Status
 from shmhb.agent.role import Agent
 from shmhb.exporter import Exporter
 from shmhb.board.layout import HEADER_DTYPE, STAT_NAMES
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import ROOT, Procs, unlink_quietly, wait_until
 from .fakes import FakePinger

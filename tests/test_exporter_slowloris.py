@@ -17,7 +17,7 @@ import urllib.request
 
 import shmhb
 from shmhb.httpserve import MAX_CONNECTIONS
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs
 

@@ -19,7 +19,7 @@ from shmhb.errors import InvalidConfig
 from shmhb.feeder import Feeder, FeederConfig, Memory, plan
 from shmhb.feedcli import parse_router, reader
 from shmhb.routerapi import RouterWorker, SglangRouter, client_for
-from shmhb.loopback import free_port
+from shmhb.testing.loopback import free_port
 
 from .conftest import ENGINE, Procs, inst, wait_until
 from .hosts import Cluster

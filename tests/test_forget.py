@@ -19,7 +19,7 @@ import shmhb
 from shmhb import Status
 from shmhb.agent.role import Agent
 from shmhb.board.layout import HEADER_DTYPE
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, unlink_quietly, wait_until
 

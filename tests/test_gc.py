@@ -16,7 +16,7 @@ import pytest
 import shmhb
 from shmhb import gc
 from shmhb.board import layout as L
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, unlink_quietly, wait_until
 

@@ -15,7 +15,7 @@ import time
 from shmhb import Status
 from shmhb.events import EventLog
 from shmhb.net.exchange import GOODBYE_GEN, is_goodbye
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.net.protocol import Identity, Push, decode, encode_push
 from shmhb.view import read_view
 

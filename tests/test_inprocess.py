@@ -1,5 +1,5 @@
 """The agent loop and the network half in one process, step by step, on a FakeClock and
-the in-process transport (``shmhb.faketransport``): no sleeps, no ports, no real-time
+the in-process transport (``shmhb.testing.network``): no sleeps, no ports, no real-time
 waits.  Time passes when a test advances the clock, frames move when it calls
 ``deliver()``, and every bound is measured in fake time or in steps.
 
@@ -26,7 +26,7 @@ from shmhb.agent.role import Agent
 from shmhb.agent.loop import AgentLoop
 from shmhb.clock import FakeClock
 from shmhb.board.config import AgentConfig, PingerConfig
-from shmhb.faketransport import FakeNetwork
+from shmhb.testing.network import FakeNetwork
 from shmhb.net.settings import store_config
 from shmhb.net.protocol import Push, decode
 from shmhb.net.transport import Transport

@@ -1,4 +1,4 @@
-"""shmhb.loopback: the addresses, the free-port check and the child environment that the
+"""shmhb.testing.loopback: the addresses, the free-port check and the child environment that the
 demo, the example, the tests and the benchmarks share."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from shmhb.errors import InvalidConfig
-from shmhb.loopback import PORT_HI, PORT_LO, child_env, free_port, loopback_addrs
+from shmhb.testing.loopback import PORT_HI, PORT_LO, child_env, free_port, loopback_addrs
 
 
 def test_free_port_gives_a_run_of_ports_free_on_every_host() -> None:

@@ -19,7 +19,7 @@ import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
 from shmhb.agent.role import Agent
 from shmhb.events import EventLog
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.monitor import (
     fmt_age,
     local_table,

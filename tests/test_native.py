@@ -24,7 +24,7 @@ import shmhb
 from shmhb.board import judge as J
 from shmhb.board import layout as L
 from shmhb.clock import FakeClock
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.net.protocol import DigestEntry
 from shmhb.net.rowwriter import RowWriter
 from shmhb.status import Status

@@ -22,7 +22,7 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.net.protocol import (
     MAX_FRAME_BYTES, Ack, Identity, Ping, Push, encode_ack, encode_ping, encode_push,
 )

@@ -12,7 +12,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, pids_with_cmdline, wait_until
 

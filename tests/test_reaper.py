@@ -28,7 +28,7 @@ import pytest
 
 import shmhb
 from shmhb import DropReason, Link, LinkReaper, Status
-from shmhb.loopback import free_port
+from shmhb.testing.loopback import free_port
 
 from .conftest import Procs, unlink_quietly, wait_until
 

@@ -15,7 +15,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 from shmhb.board.registration import LOCKFREE_GAP, issue_incarnation, key_bucket
 
 from .conftest import Procs, Stall

@@ -14,7 +14,7 @@ import time
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, Stall, wait_until
 

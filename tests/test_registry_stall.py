@@ -20,7 +20,7 @@ from typing import Any
 import shmhb
 from shmhb import DropReason, LinkReaper, Status
 from shmhb.agent.role import Agent
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, Stall, wait_until
 from .hosts import Cluster

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, wait_until
 
@@ -181,7 +181,7 @@ def _index(ps: list[subprocess.Popen[str]], pid: int) -> int:
 
 def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
         board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
-    from shmhb.loopback import free_port
+    from shmhb.testing.loopback import free_port
 
     listen = ["--listen", f"127.0.0.1:{free_port(['127.0.0.1'])}"]
     first = _spawn(procs, PINGER + ["--board", board.name, *listen], tmp_path / "pinger0.log",
@@ -347,7 +347,7 @@ def test_a_holder_of_an_earlier_version_keeps_the_role_from_this_one(board: shmh
     import sys
 
     from shmhb.agent.role import Agent
-    from shmhb.loopback import child_env
+    from shmhb.testing.loopback import child_env
     old = subprocess.Popen([sys.executable, "-c", OLD_HOLDER, board.name], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, env=child_env())
     a = None

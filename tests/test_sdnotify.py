@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from shmhb import sdnotify
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import unlink_quietly
 

@@ -75,7 +75,7 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({
         "board.address", "board.config", "board.judge", "board.layout", "board.native",
-        "board.words", "clock", "errors", "loopback", "periodic", "procinfo", "ratelog",
+        "board.words", "clock", "errors", "periodic", "procinfo", "ratelog",
         "status", "timens", "version",
     }),
     "storage": frozenset({
@@ -85,7 +85,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "board.segment", "board.watchtable",
     }),
     "net": frozenset({
-        "faketransport", "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
+        "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
         "net.exchange", "net.following", "net.frametag", "net.pinger", "net.plan",
         "net.protocol", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
@@ -93,6 +93,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "agent": frozenset({
         "agent", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",
     }),
+    "testing": frozenset({"testing", "testing.loopback", "testing.network"}),
     "tools": frozenset({
         "__main__", "boardopts", "check", "cli", "demo", "events", "exporter", "feedcli",
         "feeder", "gc", "httpserve", "instview", "monitor", "pipes", "routerapi", "screen",
@@ -112,7 +113,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "storage": frozenset({"base", "storage"}),
     "net": frozenset({"base", "storage", "net"}),
     "agent": frozenset({"base", "storage", "net", "agent"}),
-    "tools": frozenset({"base", "storage", "net", "agent", "tools"}),
+    "testing": frozenset({"base", "storage", "net", "testing"}),
+    "tools": frozenset({"base", "storage", "net", "agent", "testing", "tools"}),
     "vllm": frozenset({"base", "storage", "vllm"}),
     "package": frozenset({"base", "storage", "net", "agent"}),
 }

@@ -91,7 +91,7 @@ class Agent:
 
     ``clock`` and ``transport`` (what builds the network half's sockets) are for tests:
     ``elect()`` and the ``AgentLoop`` it returns let a test run the role step by step on
-    a ``FakeClock`` and ``shmhb.faketransport``.
+    a ``FakeClock`` and ``shmhb.testing.network``.
     """
 
     def __init__(self, board_name: str, *, config: AgentConfig | None = None,

@@ -15,7 +15,7 @@ address libzmq refuses).  :meth:`Transport.close` never blocks and is safe to ca
 after any failure, however far the setup got.
 
 The network half takes a ``TransportFactory`` (this class by default), so tests can
-run it on ``shmhb.faketransport`` instead: the same sockets and options, in-process.
+run it on ``shmhb.testing.network`` instead: the same sockets and options, in-process.
 """
 
 from __future__ import annotations
@@ -211,5 +211,5 @@ def recv_routed(sock: zmq.Socket[bytes]) -> tuple[bytes, bytes | None, str | Non
 
 
 #: What the network half builds its sockets with: ``Transport`` itself, or a test's
-#: in-process stand-in (``shmhb.faketransport.FakeNetwork.transport``).
+#: in-process stand-in (``shmhb.testing.network.FakeNetwork.transport``).
 TransportFactory = Callable[[str | None], Transport]

@@ -34,9 +34,9 @@ from typing import NamedTuple
 
 import zmq
 
-from .board.config import format_hostport
-from .net.state import NetDown, NetReason
-from .net.transport import Transport
+from ..board.config import format_hostport
+from ..net.state import NetDown, NetReason
+from ..net.transport import Transport
 
 __all__ = ["FakeNetwork", "FakeTransport", "Frame"]
 

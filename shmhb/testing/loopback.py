@@ -23,7 +23,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import InvalidConfig
+from ..errors import InvalidConfig
 
 LOOPBACK_ENV = "SHMHB_LOOPBACK_BASE"
 DEFAULT_BASE = "127.0.0.2"
@@ -31,7 +31,7 @@ _NET = ipaddress.ip_network("127.0.0.0/8")
 # Ports are drawn below Linux's ephemeral range (32768-60999), so no outgoing
 # connection's kernel-chosen port can take one between the check and the bind.
 PORT_LO, PORT_HI = 20000, 32000
-_CHECKOUT = Path(__file__).resolve().parent.parent  # the directory holding the package
+_CHECKOUT = Path(__file__).resolve().parents[2]  # the directory holding the package
 
 
 def loopback_addrs(n: int, base: str | None = None) -> list[str]:
