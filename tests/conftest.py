@@ -19,7 +19,8 @@ import posix_ipc
 import pytest
 
 import shmhb
-from shmhb import Status, units
+from shmhb import Status
+from shmhb.cli import units
 from shmhb.board.instances import Instance
 from shmhb.testing.loopback import child_env
 

@@ -1,4 +1,4 @@
-"""The board checker (shmhb.check) on a real board: a clean board has no finding, each
+"""The board checker (shmhb.cli.check) on a real board: a clean board has no finding, each
 kind of invalid row is found with its row named, a half-registered slot nobody holds is
 not, and ``shmhb gc`` lists a board with invalid rows as such."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import shmhb
-from shmhb import gc
+from shmhb.cli import gc
 from shmhb.board import layout as L
-from shmhb.check import Finding, check_board
+from shmhb.cli.check import Finding, check_board
 from shmhb.errors import BoardCorrupt, BoardNotFound
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shmhb.cli import build_parser
+from shmhb.cli.main import build_parser
 
 
 def test_verbose_works_before_and_after_the_subcommand() -> None:

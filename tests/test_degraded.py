@@ -389,7 +389,7 @@ def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster
 # -- a secret that differs between two hosts: named, not read as a death (issue 24) --------
 
 def test_a_secret_mismatch_names_the_host_and_fails_status(cluster: Cluster, tmp_path: Any) -> None:
-    from shmhb.exporter import BoardCollector
+    from shmhb.cli.exporter import BoardCollector
 
     good = write_secret(os.path.join(str(tmp_path), "s1"), SECRET)
     other = write_secret(os.path.join(str(tmp_path), "s2"), b"another-secret-0123456789abcdef!")

@@ -17,9 +17,9 @@ import pytest
 
 import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
-from shmhb.events import Event, EventLog, Kind, diff
+from shmhb.cli.events import Event, EventLog, Kind, diff
 from shmhb.testing.loopback import child_env, free_port
-from shmhb.view import View, read_view
+from shmhb.cli.view import View, read_view
 
 from .conftest import Procs, unlink_quietly, wait_until
 

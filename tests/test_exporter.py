@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import shmhb
 from shmhb import Status
 from shmhb.agent.role import Agent
-from shmhb.exporter import Exporter
+from shmhb.cli.exporter import Exporter
 from shmhb.board.layout import HEADER_DTYPE, STAT_NAMES
 from shmhb.testing.loopback import child_env
 
@@ -191,7 +191,7 @@ def test_deaths_and_restarts_are_counted(board: shmhb.Board, procs: Procs, local
 
 def test_a_scrape_reads_the_board_once(board: shmhb.Board, exporter: Exporter,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import shmhb.exporter as ex
+    import shmhb.cli.exporter as ex
 
     calls = []
     real = ex.read_view

@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import shmhb
-from shmhb.httpserve import MAX_CONNECTIONS
+from shmhb.cli.httpserve import MAX_CONNECTIONS
 from shmhb.testing.loopback import child_env
 
 from .conftest import Procs

@@ -16,9 +16,9 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.errors import InvalidConfig
-from shmhb.feeder import Feeder, FeederConfig, Memory, plan
-from shmhb.feedcli import parse_router, reader
-from shmhb.routerapi import RouterWorker, SglangRouter, client_for
+from shmhb.cli.feeder import Feeder, FeederConfig, Memory, plan
+from shmhb.cli.feed import parse_router, reader
+from shmhb.cli.routerapi import RouterWorker, SglangRouter, client_for
 from shmhb.testing.loopback import free_port
 
 from .conftest import ENGINE, Procs, inst, wait_until

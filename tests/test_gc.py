@@ -14,7 +14,7 @@ import posix_ipc
 import pytest
 
 import shmhb
-from shmhb import gc
+from shmhb.cli import gc
 from shmhb.board import layout as L
 from shmhb.testing.loopback import child_env
 

@@ -13,11 +13,11 @@ import time
 
 
 from shmhb import Status
-from shmhb.events import EventLog
+from shmhb.cli.events import EventLog
 from shmhb.net.exchange import GOODBYE_GEN, is_goodbye
 from shmhb.testing.loopback import child_env
 from shmhb.net.protocol import Identity, Push, decode, encode_push
-from shmhb.view import read_view
+from shmhb.cli.view import read_view
 
 from .conftest import wait_until
 from .hosts import Cluster, Host

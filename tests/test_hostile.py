@@ -295,7 +295,7 @@ ZMQ_FAULT = textwrap.dedent("""
             raise zmq.ZMQError(errno.EPROTO)
         return orig(self, now_ns, late_ns)
     pinger.NetworkHalf.tick = tick
-    from shmhb.cli import main
+    from shmhb.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 

@@ -1,4 +1,4 @@
-"""/instances and /instances/changes beside /metrics (shmhb.instview): the change log
+"""/instances and /instances/changes beside /metrics (shmhb.cli.instview): the change log
 alone, then the exporter over real HTTP with a real engine killed and restarted."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import shmhb
 from shmhb import Status
-from shmhb.exporter import Exporter
-from shmhb.instview import SCHEMA, InstanceLog
+from shmhb.cli.exporter import Exporter
+from shmhb.cli.instview import SCHEMA, InstanceLog
 
 from .conftest import ENGINE, Procs, inst
 

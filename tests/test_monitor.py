@@ -18,9 +18,9 @@ from rich.console import Console
 import shmhb
 from shmhb import AgentStatus, PeerStatus, SlotStatus, Status
 from shmhb.agent.role import Agent
-from shmhb.events import EventLog
+from shmhb.cli.events import EventLog
 from shmhb.testing.loopback import child_env
-from shmhb.monitor import (
+from shmhb.cli.monitor import (
     fmt_age,
     local_table,
     monitor_renderable,
@@ -28,7 +28,7 @@ from shmhb.monitor import (
     run_monitor,
     status_text,
 )
-from shmhb.view import View, read_view
+from shmhb.cli.view import View, read_view
 
 from .conftest import ROOT, Procs, pids_with_cmdline, wait_until
 from .fakes import FakePinger

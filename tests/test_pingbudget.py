@@ -298,7 +298,7 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
     import subprocess
     import sys
 
-    from shmhb.cli import build_parser
+    from shmhb.cli.main import build_parser
     from shmhb.net.pinger import configure_from_args
 
     from .conftest import ROOT

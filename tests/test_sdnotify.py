@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shmhb import sdnotify
+from shmhb.cli import sdnotify
 from shmhb.testing.loopback import child_env
 
 from .conftest import unlink_quietly

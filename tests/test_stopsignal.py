@@ -14,7 +14,7 @@ from .conftest import ROOT
 
 CHILD = textwrap.dedent("""
     import signal, threading
-    from shmhb.stopsignal import stop_on_signals
+    from shmhb.cli.stopsignal import stop_on_signals
 
     stop = threading.Event()
     calls = []
@@ -68,7 +68,7 @@ def test_other_signals_keep_their_handlers() -> None:
     # SIGINT left out of the set still raises KeyboardInterrupt in the main thread
     code = textwrap.dedent("""
         import os, signal, threading
-        from shmhb.stopsignal import stop_on_signals
+        from shmhb.cli.stopsignal import stop_on_signals
         stop = threading.Event()
         stop_on_signals(stop, (signal.SIGTERM,))
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shmhb import units
+from shmhb.cli import units
 from shmhb.errors import InvalidConfig
 
 from .conftest import ME, ROOT, install_args

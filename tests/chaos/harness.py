@@ -37,7 +37,7 @@ import zmq
 import shmhb
 from shmhb import Board, LinkReaper
 from shmhb.board import locks
-from shmhb.check import check_rows
+from shmhb.cli.check import check_rows
 from shmhb.board.layout import LOCK_REGISTRY
 from shmhb.net.protocol import Ack, Identity, encode_ack
 

@@ -13,7 +13,7 @@ A board is a file in /dev/shm that starts with the board magic.  It is *in use* 
 - no lease could be taken and a process of the board owner's uid could not be
   inspected: then we cannot tell, and an undecidable board is kept.
 
-Each board that attaches has its rows checked too (``shmhb.check``, the checker the
+Each board that attaches has its rows checked too (``shmhb.cli.check``, the checker the
 chaos harness uses): one that stays invalid is listed, state ``invalid-rows``.
 
 Removing a board another process still uses would split the host: old workers would beat
@@ -35,10 +35,10 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .board import locks, segment
-from .board.handle import Board
+from ..board import locks, segment
+from ..board.handle import Board
 from .check import Finding, check_rows
-from .errors import (
+from ..errors import (
     BoardNotFound,
     BoardPermissionError,
     BoardVersionMismatch,
@@ -46,9 +46,9 @@ from .errors import (
     ShmhbError,
     StaleBoard,
 )
-from .board.layout import HEADER_BYTES, LOCK_REGISTRY, MAGIC
-from .board.locks import any_lock_held
-from .board.segment import SHM_DIR
+from ..board.layout import HEADER_BYTES, LOCK_REGISTRY, MAGIC
+from ..board.locks import any_lock_held
+from ..board.segment import SHM_DIR
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def _describe(name: str) -> tuple[str, str]:
 
 def _rows_checked(bad: list[Finding], detail: str) -> tuple[str, str]:
     """("ok", detail), or ("invalid-rows", what is wrong) when rows stay invalid
-    (``shmhb.check``): the board works, its readers skip those rows."""
+    (``shmhb.cli.check``): the board works, its readers skip those rows."""
     if not bad:
         return "ok", detail
     shown = "; ".join(map(str, bad[:3])) + ("; ..." if len(bad) > 3 else "")

@@ -22,10 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from .board.handle import Board
-from .board.config import Policy
-from .testing.loopback import free_port, loopback_addrs
-from .status import SlotStatus, Status
+from ..board.handle import Board
+from ..board.config import Policy
+from ..testing.loopback import free_port, loopback_addrs
+from ..status import SlotStatus, Status
 from .stopsignal import stop_on_signals
 
 _PR_SET_PDEATHSIG = 1
@@ -81,7 +81,7 @@ class Host:
 
     def spawn(self, rank: int) -> None:
         p = subprocess.Popen(
-            [sys.executable, "-m", "shmhb.demo", "--board", self.name, "--key", self.key(rank),
+            [sys.executable, "-m", "shmhb.cli.demo", "--board", self.name, "--key", self.key(rank),
              "--endpoint", self.endpoint(rank)], stdout=subprocess.PIPE)
         assert p.stdout is not None
         p.stdout.readline()  # "ready": registered and beating

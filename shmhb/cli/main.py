@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .version import __version__
-from .board.handle import Board
-from .board.config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
-from .errors import BoardNotFound, InvalidConfig, ShmhbError
+from ..version import __version__
+from ..board.handle import Board
+from ..board.config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
+from ..errors import BoardNotFound, InvalidConfig, ShmhbError
 from .pipes import EXIT_BROKEN_PIPE, PipeConsole, reader_gone  # noqa: F401 (EXIT_ re-exported)
 from .stopsignal import stop_on_signals
 from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
@@ -183,13 +183,13 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 
 
 def cmd_pinger(args: argparse.Namespace) -> int:
-    from .agent.role import Agent
+    from ..agent.role import Agent
 
     from .boardopts import open_board
 
     open_board(args).close()  # the policy flags: checked against an existing board
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
-        from .net.settings import configure_from_args
+        from ..net.settings import configure_from_args
         configure_from_args(args)  # stored in the board: any holder of the role applies them
     agent = Agent(board_name(args.board),
                   config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s),
@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="give the role up (and exit 1) when the agent loop is blocked this "
                          "long (default 10)")
     sp.set_defaults(func=cmd_pinger)
-    from .net.settings import add_pinger_args
+    from ..net.settings import add_pinger_args
     add_pinger_args(sp)
     from .boardopts import add_board_args
     add_board_args(sp)
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="host A's loopback address, B gets the next (default: "
                          "$SHMHB_LOOPBACK_BASE or 127.0.0.2; must be in 127.0.0.0/8)")
     sp.set_defaults(func=cmd_demo)
-    from .feedcli import add_parsers  # shmhb feed, shmhb instances (P/D routers)
+    from .feed import add_parsers  # shmhb feed, shmhb instances (P/D routers)
     add_parsers(sub)
     return p
 

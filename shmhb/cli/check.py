@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .board import locks
-from .board.handle import Board
-from .board.core import BoardCore
-from .board.layout import (
+from ..board import locks
+from ..board.handle import Board
+from ..board.core import BoardCore
+from ..board.layout import (
     LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum,
     record_checksum, remote_checksum, row_code, row_gen, ts_units, verdict_ts, watch_checksum,
     word_tag,

@@ -25,10 +25,10 @@ import logging
 import os
 import stat
 
-from .board.handle import Board
-from .board.config import Policy
-from .errors import BoardPermissionError, InvalidConfig
-from .board.segment import SHM_DIR
+from ..board.handle import Board
+from ..board.config import Policy
+from ..errors import BoardPermissionError, InvalidConfig
+from ..board.segment import SHM_DIR
 
 log = logging.getLogger(__name__)
 

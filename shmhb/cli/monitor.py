@@ -1,6 +1,6 @@
 """What an operator sees: the ``shmhb status`` table and the ``shmhb monitor`` live view.
 
-Everything here renders ``View``s (``shmhb.view``) with rich; nothing here reads the
+Everything here renders ``View``s (``shmhb.cli.view``) with rich; nothing here reads the
 board except ``run_monitor``, which reads it once per frame, lock-free.  The live view
 redraws in place on the terminal's alternate screen (rich.live), so it never flickers,
 and it renders at a fixed rate however fast the board changes: its cost does not grow
@@ -21,11 +21,11 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from .board.handle import Board
+from ..board.handle import Board
 from .events import Event, EventLog
 from .pipes import PipeConsole
-from .board.records import shown
-from .status import PeerStatus, SlotStatus, Status
+from ..board.records import shown
+from ..status import PeerStatus, SlotStatus, Status
 from .screen import (
     NEWLINE,
     STATUS_STYLE,

@@ -1,5 +1,5 @@
-"""``shmhb feed`` and ``shmhb instances``: the command-line side of ``shmhb.feeder`` and
-``shmhb.board.instances`` (``shmhb.cli`` adds these subcommands with ``add_parsers``)."""
+"""``shmhb feed`` and ``shmhb instances``: the command-line side of ``shmhb.cli.feeder`` and
+``shmhb.board.instances`` (``shmhb.cli.main`` adds these subcommands with ``add_parsers``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import sys
 import threading
 from typing import Any
 
-from .board.handle import Board
-from .clock import MONOTONIC
-from .board.config import board_name
-from .errors import InvalidConfig
+from ..board.handle import Board
+from ..clock import MONOTONIC
+from ..board.config import board_name
+from ..errors import InvalidConfig
 from .feeder import Action, Feeder, FeederConfig
-from .board.instances import Instance, board_instances
+from ..board.instances import Instance, board_instances
 from .routerapi import KINDS, RouterClient, client_for
 from .stopsignal import stop_on_signals
 
@@ -107,7 +107,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
                   "why": a.why, "t_ns": t_ns})
         feeders.append(Feeder(read, changes, c, cfg, MONOTONIC, on_action).start())
     done = threading.Event()
-    stop_on_signals(done)  # never done.set() in a handler: see shmhb.stopsignal
+    stop_on_signals(done)  # never done.set() in a handler: see shmhb.cli.stopsignal
     emit({"event": "ready", "routers": [c.base for c in clients],
           "boards": [b.name for b in boards], "t_ns": MONOTONIC.monotonic_ns()})
     log.info("shmhb feed: following %s for %s", [b.name for b in boards], [c.base for c in clients])

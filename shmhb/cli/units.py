@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .board.config import DEFAULT_BOARD, board_name
-from .errors import InvalidConfig
+from ..board.config import DEFAULT_BOARD, board_name
+from ..errors import InvalidConfig
 
 PINGER_UNIT = "shmhb-pinger.service"
 EXPORTER_UNIT = "shmhb-exporter.service"

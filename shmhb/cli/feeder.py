@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .board.address import parse_address
-from .clock import MONOTONIC, Clock
-from .errors import InvalidConfig, ShmhbError
-from .board.instances import Instance
-from .ratelog import RateLimitedLog
+from ..board.address import parse_address
+from ..clock import MONOTONIC, Clock
+from ..errors import InvalidConfig, ShmhbError
+from ..board.instances import Instance
+from ..ratelog import RateLimitedLog
 from .routerapi import RouterClient, RouterError, RouterWorker, worker_endpoint
-from .status import Status
+from ..status import Status
 
 __all__ = ["Action", "Feeder", "FeederConfig", "Memory", "plan"]
 

@@ -1,6 +1,6 @@
 """Events: what changed between two successive Views of a board.
 
-Pure logic: ``diff(old, new)`` compares two ``View``s (see ``shmhb.view``) and returns
+Pure logic: ``diff(old, new)`` compares two ``View``s (see ``shmhb.cli.view``) and returns
 typed ``Event``s stamped with the new View's time; no board, no clock, no I/O, so it is
 tested with synthetic Views.  ``diff(None, view)`` describes the current state as events
 (``initial=True``): what ``shmhb events`` prints without ``--follow``.
@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .board.records import shown
-from .status import AgentStatus, PeerStatus, SlotStatus, Status
+from ..board.records import shown
+from ..status import AgentStatus, PeerStatus, SlotStatus, Status
 from .view import View
 
 

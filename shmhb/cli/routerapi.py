@@ -23,8 +23,8 @@ import json
 import urllib.parse
 from typing import Any, NamedTuple, Protocol
 
-from .board.address import check_endpoint, parse_address
-from .errors import InvalidAddress, InvalidConfig, ShmhbError
+from ..board.address import check_endpoint, parse_address
+from ..errors import InvalidAddress, InvalidConfig, ShmhbError
 
 __all__ = ["KINDS", "RouterClient", "RouterError", "RouterWorker", "client_for", "worker_endpoint"]
 

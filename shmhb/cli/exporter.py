@@ -22,14 +22,14 @@ from wsgiref.simple_server import make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .board.handle import Board
-from .board.config import board_name as _board_name
-from .errors import BoardNotFound, ShmhbError
+from ..board.handle import Board
+from ..board.config import board_name as _board_name
+from ..errors import BoardNotFound, ShmhbError
 from .gc import shm_path
 from .httpserve import BoundedHandler, BoundedServer, BoundedServer6
 from .instview import BoardInstances, with_instances
-from .board.records import shown  # label values escaped (keys reach dashboards)
-from .status import PeerStatus, Status
+from ..board.records import shown  # label values escaped (keys reach dashboards)
+from ..status import PeerStatus, Status
 from .view import View, read_view
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def _build_info(native: bool) -> Metric:
     convention for a build's version)."""
     import platform
 
-    from .version import __version__
+    from ..version import __version__
 
     g = GaugeMetricFamily("shmhb_build_info", "Always 1; the labels say which shmhb runs: "
                           "its version, whether the C hot path is active, the Python version.",
@@ -131,7 +131,7 @@ class BoardCollector:
         return board
 
     def _native(self) -> bool:
-        from .board.native import native
+        from ..board.native import native
         return bool(native)
 
     def close(self) -> None:
@@ -314,7 +314,7 @@ class BoardCollector:
 # -- the HTTP side ---------------------------------------------------------------------------
 
 
-_Server, _Server6 = BoundedServer, BoundedServer6  # bounded: see shmhb.httpserve
+_Server, _Server6 = BoundedServer, BoundedServer6  # bounded: see shmhb.cli.httpserve
 
 
 class _QuietHandler(BoundedHandler):
@@ -354,7 +354,7 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)  # type: ignore[arg-type]
         server_cls = _Server6 if ":" in addr else _Server
-        self.instances = BoardInstances(board)  # /instances beside /metrics (shmhb.instview)
+        self.instances = BoardInstances(board)  # /instances beside /metrics (shmhb.cli.instview)
         app = with_instances(probes_app(self.collector, make_wsgi_app(self.registry)), self.instances)
         self.httpd = make_server(addr, port, app, server_cls, handler_class=_QuietHandler)
         self.addr = addr

@@ -30,11 +30,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .board.handle import Board
-from .board.config import board_name
-from .errors import BoardNotFound, ShmhbError
+from ..board.handle import Board
+from ..board.config import board_name
+from ..errors import BoardNotFound, ShmhbError
 from .gc import shm_path
-from .board.instances import Instance, board_instances
+from ..board.instances import Instance, board_instances
 
 __all__ = ["InstanceLog", "KEEP", "SCHEMA", "with_instances"]
 

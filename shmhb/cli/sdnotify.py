@@ -15,7 +15,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from .ratelog import RateLimitedLog
+from ..ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 _failed = RateLimitedLog(log, 60.0)

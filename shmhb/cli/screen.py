@@ -21,8 +21,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.text import Text
 
-from .board.records import shown
-from .status import Status
+from ..board.records import shown
+from ..status import Status
 
 
 # Separators carry no_wrap: Text.join copies the separator's settings, and a wrapping
