@@ -29,7 +29,7 @@ from ..status import SlotStatus, Status
 
 #: The slots of a ``_by_key`` entry, the per-key memo of ``slot()``: a list, not a
 #: record, for speed (``slot()`` reads it by position, and so does ``_native.c``, whose
-#: ``SHMHB_MEMO_*`` mirror these; tests/test_native.py checks that they agree).
+#: ``SHMHB_MEMO_*`` mirror these; tests/board/test_native.py checks that they agree).
 MEMO_WI = 0  # the index in the words of the slot's heartbeat word (its verdict follows)
 MEMO_TAG = 1  # the incarnation tag the entry was made for
 MEMO_PID = 2
