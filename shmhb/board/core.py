@@ -3,23 +3,25 @@ it owns share.
 
 ``BoardCore`` sets up the segment's views (header, slot words and records, peer, remote
 and watch tables), the word indices of the header, the registry lock
-(``shmhb.board.registrylock``), the change counter, the agent's header as readers see it, and
-the small public surface that this package's writers use (the agent's header writer,
-the local watch, the row writer, the settings store) instead of reaching into private
-members.
+(``shmhb.board.registrylock``), the change counter, the agent's header as readers see
+it, and the small public surface that this package's writers use (the agent's header
+writer, the local watch, the row writer, the settings store) instead of reaching into
+private members.
 
-``Board`` (``shmhb.board.handle``) subclasses it, through ``LocalReads`` (``shmhb.board.localreads``,
-the hot local reads), and adds the lifecycle and registration.  The hot local reads are
-a base class of ``Board``, not an object it owns, on purpose: ``slot()`` and
-``status()`` are bound per instance to the C extension's objects, and a delegating
-object would add a call to the hot path.  The colder concerns are objects the board
-constructs and owns, each with its own state and ``close()``: the watch table
-(``shmhb.board.watchtable``) and the remote reads (``shmhb.board.remotereads``).
+``Board`` (``shmhb.board.handle``) subclasses it, through ``LocalReads``
+(``shmhb.board.localreads``, the hot local reads), and adds the lifecycle and
+registration.  The hot local reads are a base class of ``Board``, not an object it owns,
+on purpose: ``slot()`` and ``status()`` are bound per instance to the C extension's
+objects, and a delegating object would add a call to the hot path.  The colder concerns
+are objects the board constructs and owns, each with its own state and ``close()``: the
+watch table (``shmhb.board.watchtable``) and the remote reads
+(``shmhb.board.remotereads``).
+
 Instance attributes are all set here, in ``LocalReads._bind_hot_paths`` and in
 ``Board.__init__``, in one order: add none lightly.  CPython 3.11 shares an instance
 dict's keys only up to 30 of them; a board handle on the C path has 36 (as many as
-before the watch table and the remote reads became objects), so the pure-Python hot
-path pays a plain dict lookup per attribute load.
+before the watch table and the remote reads became objects), so attribute loads on the
+pure-Python hot path take the slower dict path.
 """
 
 from __future__ import annotations
