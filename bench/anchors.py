@@ -47,7 +47,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from shmhb.loopback import child_env, free_port
+from shmhb.testing.loopback import child_env, free_port
 
 from . import stats
 from .harness import stop_process

@@ -44,9 +44,9 @@ import numpy as np
 import posix_ipc
 
 import shmhb
-from shmhb.judge import judge_local_array
-from shmhb.layout import TS_SHIFT
-from shmhb.loopback import child_env
+from shmhb.board.judge import judge_local_array
+from shmhb.board.layout import TS_SHIFT
+from shmhb.testing.loopback import child_env
 from shmhb.status import Status
 
 from . import stats
@@ -131,7 +131,7 @@ def path_boards(stack: contextlib.ExitStack, tag: str, key: str, native: bool
                 ) -> tuple[shmhb.Board, shmhb.Heartbeat, shmhb.Board]:
     """A board on the C (``native``) or the pure-Python hot path, with ``key`` registered
     and read once, and a board whose clock steps one unit per read."""
-    sel = importlib.import_module("shmhb.native")  # the module; ``shmhb.native`` is its bool
+    sel = importlib.import_module("shmhb.board.native")  # the module; ``shmhb.native`` is its bool
     saved = sel._ext
     if not native:
         sel._ext = None

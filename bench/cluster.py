@@ -49,9 +49,9 @@ import time
 from dataclasses import dataclass, field
 
 import shmhb
-from shmhb.config import AgentConfig
-from shmhb.pingplan import DEFAULT_BUDGET_PPS, host_interval_ns
-from shmhb.loopback import child_env, free_port, loopback_addrs
+from shmhb.board.config import AgentConfig
+from shmhb.net.plan import DEFAULT_BUDGET_PPS, host_interval_ns
+from shmhb.testing.loopback import child_env, free_port, loopback_addrs
 from shmhb.status import Status
 
 from . import push as push_bench
@@ -947,7 +947,7 @@ MEASURED_VS_COMPUTED = """## What is measured, what is computed
   wakes every 60 s at a random phase, so purge = measured verdict + U(0, 60 s) (the
   mixture over 600 evenly spaced phases per kill); no run lasts 60 s.
 - **Pinger CPU target** (measured) on one real pinger at its default settings; the 64
-  or 250 remote hosts are emulated by one process answering with valid `shmhb.protocol`
+  or 250 remote hosts are emulated by one process answering with valid `shmhb.net.protocol`
   acks and pinging the real pinger as a default-settings pinger would (its CPU is not
   counted).  At 250 hosts, emulated hosts are also killed (their sockets closed) and the
   time to DEAD on the real pinger's board is measured.

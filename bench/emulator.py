@@ -4,7 +4,7 @@
 emulates ``N`` remote hosts, each with its own identity (boot id and board incarnation)
 and a 16-slot digest, each bound on its own loopback address (``address(i)``:
 ``127.0.1.1`` ... ``127.0.1.250``, then ``127.0.2.1`` ...) at the cluster pinger port.  Pings that reach them get
-valid acks built with ``shmhb.protocol`` (the full digest only when the pinger does not
+valid acks built with ``shmhb.net.protocol`` (the full digest only when the pinger does not
 hold it yet, exactly as a real pinger answers).  With pinging on, every emulated host
 also pings the real pinger at ``TARGET`` every ``S`` seconds (DEALER, nonces strictly
 increasing, the digest generation it holds echoed back), so the real pinger answers as
@@ -12,8 +12,8 @@ many pings as it sends, as in a cluster where every host follows every other.
 
 Each emulated host pings as a default pinger would in that mutual pair: it connects from
 its own address, counts the real pinger's pings to it as evidence by the pinger's own
-rule (``shmhb.evidence``, no secret: the ping must echo a challenge the emulated host
-sent in its own pings, ``shmhb.challenge``; its acks say it decodes challenges, and its
+rule (``shmhb.net.evidence``, no secret: the ping must echo a challenge the emulated host
+sent in its own pings, ``shmhb.net.challenge``; its acks say it decodes challenges, and its
 pings carry one and echo the real pinger's), and plans its turns with the pinger's own ``PingPlan`` (its
 address is larger, so it is the passive side: while the evidence is fresh it pings only
 once per peer dead-after, to stay a watcher).  ``--no-mutual`` pings every interval
@@ -46,12 +46,12 @@ import time
 
 import zmq
 
-from shmhb.config import AgentConfig
-from shmhb.challenge import advertised, echoed, issue, new_challenge
-from shmhb.evidence import counts_as_evidence
-from shmhb.exchange import wants_full_digest
-from shmhb.pingplan import DEFAULT_BUDGET_PPS, PingPlan
-from shmhb.protocol import (
+from shmhb.board.config import AgentConfig
+from shmhb.net.challenge import advertised, echoed, issue, new_challenge
+from shmhb.net.evidence import counts_as_evidence
+from shmhb.net.exchange import wants_full_digest
+from shmhb.net.plan import DEFAULT_BUDGET_PPS, PingPlan
+from shmhb.net.protocol import (
     Ack,
     DigestEntry,
     FrameRejected,
@@ -62,7 +62,7 @@ from shmhb.protocol import (
     encode_entries,
     encode_ping,
 )
-from shmhb.transport import recv_routed
+from shmhb.net.transport import recv_routed
 
 #: The pinger's default peer dead-after (Policy.peer_dead_after_s): its passive side's
 #: refresh period in a mutual pair.

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import shmhb
-from shmhb.config import AgentConfig
-from shmhb.loopback import child_env
+from shmhb.board.config import AgentConfig
+from shmhb.testing.loopback import child_env
 from shmhb.status import Status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -253,12 +253,12 @@ class HostServer:
 # -- kill -> DEAD ---------------------------------------------------------------------------
 
 def _push_gap_s() -> float:
-    from shmhb import pinger
+    from shmhb.net import pinger
     return getattr(pinger, "_PUSH_GAP_NS", 0) / 1e9
 
 
 #: Quiet time on a victim's host before a kill: the pinger sends at most one push per
-#: gap (``shmhb.pinger._PUSH_GAP_NS``) and notices a registration at its next tick, so a
+#: gap (``shmhb.net.pinger._PUSH_GAP_NS``) and notices a registration at its next tick, so a
 #: death that follows another change on the same host (say, the registration of the
 #: previous victim's replacement) within the gap waits for it.  Each timed kill is kept
 #: the only change on its host for this long before it (gap + two of the pinger's ticks).

@@ -9,7 +9,8 @@ from __future__ import annotations
 import cProfile
 import sys
 
-from shmhb import agent, cli
+from shmhb.cli import main as cli
+from shmhb.agent import role as agent
 
 
 def main() -> int:

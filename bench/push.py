@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from shmhb.protocol import PUSH, Ack, decode, encode_ack_raw, encode_entries
-from shmhb.loopback import free_port, loopback_addrs
+from shmhb.net.protocol import PUSH, Ack, decode, encode_ack_raw, encode_entries
+from shmhb.testing.loopback import free_port, loopback_addrs
 
 from . import stats
 from .harness import (

@@ -34,7 +34,7 @@ from typing import Any
 
 import shmhb
 from shmhb import LinkReaper, Status
-from shmhb.loopback import child_env, free_port, loopback_addrs
+from shmhb.testing.loopback import child_env, free_port, loopback_addrs
 
 from . import stats
 from .stats import Summary, Variant
@@ -116,7 +116,7 @@ class Hosts:
 
 def pure_handle(stack: contextlib.ExitStack, board: shmhb.Board) -> shmhb.Board:
     """A second handle on ``board`` on the pure-Python hot path (``shmhb.native``)."""
-    sel = importlib.import_module("shmhb.native")  # the module; ``shmhb.native`` is its bool
+    sel = importlib.import_module("shmhb.board.native")  # the module; ``shmhb.native`` is its bool
     saved, sel._ext = sel._ext, None
     try:
         b = shmhb.Board.attach(board.name)

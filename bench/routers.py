@@ -108,8 +108,8 @@ def run_setup(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
 def feeder_cpu(seconds: float = 10.0) -> float:
     """Percent of one core ``shmhb feed`` spends following 3 boards of 4 engines x 4
     ranks (beating every 0.1 s) with nothing changing and its router unreachable."""
-    from shmhb.instances import register_instance
-    from shmhb.loopback import child_env
+    from shmhb.board.instances import register_instance
+    from shmhb.testing.loopback import child_env
     tag = os.urandom(3).hex()
     boards = [shmhb.Board.create(f"shmhb-bench-feed-{tag}-{i}", slots=64) for i in range(3)]
     hbs: list[Any] = []

@@ -78,7 +78,7 @@ from dataclasses import dataclass
 import posix_ipc
 import zmq
 
-from shmhb.loopback import loopback_addrs
+from shmhb.testing.loopback import loopback_addrs
 
 HEARTBEAT_MSG = b"heartbeat"
 HEARTBEAT_ACK = b"heartbeat_ack"

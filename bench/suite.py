@@ -42,10 +42,10 @@ import numpy as np
 import zmq
 
 import shmhb
-from shmhb.config import Capacity, Policy
-from shmhb.layout import Sizes
-from shmhb.pingplan import DEFAULT_BUDGET_PPS
-from shmhb.loopback import child_env, free_port, loopback_addrs, set_base
+from shmhb.board.config import Capacity, Policy
+from shmhb.board.layout import Sizes
+from shmhb.net.plan import DEFAULT_BUDGET_PPS
+from shmhb.testing.loopback import child_env, free_port, loopback_addrs, set_base
 from shmhb.status import Status
 
 from . import anchors
@@ -794,7 +794,7 @@ def plots(out_dir: Path, stamp: str, q1: Q1, q2: Q2, kill_ms: list[float], hang:
     a2.set_yscale("log")
     a2.set_xlabel("local slots")
     a2.set_ylabel("board size, KiB")
-    a2.set_title("Q4: board memory (shmhb.layout.Sizes)")
+    a2.set_title("Q4: board memory (shmhb.board.layout.Sizes)")
     a2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     save(fig, "q4_scale.png", seed_note)
@@ -1054,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     out.append("\nModel: every host follows every other; seed = 2 x H x R x (H-1) x R / 1 s (ping + ack "
                "per rank pair); shmhb = 2 x H x (H-1) / I (ping + ack per host pair and direction; "
                "pushes only on change), I = the per-host interval of a default pinger following H-1 "
-               f"hosts (`shmhb.pingplan.host_interval_ns`: 0.2 s while the budget of "
+               f"hosts (`shmhb.net.plan.host_interval_ns`: 0.2 s while the budget of "
                f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / 4 = 1.25 s). At the "
                "defaults a followed host's own pings count as evidence (authenticated, or from its own "
                "address), so in each pair one side pings every I and the other once per peer dead-after "
@@ -1101,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
                             "512 watches)", "board bytes, local slots only"],
                            [[str(n), f"{f:,} ({f / 1024:,.0f} KiB)", f"{loc:,} ({loc / 1024:,.0f} KiB)"]
                             for n, f, loc in mem]))
-    out.append("\n`shmhb.layout.Sizes(slots, peers, remote_slots, watches).total_bytes`, page-aligned. "
+    out.append("\n`shmhb.board.layout.Sizes(slots, peers, remote_slots, watches).total_bytes`, page-aligned. "
                "The seed keeps its state in per-connector Python dicts: nothing shared, one copy per rank.\n")
 
     out.append("## 5. False verdicts under stress (default policy)\n")

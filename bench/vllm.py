@@ -38,7 +38,7 @@ import numpy as np
 from tests.conftest import Procs
 from tests.hosts import Cluster
 from tests.vllm import model
-from shmhb.loopback import free_port
+from shmhb.testing.loopback import free_port
 from tests.vllm.stack import POLICY, PREFILL_IP, EngineProc, Stack, new_ids, submit
 
 OUT = Path(__file__).resolve().parent / "results_vllm.md"

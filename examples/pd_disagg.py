@@ -46,7 +46,7 @@ except ImportError:
     sys.exit("shmhb is not importable: `pip install .` first, or run "
              "`PYTHONPATH=. python examples/pd_disagg.py` from the repository root")
 
-from shmhb.loopback import free_port, loopback_addrs, set_base  # noqa: E402
+from shmhb.testing.loopback import free_port, loopback_addrs, set_base  # noqa: E402
 
 # host addresses: $SHMHB_LOOPBACK_BASE (default 127.0.0.2) and the next; the rank
 # processes inherit the variable, so every process agrees.

@@ -5,10 +5,10 @@ board lock-free to learn whether a worker (local or on a followed remote host) i
 alive, suspect, dead, left, or unknown, and which incarnation it is.
 """
 
-from .board import Board
-from .board import set_register_hook as _set_register_hook
+from .board.handle import Board
+from .board.handle import set_register_hook as _set_register_hook
 from .clock import FakeClock, MonotonicClock
-from .config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
+from .board.config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
 from .errors import (
     BoardCorrupt, BoardExists, BoardFull, BoardNotFound, BoardPermissionError,
     BoardSpaceError, BoardVersionMismatch, HeartbeatClosed, InvalidAddress, InvalidConfig, InvalidKey,
@@ -16,9 +16,9 @@ from .errors import (
     StaleBoard,
     WatchTableFull,
 )
-from .heartbeat import Heartbeat
-from .native import native
-from .reaper import DropReason, Link, LinkReaper
+from .board.heartbeat import Heartbeat
+from .board.native import native
+from .board.reaper import DropReason, Link, LinkReaper
 from .status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 from .version import __version__
 
@@ -41,7 +41,7 @@ def _join_embedded_agent(board: Board, hb: Heartbeat) -> None:
     lives here, at the top, so that the board (storage) never imports the agent (which
     is built on the board); the agent module, and zmq with it, is imported on the first
     registration that wants it, not by ``import shmhb``."""
-    from .embedded import embedded_register
+    from .agent.embedded import embedded_register
 
     embedded_register(board, hb)
 

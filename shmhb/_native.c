@@ -1,4 +1,4 @@
-/* shmhb._native: the board's hot paths in C (see shmhb/native.py, which picks the path).
+/* shmhb._native: the board's hot paths in C (see shmhb/board/native.py, which picks the path).
  *
  *   Beater      hb.beat(): CLOCK_MONOTONIC (or an injected clock) and one release store
  *               of the packed heartbeat word, in one C call.
@@ -223,7 +223,7 @@ static PyTypeObject BeaterType = {
 
 /* --- SlotReader and its per-key memo -------------------------------------------------- */
 
-/* The slots of a Board._by_key entry, a list: shmhb/localreads.py's MEMO_*, which these
+/* The slots of a Board._by_key entry, a list: shmhb/board/localreads.py's MEMO_*, which these
  * mirror (tests/test_native.py checks that they agree). */
 #define SHMHB_MEMO_WI 0     /* the index of the slot's heartbeat word (its verdict follows) */
 #define SHMHB_MEMO_TAG 1    /* the incarnation tag the entry was made for */

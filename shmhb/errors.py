@@ -83,7 +83,7 @@ class InvalidKey(ShmhbError, ValueError):
 
 class InvalidAddress(InvalidKey, InvalidConfig):
     """An endpoint, watch or pinger address that libzmq would refuse, that would not read
-    back as written, or that is longer than the wire holds (see ``shmhb.address``)."""
+    back as written, or that is longer than the wire holds (see ``shmhb.board.address``)."""
 
 
 class LockTimeout(ShmhbError, TimeoutError):

@@ -19,9 +19,10 @@ import posix_ipc
 import pytest
 
 import shmhb
-from shmhb import Status, units
-from shmhb.instances import Instance
-from shmhb.loopback import child_env
+from shmhb import Status
+from shmhb.cli import units
+from shmhb.board.instances import Instance
+from shmhb.testing.loopback import child_env
 
 if TYPE_CHECKING:
     from .hosts import Cluster, FakePeer
@@ -53,7 +54,7 @@ def unlink_quietly(name: str) -> None:
 def use_hot_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """Make Boards created from now on in this test use the C ("native") or the
     pure-Python ("pure") hot path; skip "native" where the extension was not built."""
-    sel = importlib.import_module("shmhb.native")  # the module (shmhb.native is the bool)
+    sel = importlib.import_module("shmhb.board.native")  # the module (shmhb.native is the bool)
     if path == "native":
         try:
             ext = importlib.import_module("shmhb._native")
@@ -163,7 +164,7 @@ def procs() -> Iterator[Procs]:
 @pytest.fixture
 def agent(board: shmhb.Board) -> Iterator[Any]:
     """This test's own agent (local half), holding the role on ``board``."""
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02)).start()
     assert a.holding.wait(5), "agent never took the role"
@@ -175,7 +176,7 @@ def agent(board: shmhb.Board) -> Iterator[Any]:
 def local_agent(board: shmhb.Board) -> Iterator[Any]:
     """An agent without its network half, holding the role on ``board`` (so peer and
     remote rows a test writes by hand, as FakePinger's, are left alone)."""
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
     assert a.holding.wait(5)
@@ -211,11 +212,11 @@ class Stall:
 
 
 #: ``procs.python(ENGINE, BOARD, ENGINE_ID, ROLE, NRANKS[, IP])``: an engine's ranks and
-#: its instance slot (``shmhb.instances``), until SIGTERM
+#: its instance slot (``shmhb.board.instances``), until SIGTERM
 ENGINE = """
     import signal, sys
     import shmhb
-    from shmhb.instances import register_instance
+    from shmhb.board.instances import register_instance
     name, engine, role, nranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     ip = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.5"
     b = shmhb.Board.attach(name)

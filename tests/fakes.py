@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import shmhb
 from shmhb import Status
-from shmhb.layout import (
+from shmhb.board.layout import (
     TS_SHIFT,
     encode_endpoints,
     pack_row,

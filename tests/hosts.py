@@ -33,9 +33,9 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.challenge import advertised
-from shmhb.loopback import child_env, free_port
-from shmhb.protocol import (
+from shmhb.net.challenge import advertised
+from shmhb.testing.loopback import child_env, free_port
+from shmhb.net.protocol import (
     Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_push,
 )
 
@@ -323,7 +323,7 @@ class FakePeer:
     def __init__(self, ip: str, port: int, *, secret: bytes | None = None,
                  capable: bool = False) -> None:
         self.ip, self.port = ip, port
-        # capable: its acks say it decodes ping challenges (shmhb.challenge), so the
+        # capable: its acks say it decodes ping challenges (shmhb.net.challenge), so the
         # pinger sends it some; else it is a peer that predates them
         self.capable = capable
         self.address = f"{ip}:{port}"

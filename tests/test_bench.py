@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import ROOT
 

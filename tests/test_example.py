@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import ROOT, pids_with_cmdline, wait_until
 

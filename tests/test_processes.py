@@ -12,7 +12,7 @@ import pytest
 
 import shmhb
 from shmhb import Status
-from shmhb.loopback import child_env
+from shmhb.testing.loopback import child_env
 
 from .conftest import Procs, pids_with_cmdline, wait_until
 
@@ -25,7 +25,7 @@ def status_of(board: shmhb.Board, key: str) -> Status | None:
 def test_sigkill_is_dead_through_pidfd_not_staleness(board_name: str, procs: Procs) -> None:
     # suspect/dead far away: only the agent's pidfd can explain a quick DEAD
     with shmhb.Board.create(board_name, suspect_after_s=60, dead_after_s=120) as b:
-        from shmhb.agent import Agent
+        from shmhb.agent.role import Agent
 
         a = Agent(board_name, config=shmhb.AgentConfig(tick_s=0.02)).start()
         try:
@@ -132,7 +132,7 @@ def test_forked_child_neither_beats_nor_keeps_the_parents_lock(board: shmhb.Boar
 
 
 def test_worker_killed_while_no_agent_ran_is_convicted_when_one_starts(board: shmhb.Board, procs: Procs) -> None:
-    from shmhb.agent import Agent
+    from shmhb.agent.role import Agent
 
     p = procs.worker(board.name, "orphan", interval_s=0.01)
     p.kill()
@@ -217,7 +217,7 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
                                                                 path: str) -> None:
     """On the C path the writer's beat is a release store and the reader's load an
     acquire load; on the pure path both go through a memoryview.  Neither may tear."""
-    from shmhb.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
+    from shmhb.board.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
 
     if path == "native":
         ext = pytest.importorskip("shmhb._native", reason="shmhb._native was not built")

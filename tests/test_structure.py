@@ -1,6 +1,8 @@
 """The package's structure, checked from its source: imports only go down (no cycle in
-the import graph, and no module imports one of a higher layer), no module or function is
-over its length limit, and no module touches another object's private attributes.
+the import graph, and no module imports one of a higher layer), each layer's modules live
+in its folder, the board and the vocabulary below it import neither zmq nor rich, no
+module or function is over its length limit, words are decoded only by the decoders,
+and no module touches another object's private attributes.
 
 Each check is a function over a package directory, so the tests below first prove that
 it fails on a tiny package built to break it, then run it on ``shmhb``.
@@ -14,7 +16,11 @@ import textwrap
 import tokenize
 from pathlib import Path
 
+import pytest
+
 import shmhb
+
+pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 PKG_DIR = Path(shmhb.__file__).parent
 ROOT = PKG_DIR.parent
@@ -27,21 +33,21 @@ LONG_FOR_NOW: dict[str, str] = {}
 #: the modules that know where each bit of a board word sits: the byte map, the bit map
 #: (packing and the one decoder) and the judge; the C mirror of them (_native.c, shmhb.h)
 #: is not Python.  Everyone else reads words through their named helpers.
-DECODERS = frozenset({"layout.py", "words.py", "judge.py"})
+DECODERS = frozenset({"board/layout.py", "board/words.py", "board/judge.py"})
 
 #: functions allowed to inline a decoder's shift, with the reason: a call there would
 #: cost more than the 5 % the hot path may move (a call is ~20-35 ns).  They shift by
 #: layout's named constants only, never by a literal.
 HOT_INLINE: dict[str, str] = {
-    "heartbeat.py:Heartbeat._make_beat": "the pure-Python beat closure (~220 ns a beat): "
+    "board/heartbeat.py:Heartbeat._make_beat": "the pure-Python beat closure (~220 ns a beat): "
                                          "pack_hb(inc, ts_units(now)) inlined",
-    "localreads.py:LocalReads.slot": "the pure-Python slot read (~390 ns): ts_units and "
+    "board/localreads.py:LocalReads.slot": "the pure-Python slot read (~390 ns): ts_units and "
                                      "word_tag inlined",
 }
 
 #: files whose hex literals are not board words, with the reason
 HEX_FILES: dict[str, str] = {
-    "protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
+    "net/protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
 }
 
 MAX_FUNCTION_LINES = 60
@@ -50,48 +56,61 @@ MAX_FUNCTION_LINES = 60
 #: length today as a ceiling: one may shrink (then lower its entry, or remove it once it
 #: fits), never grow; a new long function fails.  Split them when next touched.
 LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
-    "board.py:Board.create": 64,
-    "check.py:_check_rows": 103,
-    "cli.py:build_parser": 111,
-    "digest.py:LocalDigest.rebuild": 62,
-    "exporter.py:BoardCollector._families": 122,
-    "localwatch.py:LocalWatch._examine": 73,
+    "board/handle.py:Board.create": 64,
+    "cli/check.py:_check_rows": 103,
+    "cli/main.py:build_parser": 111,
+    "net/digest.py:LocalDigest.rebuild": 62,
+    "cli/exporter.py:BoardCollector._families": 122,
+    "agent/localwatch.py:LocalWatch._examine": 73,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_producer": 63,
 }
 
 #: the package's layers: each module (named relative to the package, "" for its
-#: ``__init__``) belongs to exactly one.  Lowest first:
+#: ``__init__``) belongs to exactly one, and each layer has a folder of its own (see
+#: FOLDERS).  Lowest first:
 #:
-#: base     vocabulary every half shares: errors, the byte and bit maps and their decoding
-#:          (layout, words, judge), statuses, settings values (config, address), clocks
-#: storage  the board: the segment, its locks, reads and writes of its rows, the worker
+#: base     the package's shared vocabulary, at its top: errors, statuses, clocks,
+#:          rate-limited logging, periodic threads, /proc and time-namespace facts
+#: board    the board (``shmhb/board/``): the byte and bit maps and their decoding
+#:          (layout, words, judge), the values stored at its doors (address, config,
+#:          records), the segment, its locks, reads and writes of its rows, the worker
 #:          and reaper APIs on it
-#: net      the network half: the wire protocol, the pinger and what it is made of
-#: agent    the host agent: the local death watch and the loop running both halves
-#: tools    operator tools: the CLI, status views, exporter, gc, check, router feeds
-#: vllm     the vLLM connector (a client of the board, like any worker)
+#: net      the network half (``shmhb/net/``): the wire protocol, the pinger and what
+#:          it is made of
+#: agent    the host agent (``shmhb/agent/``): the local death watch and the loop
+#:          running both halves
+#: testing  seams for tests (``shmhb/testing/``): the fake network, loopback hosts
+#: cli      the command and the operator tools (``shmhb/cli/``): status views,
+#:          exporter, gc, check, router feeds, the demo
+#: vllm     the vLLM connector (``shmhb/vllm/``, a client of the board like any worker)
 #: package  the package's facade (``shmhb``)
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({
-        "address", "clock", "config", "errors", "judge", "layout", "loopback", "native",
-        "periodic", "procinfo", "ratelog", "status", "timens", "version", "words",
+        "clock", "errors", "periodic", "procinfo", "ratelog", "status", "timens", "version",
     }),
-    "storage": frozenset({
-        "agentterm", "board", "boardcore", "heartbeat", "instances", "localreads", "locks",
-        "netword", "reaper", "records", "registration", "remotereads", "segment", "watchtable",
+    "board": frozenset({
+        "board", "board.address", "board.agentterm", "board.config", "board.core",
+        "board.handle", "board.heartbeat", "board.instances", "board.judge", "board.layout",
+        "board.localreads", "board.locks", "board.native", "board.netword", "board.reaper",
+        "board.records", "board.registration", "board.registrylock", "board.remotereads",
+        "board.segment", "board.watchtable", "board.words",
     }),
     "net": frozenset({
-        "badinput", "challenge", "digest", "evidence", "exchange", "faketransport",
-        "followed", "following", "frametag", "netconfig", "netstate", "netsup", "pinger",
-        "pingplan", "protocol", "responder", "rows", "sendcounter", "suspicion",
-        "transport",
+        "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
+        "net.exchange", "net.following", "net.frametag", "net.pinger", "net.plan",
+        "net.protocol", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
+        "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),
-    "agent": frozenset({"agent", "agentloop", "agentwriter", "embedded", "localwatch"}),
-    "tools": frozenset({
-        "__main__", "boardopts", "check", "cli", "demo", "events", "exporter", "feedcli",
-        "feeder", "gc", "httpserve", "instview", "monitor", "pipes", "routerapi", "screen",
-        "sdnotify", "stopsignal", "units", "view",
+    "agent": frozenset({
+        "agent", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",
+    }),
+    "testing": frozenset({"testing", "testing.loopback", "testing.network"}),
+    "cli": frozenset({
+        "__main__", "cli", "cli.boardopts", "cli.check", "cli.demo", "cli.events",
+        "cli.exporter", "cli.feed", "cli.feeder", "cli.gc", "cli.httpserve", "cli.instview",
+        "cli.main", "cli.monitor", "cli.pipes", "cli.routerapi", "cli.screen", "cli.sdnotify",
+        "cli.stopsignal", "cli.units", "cli.view",
     }),
     "vllm": frozenset({
         "vllm", "vllm.adapters", "vllm.connector", "vllm.fence", "vllm.guard", "vllm.inner",
@@ -104,12 +123,34 @@ LAYERS: dict[str, frozenset[str]] = {
 #: which layers a module of each layer may import (its own included)
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
-    "storage": frozenset({"base", "storage"}),
-    "net": frozenset({"base", "storage", "net"}),
-    "agent": frozenset({"base", "storage", "net", "agent"}),
-    "tools": frozenset({"base", "storage", "net", "agent", "tools"}),
-    "vllm": frozenset({"base", "storage", "vllm"}),
-    "package": frozenset({"base", "storage", "net", "agent"}),
+    "board": frozenset({"base", "board"}),
+    "net": frozenset({"base", "board", "net"}),
+    "agent": frozenset({"base", "board", "net", "agent"}),
+    "testing": frozenset({"base", "board", "net", "testing"}),
+    "cli": frozenset({"base", "board", "net", "agent", "testing", "cli"}),
+    "vllm": frozenset({"base", "board", "vllm"}),
+    "package": frozenset({"base", "board", "net", "agent"}),
+}
+
+#: the folder of each layer ("" for the package's top); a module lives in its layer's
+#: folder, but for TOP_LEVEL_EXCEPTIONS
+FOLDERS: dict[str, str] = {
+    "base": "", "board": "board", "net": "net", "agent": "agent", "testing": "testing",
+    "cli": "cli", "vllm": "vllm", "package": "",
+}
+
+#: modules at the package's top that belong to another layer, with the reason
+TOP_LEVEL_EXCEPTIONS: dict[str, str] = {
+    "__main__": "``python -m shmhb`` needs it there; it only calls ``shmhb.cli.main``",
+}
+
+#: third-party packages that a layer may not import (the board is read inside every
+#: worker: it must not pull in a socket library or a terminal UI)
+FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {
+    "base": frozenset({"zmq", "rich", "prometheus_client"}),
+    "board": frozenset({"zmq", "rich", "prometheus_client"}),
+    "net": frozenset({"rich", "prometheus_client"}),
+    "agent": frozenset({"rich", "prometheus_client"}),
 }
 
 #: ``module._name`` accesses that are allowed, with the reason.  Only for names of
@@ -275,6 +316,41 @@ def layer_violations(graph: dict[str, set[str]], root: str, layers: dict[str, fr
     return out
 
 
+def misplaced_modules(root: str, modules: set[str], layers: dict[str, frozenset[str]],
+                      folders: dict[str, str], exceptions: dict[str, str]) -> list[str]:
+    """``a (layer) is not in folder/`` for every module of the map that does not live in
+    its layer's folder (a module named ``f.x`` or the package ``f`` is in folder ``f``;
+    one without a dot, in the top, ""), but for ``exceptions``."""
+    out = []
+    for layer, mods in sorted(layers.items()):
+        for m in sorted(mods):
+            if m in exceptions or f"{root}.{m}".rstrip(".") not in modules:
+                continue
+            folder = m.split(".")[0] if "." in m or m in folders.values() else ""
+            if folder != folders[layer]:
+                out.append(f"{root}.{m} ({layer}) is not in {folders[layer] or 'the top'}/")
+    return out
+
+
+def third_party_imports(pkg_dir: Path, layers: dict[str, frozenset[str]],
+                        forbidden: dict[str, frozenset[str]]) -> list[str]:
+    """``file:line: imports x`` for every import (function-level ones included) of a
+    third-party package that the module's layer may not import."""
+    root = pkg_dir.name
+    where = {m: layer for layer, mods in layers.items() for m in mods}
+    out = []
+    for mod, path in _modules(pkg_dir).items():
+        short = "" if mod == root else mod[len(root) + 1:]
+        banned = forbidden.get(where.get(short, ""), frozenset())
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+                [n.module] if isinstance(n, ast.ImportFrom) and not n.level and n.module else []
+            for name in names:
+                if name.split(".")[0] in banned:
+                    out.append(f"{path.relative_to(pkg_dir)}:{n.lineno}: imports {name}")
+    return out
+
+
 def long_functions(pkg_dir: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
     """``file:qualname`` -> its length in lines (the ``def`` line to its last), for every
     function or method over ``limit`` lines, nested ones included."""
@@ -300,7 +376,7 @@ def long_functions(pkg_dir: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, 
 def _word_bit_names(pkg_dir: Path) -> frozenset[str]:
     """The bit-position constants the bit map (``words.py``) defines: *_SHIFT, *_MASK,
     *_BIT, *_BITS."""
-    path = pkg_dir / "words.py"
+    path = pkg_dir / "board/words.py"
     if not path.exists():
         return frozenset()
     names = _bound_names(path)
@@ -418,6 +494,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text(textwrap.dedent(text))
     return pkg
 
@@ -471,6 +548,33 @@ def test_layer_check_flags_upward_and_unplaced_modules(tmp_path: Path) -> None:
                    "pkg.side (side) imports pkg.top (top)"], got
 
 
+def test_folder_check_flags_a_module_outside_its_layers_folder(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {"__init__.py": "", "__main__.py": "", "top.py": "",
+                              "low/__init__.py": "", "low/a.py": "", "low/b.py": "",
+                              "high/__init__.py": "", "high/c.py": "import zmq\n"})
+    mods = set(import_graph(pkg))
+    layers = {"base": frozenset({"top"}), "low": frozenset({"low", "low.a", "high.c"}),
+              "high": frozenset({"high", "low.b", "__main__"})}
+    folders = {"base": "", "low": "low", "high": "high"}
+    got = misplaced_modules("pkg", mods, layers, folders, {"__main__": "why"})
+    assert got == ["pkg.low.b (high) is not in high/", "pkg.high.c (low) is not in low/"], got
+    got = third_party_imports(pkg, layers, {"low": frozenset({"zmq"})})
+    assert got == ["high/c.py:1: imports zmq"], got
+
+
+def test_the_real_map_refuses_a_wrong_way_import() -> None:
+    """The map itself is strict: the board importing the network half, the library
+    importing the tools or the test seams, the connector importing the agent all fail."""
+    graph = import_graph(PKG_DIR)
+    for a, b in [("board.layout", "net.protocol"), ("net.pinger", "agent.role"),
+                 ("agent.role", "cli.main"), ("net.transport", "testing.network"),
+                 ("vllm.guard", "agent.embedded"), ("", "cli.main"), ("clock", "board.layout")]:
+        bad = {m: set(d) for m, d in graph.items()}
+        bad[f"shmhb.{a}".rstrip(".")].add(f"shmhb.{b}")
+        got = layer_violations(bad, "shmhb", LAYERS, MAY_IMPORT)
+        assert len(got) == 1 and got[0].startswith(f"shmhb.{a}".rstrip(".") + " ("), (a, b, got)
+
+
 def test_function_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
     body = "    x = 1\n"
     pkg = _package(tmp_path, {
@@ -487,8 +591,8 @@ def test_function_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
 def test_decode_check_flags_hand_made_decodes(tmp_path: Path) -> None:
     pkg = _package(tmp_path, {
         "__init__.py": "",
-        "words.py": "TS_SHIFT = 20\nINC_MASK = (1 << 24) - 1\nLEFT_BIT = 1 << 39\n",
-        "layout.py": "x = 0xFF\ny = 5 >> 1\n",  # a decoder: anything goes
+        "board/words.py": "TS_SHIFT = 20\nINC_MASK = (1 << 24) - 1\nLEFT_BIT = 1 << 39\n",
+        "board/layout.py": "x = 0xFF\ny = 5 >> 1\n",  # a decoder: anything goes
         "m.py": """
             LIMIT = 1 << 16  # a number, not a decode
             MODE = 0o600
@@ -559,6 +663,17 @@ def test_imports_go_down_the_layers() -> None:
     got = layer_violations(import_graph(PKG_DIR), PKG_DIR.name, LAYERS, MAY_IMPORT)
     assert not got, ("imports against the layers (move what is shared down, or place a new "
                      "module in LAYERS):\n" + "\n".join(got))
+
+
+def test_every_module_is_in_its_layers_folder() -> None:
+    got = misplaced_modules(PKG_DIR.name, set(import_graph(PKG_DIR)), LAYERS, FOLDERS,
+                            TOP_LEVEL_EXCEPTIONS)
+    assert not got, "modules outside their layer's folder (move them):\n" + "\n".join(got)
+
+
+def test_the_lower_layers_import_neither_zmq_nor_rich() -> None:
+    got = third_party_imports(PKG_DIR, LAYERS, FORBIDDEN_THIRD_PARTY)
+    assert not got, "third-party imports a layer may not make:\n" + "\n".join(got)
 
 
 def test_no_function_over_the_limit() -> None:

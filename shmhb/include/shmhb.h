@@ -1,7 +1,7 @@
 /* shmhb.h: read (and beat into) a shmhb board from C, without Python.
  *
- * The byte map, the word packing and the judging rule of shmhb/layout.py,
- * shmhb/words.py and shmhb/judge.py, in C99 plus the GCC/Clang __atomic builtins.  Header-only; the
+ * The byte map, the word packing and the judging rule of shmhb/board/layout.py,
+ * shmhb/board/words.py and shmhb/board/judge.py, in C99 plus the GCC/Clang __atomic builtins.  Header-only; the
  * Python extension shmhb._native is built from it, and tests/test_native.py keeps every
  * #define below equal to layout.py (and compiles examples/board_status.c against it).
  * Find it with `python -c "import shmhb; print(shmhb.get_include())"`.
@@ -78,14 +78,14 @@ extern "C" {
 #define SHMHB_HDR_CFG_INTERVAL_NS 1224
 #define SHMHB_HDR_CFG_CHECKSUM 1232
 #define SHMHB_HDR_CFG_BUDGET_MPPS 1240
-/* the agent's network half, written by the role holder (shmhb/netstate.py): judge by
+/* the agent's network half, written by the role holder (shmhb/net/state.py): judge by
  * NET_STATE alone; the other fields are details checksummed with it (NET_CK) */
 #define SHMHB_HDR_NET_STATE 1280
 #define SHMHB_HDR_NET_GEN 1288
 #define SHMHB_HDR_NET_LISTEN 1296
 #define SHMHB_HDR_NET_ERROR 1360
 #define SHMHB_HDR_NET_CK 1616
-/* the role holder's reservation of ping nonces and push seqs (shmhb/sendcounter.py) */
+/* the role holder's reservation of ping nonces and push seqs (shmhb/net/sendcounter.py) */
 #define SHMHB_HDR_NET_COUNTER 2048
 
 /* slot words: one 64-byte line per slot at slot_off + i * SHMHB_SLOT_BYTES */

@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorRole, SupportsHMA,
 )
 
-from ..board import Board
+from ..board.handle import Board
 from ..errors import ShmhbError
 from .adapters import adapter_class, adapter_for
 from .guard import WorkerGuard

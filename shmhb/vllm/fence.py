@@ -43,7 +43,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from .. import address
+from ..board import address
 from ..errors import InvalidConfig
 from ..ratelog import RateLimitedLog
 

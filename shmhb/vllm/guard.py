@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any
 
-from ..board import Board
-from ..reaper import DropReason, Link, LinkReaper
+from ..board.handle import Board
+from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
 from .inner import InnerAdapter
@@ -74,7 +74,7 @@ class WorkerGuard:
         self.hb = hb.start(self.settings.beat_interval_s)
         register_engine_instance(self.board, hb, eps, (dp, tp, pp),
                                  role_of(a.produces(), a.consumes()), self.engine_id,
-                                 self.settings)  # for routers (shmhb.instances)
+                                 self.settings)  # for routers (shmhb.board.instances)
         self.reaper = LinkReaper(self.board, self._on_drop, drop_suspect=self.settings.act_on_suspect)
         self.adapter.install(self)
         log.info("shmhb: %s registered on board %s (incarnation %d, endpoints %s)",

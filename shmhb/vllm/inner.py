@@ -32,7 +32,7 @@ import concurrent.futures
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
-from ..config import format_hostport, parse_hostport
+from ..board.config import format_hostport, parse_hostport
 
 
 class Hooks(Protocol):

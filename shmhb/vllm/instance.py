@@ -1,4 +1,4 @@
-"""The instance slot a vLLM engine registers for routers (``shmhb.instances``): called by
+"""The instance slot a vLLM engine registers for routers (``shmhb.board.instances``): called by
 ``WorkerGuard.register`` once the rank's own slot is up.
 
 One rank per engine registers it: the rank that runs the engine's KV bootstrap server
@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import format_hostport, parse_hostport
+from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
-from ..instances import register_instance
+from ..board.instances import register_instance
 from .settings import ConnectorSettings, engine_prefix
 
 log = logging.getLogger(__name__)

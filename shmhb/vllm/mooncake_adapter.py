@@ -8,7 +8,7 @@ import concurrent.futures
 import contextvars
 from typing import Any
 
-from ..config import format_hostport, parse_hostport
+from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from .inner import Hooks, InnerAdapter, zmq_hostport
 from .mooncake_pulls import SUPPORTED_VLLM, Ledger, needs, vllm_release

@@ -54,7 +54,7 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from ..config import format_hostport, parse_hostport
+from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from .inner import Hooks, InnerAdapter
 from .mooncake_pulls import SUPPORTED_VLLM, vllm_release

@@ -8,9 +8,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..address import check_endpoint
+from ..board.address import check_endpoint
 from ..errors import InvalidAddress, InvalidConfig
-from ..layout import KEY_BYTES
+from ..board.layout import KEY_BYTES
 
 #: what a consumer does with a request whose producer engine the board reports gone
 ON_DEAD_PEER = ("recompute", "fail")
@@ -26,7 +26,7 @@ class ConnectorSettings:
     drop (off by default: a flap must not fail requests).  ``grant_timeout_s``: how
     long a producer waits for its consumer's go-ahead before it gives the write up.
     ``serving_url``: the engine's API server as routers reach it (``http://host:port``),
-    recorded in its instance slot for ``shmhb feed`` (shmhb.instances)."""
+    recorded in its instance slot for ``shmhb feed`` (shmhb.board.instances)."""
 
     inner: dict[str, Any]
     board: str | None = None

@@ -34,7 +34,7 @@ from typing import Any
 
 import zmq
 
-from shmhb.protocol import Ack, DigestEntry, Identity, Ping, Push, decode, encode_ack, encode_ping, encode_push
+from shmhb.net.protocol import Ack, DigestEntry, Identity, Ping, Push, decode, encode_ack, encode_ping, encode_push
 
 ALIVE = 1
 
@@ -164,7 +164,7 @@ def _shmhb(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
 
 def badconfig(variant: str, ip: str, port: int, tmp: str) -> dict[str, Any]:
     import shmhb
-    from shmhb.netconfig import store_config
+    from shmhb.net.settings import store_config
 
     name = f"shmhb-chaos-bad-{uuid.uuid4().hex[:8]}"
     board = shmhb.Board.create(name, slots=8)

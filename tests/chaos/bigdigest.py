@@ -46,7 +46,7 @@ def _until(pred: Any, timeout_s: float, what: str) -> None:
 
 def big_digest(ip_a: str, ip_b: str) -> dict[str, Any]:
     import shmhb
-    from shmhb.loopback import free_port
+    from shmhb.testing.loopback import free_port
 
     policy = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5, peer_suspect_after_s=0.5,
                           peer_dead_after_s=1.5)

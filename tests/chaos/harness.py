@@ -35,10 +35,11 @@ from typing import Any
 import zmq
 
 import shmhb
-from shmhb import Board, LinkReaper, locks
-from shmhb.check import check_rows
-from shmhb.layout import LOCK_REGISTRY
-from shmhb.protocol import Ack, Identity, encode_ack
+from shmhb import Board, LinkReaper
+from shmhb.board import locks
+from shmhb.cli.check import check_rows
+from shmhb.board.layout import LOCK_REGISTRY
+from shmhb.net.protocol import Ack, Identity, encode_ack
 
 from ..conftest import ROOT, Procs
 from ..hosts import Cluster, Host, NetNs, netns_unavailable

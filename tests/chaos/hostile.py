@@ -27,8 +27,8 @@ from typing import Any
 
 import zmq
 
-from shmhb.layout import watch_checksum
-from shmhb.protocol import Ack, Identity, Ping, decode, encode_ping
+from shmhb.board.layout import watch_checksum
+from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from ..conftest import ROOT
 from .invariants import NS, now_ns

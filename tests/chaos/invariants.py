@@ -48,7 +48,7 @@ Checks (``Checker``), and how each case is modelled:
   stopped past dead-after, or a host whose agent was gone that long, is legitimately dead
   to its watchers, and its links go.  The harness re-tracks (re-handshakes) after a drop:
   a new incarnation at once, the same one once the observer reads it ALIVE again.
-* **No torn or invalid row** (``shmhb.check.check_rows``, which ``shmhb gc``
+* **No torn or invalid row** (``shmhb.cli.check.check_rows``, which ``shmhb gc``
   uses too): every registered slot's record has a valid checksum and the incarnation its
   heartbeat word names; the agent's two words name the same term; every peer and remote row with a non-zero checksum has a valid one, and its
   status word (and rtt word) carries the row's generation; remote rows point at a live
@@ -71,8 +71,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shmhb import Board, Status
-from shmhb.check import Finding
-from shmhb.layout import INC_SHIFT, TS_SHIFT, inc_tag
+from shmhb.cli.check import Finding
+from shmhb.board.layout import INC_SHIFT, TS_SHIFT, inc_tag
 
 from .schedule import Timing
 
@@ -269,8 +269,8 @@ class View:
 
 
 def read_view(board: Board, host_of_ip: dict[str, int]) -> View:
-    from shmhb.config import parse_hostport
-    from shmhb.judge import judge_local
+    from shmhb.board.config import parse_hostport
+    from shmhb.board.judge import judge_local
 
     t = now_ns()
     a = board.agent()

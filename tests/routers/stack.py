@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import shmhb
-from shmhb.loopback import child_env, free_port
+from shmhb.testing.loopback import child_env, free_port
 
 #: the tightest health check the routers take (the issue's "tuned" column)
 TUNED = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",

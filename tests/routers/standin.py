@@ -18,7 +18,7 @@ It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
   from the prefill's ``/kv`` first; a failed or timed-out fetch is HTTP 500.
 
 It registers on its host's board the way ``ShmhbConnector`` does: its rank slot
-``vllm/<engine>/dp0/tp0/pp0`` and its instance slot (``shmhb.instances.register_instance``)
+``vllm/<engine>/dp0/tp0/pp0`` and its instance slot (``shmhb.board.instances.register_instance``)
 with its serving and bootstrap addresses, then prints ``ready``.  Every request it
 takes is logged as a line ``<CLOCK_MONOTONIC ns> <path>`` to ``--log`` (a prefill also
 logs ``/kv`` for each KV fetch it served) (the bench's
@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import shmhb
-from shmhb.instances import register_instance
+from shmhb.board.instances import register_instance
 
 KV_TIMEOUT_S = 3.0
 

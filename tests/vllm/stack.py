@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from tests.conftest import ROOT, wait_until
-from shmhb.loopback import free_port
+from shmhb.testing.loopback import free_port
 from tests.hosts import Cluster
 
 import shmhb

@@ -12,7 +12,7 @@ require_vllm()
 
 import shmhb  # noqa: E402
 from shmhb.errors import InvalidConfig  # noqa: E402
-from shmhb.instances import board_instances  # noqa: E402
+from shmhb.board.instances import board_instances  # noqa: E402
 from shmhb.vllm.instance import register_engine_instance, role_of, routable_bootstrap  # noqa: E402
 from shmhb.vllm.settings import ConnectorSettings, rank_key  # noqa: E402
 

@@ -1,0 +1,138 @@
+"""One read of a whole board, as the node monitor's commands use it.
+
+``read_view`` takes everything an operator's view needs from the board in one pass
+(local slots, the agent, remote hosts, counters) and freezes it into a ``View``: the
+table, the live view, the event stream and the Prometheus exporter all work from Views,
+so each refresh or scrape reads the board exactly once, lock-free (``agent_held`` is the
+one syscall).  ``events.diff`` compares two Views; it never touches a board.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ..board.handle import Board
+from ..board.config import Policy
+from ..status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
+
+BAD_PREFIX = "bad_"
+NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
+NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
+
+#: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 1, 0).
+#: EXIT_OK also when no worker is registered or every one left and no agent runs because
+#: none ever ran or it left cleanly: an empty board is not an error.
+EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
+EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
+EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli.main)
+EXIT_NO_OBSERVER = 3  # no running agent: none ever ran, its holder is gone, stalled or left
+EXIT_NETWORK = 4  # the configured network half is not working (degraded: see the reason)
+#: Version of ``shmhb status --json``: bumped when a field changes meaning or goes away
+#: (new fields may appear without a bump).
+STATUS_SCHEMA = 1
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(key: str) -> tuple[object, ...]:
+    """Sort key that puts ``rank-2`` before ``rank-10``."""
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(key))
+
+
+@dataclass(frozen=True)
+class View:
+    """A board as seen at wall-clock time ``t`` (seconds since the epoch).
+
+    ``t`` is for display and event times only; every age inside comes from the board's
+    monotonic clock (invariant 3), so a wall-clock jump never changes a verdict.
+    """
+
+    t: float
+    slots: tuple[SlotStatus, ...] = ()
+    agent: AgentStatus = NO_AGENT
+    peers: tuple[PeerStatus, ...] = ()
+    board: str = ""
+    agent_held: bool = False
+    stats: Mapping[str, int] = field(default_factory=dict)
+    lateness_ms: float = 0.0
+    policy: Policy | None = None
+    network: NetworkStatus = NO_NETWORK
+
+    def bad_frames(self) -> dict[str, int]:
+        """Bad-frame counters by reason (``bad_auth`` -> ``auth``)."""
+        return {k[len(BAD_PREFIX):]: v for k, v in self.stats.items() if k.startswith(BAD_PREFIX)}
+
+    def unhealthy(self) -> list[SlotStatus]:
+        """Local slots that are neither alive nor left (what makes ``status`` exit 1)."""
+        return [s for s in self.slots if s.status not in (Status.ALIVE, Status.LEFT)]
+
+    def agent_problem(self) -> str | None:
+        """Why no agent observes this board now (None: one runs and holds the role).
+        The agent part of ``health``, and all that ``status --agent-only`` (the pinger's
+        liveness probe) and the exporter's ``/readyz`` ask."""
+        a = self.agent
+        if a.status is Status.UNKNOWN:
+            return ("no agent has run on this board: deaths are not detected; start "
+                    "`shmhb pinger` or register a worker")
+        if a.status is Status.LEFT:
+            return ("the agent left and no process holds the role" if not self.agent_held
+                    else "the agent role is changing hands")
+        if a.status is not Status.ALIVE:
+            return ("the agent is stalled (role still held)" if self.agent_held
+                    else "the agent is gone; no standby took over")
+        if not self.agent_held:
+            return "the agent is gone (role not held)"
+        return None
+
+    def health(self) -> tuple[int, list[str]]:
+        """``shmhb status``'s exit code (``EXIT_*``) and the problems behind it, worst
+        first.  The one place that decides it, for the text and the JSON alike."""
+        problems: list[tuple[int, str]] = []
+        a = self.agent
+        # No worker, or every one left: nothing to watch, so a board whose agent never
+        # ran or left cleanly is not unhealthy (an agent that died or stalled still is).
+        quiet = all(s.status is Status.LEFT for s in self.slots)
+        agent = self.agent_problem()
+        if agent is not None and not (quiet and (a.status is Status.UNKNOWN or (
+                a.status is Status.LEFT and not self.agent_held))):
+            problems.append((EXIT_NO_OBSERVER, agent))
+        n = self.network
+        if not n.working:
+            why = n.reason or "unknown reason"
+            problems.append((EXIT_NETWORK, f"the network half is degraded ({why})"
+                             + (f": {n.error}" if n.error else "")))
+        for p in self.peers:
+            if p.auth_failing:
+                problems.append((EXIT_NETWORK, f"host {p.address}: authentication fails "
+                                 f"({p.auth_failures} frame(s) refused), so it reads "
+                                 f"{p.status.value} whether or not it runs: give both hosts "
+                                 "the same --secret-file (or each the other's CURVE key)"))
+        bad = self.unhealthy()
+        if bad:
+            problems.append((EXIT_SLOTS, f"{len(bad)} local slot(s) not healthy: "
+                             + ", ".join(f"{s.key} {s.status.value}" for s in bad[:8])
+                             + (" ..." if len(bad) > 8 else "")))
+        order = (EXIT_NO_OBSERVER, EXIT_NETWORK, EXIT_SLOTS)
+        problems.sort(key=lambda p: order.index(p[0]))
+        return (problems[0][0] if problems else EXIT_OK), [m for _, m in problems]
+
+
+def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
+    """Read ``board`` once into a View (slots and each host's workers in natural key
+    order, hosts by address)."""
+    peers = tuple(p._replace(slots=sorted(p.slots, key=lambda s: natural_key(s.key)))
+                  for p in board.peers())
+    return View(
+        t=wall(),
+        slots=tuple(sorted(board.slots(), key=lambda s: natural_key(s.key))),
+        agent=board.agent(),
+        peers=peers,
+        board=board.name,
+        agent_held=board.agent_held(),
+        stats=board.stats(),
+        lateness_ms=board.lateness_ms(),
+        policy=board.policy,
+        network=board.network(),
+    )

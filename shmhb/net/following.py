@@ -1,0 +1,190 @@
+"""Which hosts the pinger follows: the watch table read through the address door, one
+connection per followed host, rows adopted or freed, the ping plan kept in step.
+
+An object the network half (``pinger.NetworkHalf``) constructs and owns, given its
+collaborators: the board, the transport, the row writer, the agent's words, the ping
+plan, the outstanding pings and the rate-limited log.  It owns the followed set
+(``targets``, by address and by routing id), the hosts skipped, and those whose
+connection is down; the half reads them.  A stored watch
+that fails the door (an older version let it in) or a host that cannot be connected to
+(no CURVE key for it, an address ZMQ refuses) is skipped, reported in ``skipped`` (the
+network half reads degraded) and tried again every ``SKIP_RETRY_NS``; never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..board.handle import Board
+from ..board.config import DEFAULT_PORT, format_hostport, parse_hostport
+from ..errors import InvalidConfig, LockTimeout
+from .evidence import host_ip
+from .exchange import OutstandingPings
+from .target import Target
+from .state import AgentWords, NetReason
+from .plan import MIN_PINGS_PER_WINDOW, PingPlan
+from ..ratelog import RateLimitedLog
+from .rowwriter import RowWriter
+from .suspicion import PeerState
+from .transport import HostSkipped, Transport
+
+log = logging.getLogger("shmhb.net.pinger")
+
+SKIP_RETRY_NS = 5 * 10**9
+
+
+class Following:
+    """The followed hosts of one network half."""
+
+    def __init__(self, board: Board, net: Transport, rows: RowWriter, writer: AgentWords,
+                 plan: PingPlan, outstanding: OutstandingPings, ratelog: RateLimitedLog,
+                 me: str) -> None:
+        """``me``: the half's listen address ("host:port"); the rest are the half's
+        collaborators, shared with it (``rows`` writes the peer and remote rows,
+        ``writer.changed()`` tells readers the board changed)."""
+        self.b = board
+        self.net = net
+        self.rows = rows
+        self.w = writer
+        self.plan = plan
+        self.outstanding = outstanding
+        self._ratelog = ratelog
+        self.address = me
+        self.host, self.port = parse_hostport(me)
+        self.targets: dict[str, Target] = {}
+        self.by_rid: dict[bytes, Target] = {}
+        self.skipped: dict[str, tuple[NetReason, str]] = {}  # address -> (reason, why)
+        self.down: set[str] = set()  # targets whose connection is down: retried every tick
+        self._states: list[PeerState] | None = None  # the targets' verdict states, cached
+        self._adopted = rows.adopt_peers()  # rows an earlier holder left: address -> row
+        self._watch_gen = -1
+        self._next_reclaim_ns = 0
+        self._next_skip_retry_ns = 0
+
+    def states(self) -> list[PeerState]:
+        """The followed hosts' verdict states (rebuilt only when the set changes)."""
+        if self._states is None:
+            self._states = [t.state for t in self.targets.values()]
+        return self._states
+
+    def _desired(self) -> tuple[set[str], dict[str, tuple[NetReason, str]]]:
+        """Pinger addresses to follow: watched hosts, at the cluster's pinger port
+        unless ``--peer`` gave that host another one; and the stored watches that do not
+        pass the address door (an older version let them in), skipped, never fatal."""
+        ports: dict[str, int] = {}
+        bad: dict[str, tuple[NetReason, str]] = {}
+        try:
+            watched = self.b.watched_hosts()
+            refused = self.b.refused_watches()
+        except (UnicodeError, ValueError) as e:  # a row that does not even decode
+            bad["(watch table)"] = (NetReason.ADDRESS, f"unreadable watch row: {e}")
+            return set(self.targets), bad
+        for text in refused:
+            bad[text] = (NetReason.ADDRESS, f"stored watch address {text!r} is not valid "
+                         "(written by an older shmhb?); unwatch it")
+        specs = sorted(watched, key=lambda sp: ":" not in sp.split("]")[-1])
+        for spec in specs:  # explicit host:port (from --peer) first: they win
+            try:
+                host, p = parse_hostport(spec, default_port=self.port or DEFAULT_PORT)
+            except InvalidConfig as e:
+                bad[spec] = (NetReason.ADDRESS, str(e))
+                continue
+            ports.setdefault(host, p)
+        out = {format_hostport(h, p) for h, p in ports.items()}
+        out.discard(self.address)
+        return out, bad
+
+    def _skip(self, address: str, reason: NetReason, why: str) -> None:
+        self.skipped[address] = (reason, why)
+        self._ratelog.warn(f"skip:{reason.label}", "pinger: not following %s: %s", address, why)
+
+    def _add_target(self, address: str, now_ns: int) -> None:
+        host, port = parse_hostport(address)
+        rid = b"shmhb:" + address.encode()
+        try:
+            endpoint = self.net.connect(self.host, host, port, rid)
+        except HostSkipped as e:
+            self._skip(address, e.reason, str(e))
+            return
+        self.skipped.pop(address, None)
+        adopted = self._adopted.pop(address, None)
+        if adopted is not None:
+            row, gen = adopted
+            remotes = self.rows.adopt_remotes(row, gen)
+        else:
+            got = self.rows.new_peer(address)
+            if got is None:
+                self.net.disconnect(endpoint)
+                return
+            row, gen = got
+            remotes = {}
+        t = Target(address, host.lower(), rid, endpoint, PeerState(address), row, gen,
+                    now_ns, remotes=remotes, ip=host_ip(host))
+        self.targets[address] = t
+        self.by_rid[rid] = t
+        # what we know of it is nothing yet, whatever an earlier holder wrote there
+        self.rows.peer_status(row, gen, t.state.status, 0)
+        log.info("pinger: following %s", address)
+
+    def _drop_target(self, address: str) -> None:
+        t = self.targets.pop(address)
+        self.by_rid.pop(t.rid, None)
+        self.net.disconnect(t.endpoint)
+        self.outstanding.drop_peer(address)
+        self.down.discard(address)
+        for held in t.remotes.values():
+            self.rows.free_remote(held.row)
+        self.rows.free_peer(t.row)
+        self.w.changed()
+        log.info("pinger: no longer following %s", address)
+
+    def reconcile(self, now_ns: int) -> None:
+        """Follow what the watch table asks for now: add and drop targets, free the rows
+        of hosts nobody follows, replan.  Cheap when the table has not changed."""
+        if now_ns >= self._next_reclaim_ns:  # watches of processes that died unwatching
+            self._next_reclaim_ns = now_ns + 1_000_000_000
+            try:
+                # Never wait for the registry lock here: its holder may be stopped, and
+                # every second of waiting is a second nobody watches this host (5 s, and
+                # the LockTimeout killed the agent).  Dead processes' watches can wait.
+                self.b.reclaim_watches(timeout_s=0.005)
+            except LockTimeout:
+                self._ratelog.warn("reclaim", "pinger: registry lock busy; watches of dead "
+                                   "processes are dropped later")
+            except OSError as e:  # EMFILE reading /proc: later
+                self._ratelog.warn("reclaim-os", "pinger: cannot check watch owners: %s", e)
+        rg = self.b.words[self.b.reg_gen_index]
+        if self.skipped and now_ns >= self._next_skip_retry_ns:
+            self._next_skip_retry_ns = now_ns + SKIP_RETRY_NS
+            self._watch_gen = -1  # try the skipped hosts again (a key may have appeared)
+        if rg == self._watch_gen:
+            return
+        self._watch_gen = rg
+        want, bad = self._desired()
+        # hosts skipped at connect stay skipped while wanted; bad stored rows are
+        # recomputed from the watch table on every pass
+        self.skipped = {a: v for a, v in self.skipped.items() if a in want}
+        for a, (reason, why) in bad.items():
+            self._skip(a, reason, why)
+        for a in list(self.targets):
+            if a not in want:
+                self._drop_target(a)
+        for a in sorted(want - set(self.targets)):
+            self._add_target(a, now_ns)
+        self._replan(now_ns)
+        for a, (row, _gen) in list(self._adopted.items()):
+            if a not in want:  # rows of hosts nobody follows any more
+                for held in self.rows.adopt_remotes(row, _gen).values():
+                    self.rows.free_remote(held.row)
+                self.rows.free_peer(row)
+                del self._adopted[a]
+
+    def _replan(self, now_ns: int) -> None:
+        self._states = None
+        before = (self.plan.hosts, self.plan.interval_ns)
+        self.plan.set_hosts(self.targets, now_ns)
+        if self.plan.hosts and (self.plan.hosts, self.plan.interval_ns) != before:
+            log.info("pinger: %d hosts, each pinged every %.2f s (%.0f pings/s; budget %g%s)",
+                     self.plan.hosts, self.plan.interval_ns / 1e9, self.plan.rate_pps,
+                     self.plan.budget_pps, ", exceeded to give each host %d pings per dead-after "
+                     "window" % MIN_PINGS_PER_WINDOW if self.plan.over_budget else "")

@@ -1,0 +1,440 @@
+"""The network half of the host agent: one ZMQ pinger per host.
+
+It pings the pinger of every host that local processes watch (or that ``--peer``
+names), answers the pings of others with a digest of this host's slots, writes what it
+learns into the board's peer and remote tables, and pushes local deaths, leaves and
+restarts at once to the hosts that watch us.  The wire format is ``shmhb.net.protocol``;
+verdicts on hosts are decided by ``shmhb.net.suspicion``; table writes by ``shmhb.net.rowwriter``;
+sockets by ``shmhb.net.transport``; settings by ``shmhb.net.settings``.  ``shmhb.net.supervisor`` runs
+it inside the agent loop, records its state and restarts it after a failure.
+
+Sockets: one ROUTER bound to the listen address answers pings and sends pushes back over
+the connection each watcher opened; one more ROUTER, connected to every followed host
+under a routing id of our choosing (CONNECT_ROUTING_ID), sends our pings and receives
+acks and pushes.  Two sockets whatever the number of hosts, so one wake-up of the loop
+costs the same for 2 hosts or 256.
+
+One NetworkHalf is one run with one set of settings: it is built with them (raising
+``NetDown`` if it cannot run as configured: it never runs with less security than
+configured) and replaced by a new one when they change.
+
+Bounds: what a followed host may speak for is ``shmhb.net.target``; a push never creates
+a row for a key the last full ack did not list; at most ``MAX_DIGEST_ENTRIES`` rows per
+host; incoming frames cost at most ``DRAIN_BUDGET_NS`` per wake-up and
+``INTAKE_PER_TICK_NS`` per tick.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import zmq
+
+from .badinput import BadInput
+from ..board.handle import Board
+from ..clock import Clock
+from ..board.config import PingerConfig, parse_hostport
+from ..errors import InvalidConfig
+from .settings import configure_from_args, load_config, read_secret, store_config  # re-exported
+from .state import AgentWords, NetDown, NetReason
+from .exchange import OutstandingPings, ReplayGuard, is_goodbye
+from .protocol import (
+    MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ping,
+)
+# _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
+from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
+from .challenge import advertised, capable, echoed, issue, new_challenge
+from .evidence import counts_as_evidence
+from .target import Target, confirm_now, own_endpoints, speaks_for_another
+from .following import Following
+from ..board.layout import row_code, units_to_ns
+from .plan import PingPlan
+from ..ratelog import RateLimitedLog
+from .rowwriter import RowWriter
+from .sendcounter import COUNTER_WORD, SendCounter
+from ..status import Status
+from .suspicion import Suspicion
+from .transport import Transport, TransportFactory, recv_routed
+
+log = logging.getLogger(__name__)
+
+_RETRY_NS = 50_000_000  # ping retry period while a host's connection is down
+
+
+#: Time the network half may spend on incoming frames between two ticks (a flood costs
+#: at most this share of a core: 5 % at the default 100 ms tick).
+INTAKE_PER_TICK_NS = 5_000_000
+
+
+class NetworkHalf:
+    """The pinger, as a component of the agent loop (see ``shmhb.agent.role``), for settings
+    generation ``cfg_gen``.  Raises ``NetDown`` if it cannot run as configured; what it
+    made by then is closed."""
+
+    def __init__(self, board: Board, writer: AgentWords, clock: Clock, cfg_gen: int,
+                 cfg: PingerConfig, *, transport: TransportFactory = Transport) -> None:
+        self.b = board
+        self.w = writer
+        self.clock = clock
+        self.cfg_gen = cfg_gen
+        self.cfg = cfg
+        assert cfg.listen, "no network half without a listen address"
+        self.secret: bytes | None = None
+        self.plain = not cfg.curve_keys and not cfg.secret_file  # frames unauthenticated
+        if cfg.secret_file:
+            try:
+                self.secret = read_secret(cfg.secret_file)
+            except InvalidConfig as e:
+                raise NetDown(NetReason.SECRET, str(e)) from None
+        self.address = cfg.listen
+        self.host, self.port = parse_hostport(cfg.listen)
+        self.rows = RowWriter(board)
+        self.identity = Identity(board.boot_id, board.board_inc)
+        self.net = transport(cfg.curve_keys)
+        try:
+            self.router: zmq.Socket[bytes] | None = self.net.listen(self.host, self.port)
+        except BaseException:
+            self.net.close()
+            raise
+        self.client: zmq.Socket[bytes] | None = None
+        self.pollables_gen = 0  # moves whenever the set of sockets to poll changes
+        self._intake_ns = 0  # time spent on incoming frames since the last tick
+        self._muted = False
+        self._linger_ms = 0  # a goodbye was sent: let close() flush it (see leave)
+        self.outstanding = OutstandingPings()
+        self.push_guard = ReplayGuard()
+        self.suspicion = Suspicion(board.thresholds, late_ns=int(0.25e9))
+        self.plan = PingPlan(cfg.ping_budget_pps, int(cfg.interval_s * 1e9),
+                             units_to_ns(board.thresholds.peer_dead), me=cfg.listen)
+        self._next_expire_ns = 0
+        # nonces and push seqs: one counter that only grows per board identity
+        self.counter = SendCounter(board.words, COUNTER_WORD)
+        self._nonce = 0
+        self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
+        self.following = Following(board, self.net, self.rows, writer, self.plan,
+                                   self.outstanding, self._ratelog, cfg.listen)
+        self.bad_input = BadInput(writer, self.rows, self.following.targets, self._ratelog)
+        assert self.router is not None
+        self.responder = Responder(board, self.router, self.identity, self.address,
+                                   self.secret, self.suspicion, clock, writer.count,
+                                   self.bad_input.bad, self.bad_input.rate_log,
+                                   self._inbound_evidence, self.bad_input.bad_auth_ping,
+                                   counter=self.counter)
+        log.info("pinger settings applied: listen %s, interval %.3f s, budget %g pings/s, auth %s",
+                 cfg.listen, cfg.interval_s, cfg.ping_budget_pps,
+                 "hmac" if self.secret else "curve" if cfg.curve_keys else "none")
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The followed hosts by address (``Following``'s)."""
+        return self.following.targets
+
+    @property
+    def skipped(self) -> dict[str, tuple[NetReason, str]]:
+        """Hosts not followed, with why (``Following``'s): the half reads degraded."""
+        return self.following.skipped
+
+    def _inbound_evidence(self, msg: Ping, now_ns: int, source: str | None) -> bool:
+        """A followed host's own ping as evidence that its pinger runs, if
+        ``shmhb.net.evidence`` says it counts (the responder calls this for each ping).
+        Returns whether it is that host's own (authenticated, or echoing a challenge of
+        ours: ``shmhb.net.challenge``); the responder keeps such watchers apart."""
+        t = self.targets.get(msg.address)
+        if t is None:
+            return False
+        authenticated = self.secret is not None or bool(self.cfg.curve_keys)
+        if authenticated:
+            self.rows.peer_auth(t.row, t.gen, False)  # its ping passed authentication
+        elif msg.challenge and msg.identity == t.identity:
+            t.their_challenge = msg.challenge  # echoed in our next pings to it
+        ours = authenticated or echoed(t.issued, msg.echo)
+        if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
+                                  last_nonce=t.evidence_nonce, me=self.identity,
+                                  my_gen=advertised(self.responder.digest.gen), echoed=ours):
+            return ours
+        t.evidence_nonce = msg.nonce
+        self.w.count("pings_evidence")
+        old = self.suspicion.on_evidence(t.state, now_ns)
+        if old is not None:  # as in _on_ack: pings sent before it was back measure nothing
+            t.rtt_from_nonce = self.counter.peek()
+            self.rows.clear_rtt(t.row)
+        self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
+        self.plan.evidence(t.address, now_ns)
+        if old is not None:
+            log.info("pinger: host %s %s -> alive (its own ping)", t.address, old.value)
+            self.w.changed()
+        return True
+
+    # -- Component interface ----------------------------------------------------------------
+
+    def pollables(self) -> list[zmq.Socket[bytes] | int]:
+        # The listen socket is not polled: pings to us are answered once per tick, all
+        # that came in since the last one together (see tick); nor is the client once
+        # the intake of this tick is spent (see on_ready).
+        return [self.client] if self.client is not None and not self._muted else []
+
+    def on_ready(self, what: zmq.Socket[bytes] | int, now_ns: int) -> None:
+        t0 = self.clock.monotonic_ns()
+        if what is self.router:
+            self.responder.drain(now_ns)
+        elif what is self.client:
+            self._drain_client(now_ns)
+        # Bounded per tick, not only per wake-up (a flooded socket stays readable):
+        # past INTAKE_PER_TICK_NS the sockets leave the poll until the next tick and
+        # frames wait in ZMQ's queue (then TCP pushes back on the flooder).
+        self._intake_ns += self.clock.monotonic_ns() - t0
+        if self._intake_ns >= INTAKE_PER_TICK_NS and not self._muted:
+            self._muted = True
+            self.pollables_gen += 1
+            self.w.count("intake_muted")
+
+    def tick(self, now_ns: int, late_ns: int) -> None:
+        self._intake_ns = 0
+        if self._muted:
+            self._muted = False
+            self.pollables_gen += 1
+        self.responder.drain(now_ns)  # pings to us: answered once per tick, all together
+        f = self.following
+        f.reconcile(now_ns)
+        if self.client is None and f.targets:  # the first host followed: poll its socket
+            self.client = self.net.client
+            self.pollables_gen += 1
+        self.flush(now_ns)
+        for st, old, new in self.suspicion.tick(f.states(), now_ns):
+            t = self.targets[st.address]
+            log.info("pinger: host %s %s -> %s", t.address, old.value, new.value)
+            self.rows.peer_status(t.row, t.gen, new, st.last_ack_ns)
+            self.w.changed()
+        # Turns come from the plan (the budget, phased: see shmhb.net.plan).  A turn
+        # counts as a ping for the verdict even if the host's connection is down.
+        for a in self.plan.due(now_ns):
+            due = self.targets.get(a)
+            if due is not None:
+                self.suspicion.on_ping(due.state)
+                self._ping(due, now_ns)
+        # No connection to its pinger: silence accrues as usual; we try again every
+        # tick (a failed send costs no message), so a restarted pinger is confirmed at once.
+        for a in list(f.down):
+            down = self.targets.get(a)
+            if down is None:
+                f.down.discard(a)
+            elif now_ns >= down.next_ping_ns:
+                self._ping(down, now_ns)
+        if now_ns >= self._next_expire_ns:  # once a second: O(watchers)
+            self._next_expire_ns = now_ns + 1_000_000_000
+            self.responder.expire(now_ns - 3 * units_to_ns(self.b.thresholds.peer_dead))
+
+    # -- pings and acks -------------------------------------------------------------------
+
+    def _ping(self, t: Target, now_ns: int) -> bool:
+        """Send one ping; False if the host's connection is down (nothing is queued)."""
+        self._nonce = self.counter.next()
+        # Without authentication, a challenge for it to echo (only to a host whose acks
+        # say it decodes one, and plain v1 after an unanswered ping: shmhb.net.challenge).
+        ch = new_challenge() if t.capable and t.answered and self.plain else 0
+        frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
+                                 t.identity, ch, t.their_challenge if ch else 0), self.secret)
+        c = self.client
+        assert c is not None
+        try:
+            c.send(t.rid, _MORE)
+            c.send(frame, _NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                raise
+            t.next_ping_ns = now_ns + _RETRY_NS
+            if t.reachable:
+                t.reachable = False
+                self.following.down.add(t.address)
+                log.info("pinger: no connection to %s; retrying every tick", t.address)
+            return False
+        if not t.reachable:
+            t.reachable = True
+            self.following.down.discard(t.address)
+            log.info("pinger: connection to %s is back", t.address)
+        self.outstanding.add(t.address, self._nonce, now_ns)
+        t.answered = False
+        if ch:
+            t.issued = issue(t.issued, ch)
+        self.w.count("pings_sent")
+        return True
+
+    def _drain_client(self, now_ns: int) -> None:
+        c = self.client
+        assert c is not None
+        deadline = self.clock.monotonic_ns() + DRAIN_BUDGET_NS
+        for n in range(_RECV_BATCH):
+            if not int(c.getsockopt(zmq.EVENTS)) & _POLLIN:
+                return  # drained (cheaper than letting recv raise Again)
+            if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
+                self.w.count("drain_budget_spent")
+                return  # the rest waits for the next wake-up, after the local watch
+            rid, frame, _ = recv_routed(c)
+            t = self.following.by_rid.get(rid) if frame is not None else None
+            if t is None or frame is None:  # not [routing id of a host we follow, frame]
+                self.bad_input.bad("malformed", "client")
+                continue
+            try:
+                msg = decode(frame, self.secret)
+            except FrameRejected as e:
+                self.bad_input.bad(e.reason, t.address)
+                continue
+            if isinstance(msg, Ack):
+                self._on_ack(t, msg, now_ns)
+            elif isinstance(msg, Push):
+                self._on_push(t, msg, now_ns)
+            else:
+                self.bad_input.bad("type", t.address)
+
+    def _on_ack(self, t: Target, a: Ack, now_ns: int) -> None:
+        sent = self.outstanding.take(t.address, a.nonce)
+        if sent is None:
+            self.bad_input.bad("unsolicited", t.address)  # replayed, duplicated or never asked for
+            return
+        if speaks_for_another(t, a.identity, a.address, self.targets.values()):
+            self.bad_input.bad("spoofed", t.address)  # e.g. another host's ack relayed by t
+            return
+        self.w.count("acks_received")
+        t.answered, t.capable = True, capable(a.gen)
+        self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
+        if t.identity != a.identity:
+            if t.identity is not None:
+                log.info("pinger: %s has a new board (rebooted or recreated): its slots are new peers",
+                         t.address)
+            t.identity, t.digest_gen = a.identity, 0
+            self.rows.peer_identity(t.row, a.identity)
+            if not a.full:
+                for held in t.remotes.values():
+                    self.rows.free_remote(held.row)
+                t.remotes.clear()
+        if a.full:
+            if a.cut:  # slots it has beyond these read GONE here: never silently
+                self.w.count("digest_cut_seen")
+                self._ratelog.warn(f"cut {t.address}", "pinger: %s holds more slots than "
+                                   "one ack carries: the %d it sent are live ones first, the "
+                                   "rest read GONE here (see its digest_cut warning)",
+                                   t.address, len(a.entries))
+            self._apply_digest(t, a.entries, now_ns)
+            t.digest_gen = a.gen
+        elif a.gen != t.digest_gen:
+            t.digest_gen = 0  # we do not hold what it thinks we hold: ask for all of it
+        # else: the same digest, confirmed as of now.  The rows stay as they are: readers
+        # take a remote worker's age from its host's last ack (remotereads._remote_age).
+        old = self.suspicion.on_ack(t.state, now_ns, now_ns - sent)
+        self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
+        if old is not None:
+            # Back (or first heard): the pings still unanswered were sent while it was
+            # down or restarting and waited for it (1.5 s "rtt" after a restart): none
+            # of their acks is a round trip.  Readers see no rtt until one is.
+            t.rtt_from_nonce = self.counter.peek()
+            self.rows.clear_rtt(t.row)
+        elif a.nonce >= t.rtt_from_nonce:
+            self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
+        if old is not None:
+            log.info("pinger: host %s %s -> alive", t.address, old.value)
+            self.w.changed()
+
+    def _own(self, t: Target, e: DigestEntry) -> DigestEntry:
+        kept = own_endpoints(t, e)
+        if kept is e:
+            return e
+        self.bad_input.bad("spoofed", t.address)  # it listed another host's endpoint
+        return kept
+
+    def _apply_digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> None:
+        seen = set()
+        changed = False
+        for e in entries:  # at most MAX_DIGEST_ENTRIES (decode refuses more): rows per host capped
+            e = self._own(t, e)
+            seen.add(e.key)
+            held = t.remotes.get(e.key)
+            # The status code this row held before: read it before put_remote rewrites
+            # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
+            # to itself and never bump the change counter that readers rely on.
+            before = row_code(int(self.b.remote_table[held.row]["status"])) if held else None
+            got = self.rows.put_remote(t.row, t.gen, held, e, now_ns)
+            if got is None:
+                continue
+            if held is None or got.incarnation != held.incarnation or got.gen != held.gen \
+                    or before != e.status:
+                changed = True
+            t.remotes[e.key] = got
+        for key in list(t.remotes):
+            if key not in seen:
+                self.rows.free_remote(t.remotes.pop(key).row)
+                changed = True
+        if changed:
+            self.w.changed()
+
+    def _on_push(self, t: Target, p: Push, now_ns: int) -> None:
+        """Apply pushed evidence of death, leave or restart.  Never makes anything ALIVE
+        that was not: a push is not an answer to our ping.  Never creates a row: only
+        keys the last full ack listed are touched (a new key waits for the next ack,
+        which the push makes full), so a flood of pushes cannot fill the remote table."""
+        if t.identity is None or p.identity != t.identity:
+            self.bad_input.bad("unsolicited", t.address)  # we have no ack from that board yet
+            return
+        if not self.push_guard.accept(p.identity, p.seq):
+            self.bad_input.bad("replay", t.address)
+            return
+        self.w.count("pushes_received")
+        if is_goodbye(p):
+            old = self.suspicion.on_leave(t.state)
+            if old is not None:
+                log.info("pinger: host %s %s -> left (it said goodbye)", t.address, old.value)
+                self.rows.peer_status(t.row, t.gen, Status.LEFT, t.state.last_ack_ns)
+                self.w.changed()
+            return
+        changed = unlisted = ask = False
+        for e in p.entries:
+            held = t.remotes.get(e.key)
+            if held is None:
+                unlisted = True
+            elif e.incarnation > held.incarnation:
+                got = self.rows.put_remote(t.row, t.gen, held, self._own(t, e), now_ns)
+                if got is not None:
+                    t.remotes[e.key] = got
+                    changed = True
+            elif e.incarnation == held.incarnation and e.status in (Status.DEAD.code, Status.LEFT.code):
+                self.rows.remote_status(held, e.status, now_ns)
+                changed = True
+            else:
+                ask = True  # SUSPECT, ALIVE again: only an ack may say so
+        if unlisted:
+            self.w.count("push_unlisted")
+        if changed or unlisted or ask:
+            t.digest_gen = 0  # the next ack brings the whole truth
+        if unlisted or ask:  # only an ack may say so: ask now, within a bound
+            if confirm_now(t, now_ns):
+                self.w.count("pings_confirm")
+                self._ping(t, now_ns)
+            else:
+                self.plan.nudge(t.address)  # its next turn pings, even on a passive side
+        if changed:
+            self.w.changed()
+
+    def flush(self, now_ns: int) -> None:
+        self.responder.flush(now_ns)
+
+    def leave(self, now_ns: int) -> None:
+        """A graceful stop: say goodbye to the hosts that watch us (they read us LEFT),
+        unless a local worker lives (it takes the role over at once)."""
+        live = [s.key for s in self.b.slots() if s.status in (Status.ALIVE, Status.SUSPECT)]
+        if live:
+            log.info("pinger: stopping with %d live local worker(s): no goodbye (one of "
+                     "them takes the agent role over)", len(live))
+            return
+        told = self.responder.goodbye(now_ns)
+        if told:
+            self._linger_ms = 250  # let it go out; close() waits for at most that
+            log.info("pinger: said goodbye to %d watching host(s)", told)
+
+    def close(self) -> None:
+        """Close every socket; never blocks (but for a goodbye: at most 250 ms)."""
+        self.router = self.client = None
+        self.net.close(self._linger_ms)
+
+
+__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args",
+           "load_config", "store_config"]

@@ -1,0 +1,169 @@
+"""The pinger's settings: stored in the board, read back by any holder of the role.
+
+``shmhb pinger`` writes them (under the registry lock) so that whoever holds the agent
+role -- the daemon, or a worker after the daemon died -- runs the same network half.
+Secrets and CURVE keys are read here, at the door: a secret file readable by group or
+others is refused (as ssh refuses such a key), and so is one too short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+
+import numpy as np
+
+from ..board.handle import Board
+from ..board.registrylock import bump_reg_gen
+from ..board.config import DEFAULT_PORT, PingerConfig, has_port
+from ..errors import InvalidConfig
+from ..board.layout import checksum
+from .plan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
+
+# -- settings stored in the board ---------------------------------------------------------
+
+def _cfg_checksum(h: np.ndarray) -> int:
+    # The budget word came later: a board written before it holds 0 there and a checksum
+    # without it, so 0 stays out of the sum and such a board still reads (as the default).
+    budget = int(h["cfg_budget_mpps"])
+    return checksum(int(h["cfg_gen"]), bytes(h["cfg_listen"]), bytes(h["cfg_secret_path"]),
+                    bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]),
+                    *((budget,) if budget else ()))
+
+
+def store_config(board: Board, cfg: PingerConfig) -> None:
+    """Write the pinger settings into the board, replacing the configured peer list.
+    Under the registry lock; the agent applies them at its next tick."""
+    with board.registry():
+        h = board.header
+        h["cfg_checksum"] = 0
+        h["cfg_gen"] = int(h["cfg_gen"]) + 1
+        h["cfg_listen"] = (cfg.listen or "").encode()
+        h["cfg_secret_path"] = (cfg.secret_file or "").encode()
+        h["cfg_curve_dir"] = (cfg.curve_keys or "").encode()
+        h["cfg_interval_ns"] = int(cfg.interval_s * 1e9)
+        h["cfg_budget_mpps"] = max(1, round(cfg.ping_budget_pps * 1000))
+        h["cfg_checksum"] = _cfg_checksum(h)
+        w = board.watch_table
+        for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == 0)):
+            w[int(i)]["checksum"] = 0
+        bump_reg_gen(h)
+    for p in cfg.peers:  # "host" (the cluster's port) or "host:port"
+        board.change_watch(p, +1, owner_pid=0, keep_port=has_port(p))
+
+
+def load_config(board: Board) -> tuple[int, PingerConfig] | None:
+    """(generation, settings) stored in the board, or None if none were ever stored or
+    the copy read was caught mid-write (try again next tick).  ``InvalidConfig`` if the
+    stored settings are not valid."""
+    h = board.header.copy()
+    gen, ck = int(h["cfg_gen"]), int(h["cfg_checksum"])
+    if gen == 0 or ck != _cfg_checksum(h):
+        return None
+
+    def text(f: str) -> str | None:
+        return bytes(h[f]).rstrip(b"\0").decode(errors="replace") or None
+
+    budget = int(h["cfg_budget_mpps"])
+    return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
+                             secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"),
+                             ping_budget_pps=budget / 1000 if budget else DEFAULT_BUDGET_PPS)
+
+
+def read_secret(path: str) -> bytes:
+    """The shared secret in ``path``.  ``InvalidConfig`` (saying what to do) if the file
+    cannot be read, is readable or writable by group or others, or holds fewer than 16
+    bytes.  The caller must never fall back to running without it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise InvalidConfig(f"cannot read the secret file {path!r}: {e.strerror}; make it "
+                            "readable by the account that runs the pinger") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidConfig(f"the secret file {path!r} is not a regular file")
+        if st.st_mode & 0o077:
+            raise InvalidConfig(
+                f"run `chmod 600 {path}`: the secret file is accessible by group or "
+                f"others (mode {stat.S_IMODE(st.st_mode):04o})")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            secret = f.read(4097).strip()
+    except OSError as e:
+        raise InvalidConfig(f"cannot read the secret file {path!r}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(secret) < 16:
+        raise InvalidConfig(f"the secret in {path!r} is shorter than 16 bytes; use e.g. "
+                            "`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`")
+    if len(secret) > 4096:
+        raise InvalidConfig(f"the secret in {path!r} is longer than 4096 bytes")
+    return secret
+
+
+def curve_keypair(keys_dir: str, host: str) -> tuple[bytes, bytes]:
+    """(public, secret) CURVE key of ``host`` from ``keys_dir/<host>.key_secret``;
+    ``InvalidConfig`` if missing or unreadable."""
+    import zmq.auth
+
+    path = os.path.join(keys_dir, f"{host}.key_secret")
+    try:
+        pub, sec = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise InvalidConfig(f"cannot read this host's CURVE secret key {path!r} ({e}); "
+                            "create it with zmq.auth.create_certificates") from None
+    if sec is None:
+        raise InvalidConfig(f"{path!r} holds no secret key")
+    return pub, sec
+
+
+def curve_public_key(keys_dir: str, host: str) -> bytes:
+    """The CURVE public key of ``host`` (``keys_dir/<host>.key``); ``InvalidConfig`` if
+    missing or unreadable."""
+    import zmq.auth
+
+    path = os.path.join(keys_dir, f"{host}.key")
+    try:
+        pub, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise InvalidConfig(f"no CURVE public key for host {host!r} ({path!r}: {e}); copy "
+                            "that host's .key file there") from None
+    return pub
+
+
+# -- CLI hooks (``shmhb pinger``) -------------------------------------------------------------
+
+def add_pinger_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--listen", metavar="HOST:PORT", default=None,
+                    help=f"address to answer pings on (port default {DEFAULT_PORT}, "
+                         "one number for the whole cluster)")
+    sp.add_argument("--peer", metavar="HOST[:PORT]", action="append", default=[],
+                    help="a host to follow even if no local process watches it (repeatable)")
+    sp.add_argument("--interval-s", type=float, default=0.2,
+                    help="shortest ping interval per host (default 0.2); longer when the "
+                         "budget needs it")
+    sp.add_argument("--ping-budget-pps", type=float, default=DEFAULT_BUDGET_PPS, metavar="N",
+                    help=f"pings per second to all followed hosts together (default "
+                         f"{DEFAULT_BUDGET_PPS:g}); each host still gets at least "
+                         f"{MIN_PINGS_PER_WINDOW} pings per peer dead-after window")
+    auth = sp.add_mutually_exclusive_group()
+    auth.add_argument("--secret-file", metavar="F", default=None,
+                      help="shared secret: HMAC on every frame, unauthenticated pings unanswered")
+    auth.add_argument("--curve-keys", metavar="DIR", default=None,
+                      help="CURVE keys: DIR/<host>.key public keys of all hosts, "
+                           "DIR/<listen host>.key_secret this host's")
+
+
+def configure_from_args(args: argparse.Namespace) -> bool:
+    """Store the command line's pinger settings in the board; True: network half on."""
+    cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
+                       secret_file=args.secret_file, curve_keys=args.curve_keys,
+                       ping_budget_pps=args.ping_budget_pps)
+    if cfg.secret_file:
+        read_secret(cfg.secret_file)  # fail now, with the reason, not in the agent thread
+    with Board.open(args.board) as b:
+        store_config(b, cfg)
+    return True
+
+

@@ -1,0 +1,1 @@
+"""Tests of the command and the operator tools (shmhb/cli/)."""

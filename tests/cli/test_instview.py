@@ -1,0 +1,76 @@
+"""/instances and /instances/changes beside /metrics (shmhb.cli.instview): the change log
+alone, then the exporter over real HTTP with a real engine killed and restarted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+import shmhb
+from shmhb import Status
+from shmhb.cli.exporter import Exporter
+from shmhb.cli.instview import SCHEMA, InstanceLog
+
+from ..conftest import ENGINE, Procs, inst
+
+
+def test_the_change_log_resumes_from_a_revision_and_resets_when_it_cannot() -> None:
+    log = InstanceLog(keep=3)
+    assert log.update([inst("e1", Status.ALIVE)]) == 1
+    assert log.update([inst("e1", Status.ALIVE)]) == 1  # nothing changed
+    snap = log.snapshot()
+    assert snap["schema"] == SCHEMA and snap["revision"] == 1 and len(snap["instances"]) == 1
+    log.update([inst("e1", Status.DEAD), inst("e2", Status.ALIVE, inc=2)])
+    got = log.since(1, log.epoch)
+    assert [(c["op"], c["instance"]["engine_id"], c["instance"]["status"]) for c in got["changes"]] \
+        == [("changed", "e1", "dead"), ("added", "e2", "alive")]
+    assert got["revision"] == 3 and "reset" not in got
+    assert log.since(3, log.epoch)["changes"] == []
+    log.update([inst("e2", Status.ALIVE, inc=2)])
+    assert log.since(3, log.epoch)["changes"][0]["op"] == "removed"
+    for rev, epoch in ((0, log.epoch), (1, "another-run"), (99, log.epoch)):
+        r = log.since(rev, epoch)  # too old (kept 3), another exporter's run, from the future
+        assert r["reset"] is True and r["revision"] == 4 and len(r["instances"]) == 1, (rev, epoch)
+    assert log.snapshot(live_only=True)["instances"][0]["engine_id"] == "e2"
+
+
+def get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_exporter_serves_instances_and_their_changes(board: shmhb.Board, agent: object,
+                                                     procs: Procs) -> None:
+    with Exporter(board.name, port=0) as ex:
+        base = f"http://127.0.0.1:{ex.port}"
+        code, doc = get(base + "/instances?live=1")
+        assert code == 503 and doc["instances"] == []  # nothing alive: not ready
+        p = procs.python(ENGINE, board.name, "eng-a", "prefill", "1")
+        code, doc = get(base + "/instances?live=1")
+        assert code == 200 and doc["schema"] == SCHEMA
+        (i,) = doc["instances"]
+        assert (i["engine_id"], i["role"], i["status"], i["url"], i["bootstrap"]) == \
+            ("eng-a", "prefill", "alive", "http://127.0.0.5:8000", "127.0.0.5:8998")
+        rev, epoch = doc["revision"], doc["epoch"]
+        # a long poll, answered when the engine dies
+        out: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: out.update(
+            r=get(f"{base}/instances/changes?since={rev}&epoch={epoch}&wait_s=10")))
+        t.start()
+        p.send_signal(signal.SIGKILL)
+        p.wait(5)
+        t.join(15)
+        code, ch = out["r"]
+        assert code == 200 and [c["instance"]["status"] for c in ch["changes"]] == ["dead"]
+        code, again = get(f"{base}/instances/changes?since=0&epoch=other")
+        assert again["reset"] is True and again["instances"][0]["status"] == "dead"
+        for bad in ("since=-1", "since=x", "wait_s=99", "epoch=" + "e" * 65):
+            assert get(f"{base}/instances/changes?{bad}")[0] == 400, bad
+        assert urllib.request.urlopen(base + "/metrics", timeout=10).status == 200
