@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Final, Union
 
 from shmhb.errors import ProtocolError
-from shmhb.net.frametag import MIN_SECRET_BYTES, TAG_BYTES
+from shmhb.net.frametag import TAG_BYTES
 from shmhb.net.frametag import fresh_mac as _mac
 from shmhb.board.layout import (
     MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,

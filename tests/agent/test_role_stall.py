@@ -139,7 +139,7 @@ def test_a_holder_in_a_c_call_holding_the_gil_is_replaced_by_an_embedded_standby
     wait_until(lambda: "standing down" in (tmp_path / "holder.log").read_text(),
                timeout_s=10, what="the holder stands down after the C call")
     # Once the holder let its byte go, the standby sets the role up anew in a fresh
-    # term (the repair; shmhb.agentterm), during which the agent's pid briefly reads 0:
+    # term (the repair; shmhb.board.agentterm), during which the agent's pid briefly reads 0:
     # observe after it, as the daemon's test above does (looking across it failed once
     # on a loaded machine).
     wait_until(lambda: board.agent().term > term1 and _holds(board, standby.pid),
