@@ -10,7 +10,8 @@ thread, the worker's (the model runner's): ``start_load_kv`` posts READs there, 
 ``get_transfer_results`` (every step) reports them there, where ``WorkerGuard.poll``
 also runs its drops.  The handshake thread only records remote agents and queues
 requests; it posts nothing.  No go-ahead round trip is needed: posting is the consumer's
-own act (and the happy path costs one dict lookup and a lock per request).
+own act (what the wrapper adds per request is a board read, a dict entry and the load
+table's lock).
 
 **The fence.**  A READ once posted cannot be called back: measured with NIXL 1.5.1's UCX
 backend over TCP, a READ from a SIGSTOPped producer, its handle released
