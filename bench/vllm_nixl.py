@@ -27,12 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from shmhb import Status
 from tests.conftest import Procs
 from tests.hosts import Cluster
 from tests.vllm.stack import (
-    POLICY, EngineProc, Stack, bootstrap_ep, expected_digest, load_with, prefilled,
-    start_pair,
+    POLICY, EngineProc, Stack, expected_digest, prefilled, start_pair,
+    wait_alive_on_decode_host,
 )
 
 OUT = Path(__file__).resolve().parent / "results_vllm_nixl.md"
@@ -43,17 +42,8 @@ WATCH_S = 15.0
 def _alive(stack: Stack, p: EngineProc) -> None:
     """Until the decode host's board shows ``p`` alive (wrapped engines are judged by it;
     a stock one is not on the board: nothing to wait for)."""
-    if not p.wrapped:
-        return
-    ep = bootstrap_ep(p)
-    stack.decode_host.board.watch(ep)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        s = stack.decode_host.board.remote(ep)
-        if s is not None and s.status is Status.ALIVE and p.engine_id in s.key:
-            return
-        time.sleep(0.01)
-    raise RuntimeError(f"{p.engine_id} never alive on the decode host")
+    if p.wrapped:
+        wait_alive_on_decode_host(stack, p)
 
 
 def _end(d: EngineProc, rid: str, t0: float, seed: int, limit_s: float = WATCH_S) -> dict[str, Any]:

@@ -115,6 +115,33 @@ class InnerAdapter(ABC):
         return set()
 
 
+#: the vLLM releases (major, minor) whose connectors' internals the adapters were written
+#: and tested against; on another, an adapter's ``check()`` fails at startup
+SUPPORTED_VLLM = ((0, 32), (0, 33))
+
+
+def vllm_release(version: str | None = None) -> tuple[int, int] | None:
+    """(major, minor) of ``version``, or of the installed vLLM; None if unreadable."""
+    if version is None:
+        import vllm
+        version = str(getattr(vllm, "__version__", ""))
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def check_release(adapter: str) -> None:
+    """``TypeError`` (saying what to install) unless the installed vLLM is supported."""
+    if vllm_release() not in SUPPORTED_VLLM:
+        import vllm
+        raise TypeError(
+            f"shmhb's {adapter} adapter supports vLLM 0.32 and 0.33, not "
+            f"{getattr(vllm, '__version__', '?')}: install 'vllm>=0.32,<0.34', or a "
+            "shmhb written for this vLLM")
+
+
 def zmq_hostport(addr: str) -> str:
     """"tcp://host:port" -> "host:port" (as the board spells endpoints)."""
     rest = addr.split("://", 1)[-1]

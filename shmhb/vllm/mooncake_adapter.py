@@ -10,8 +10,8 @@ from typing import Any
 
 from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
-from .inner import Hooks, InnerAdapter, zmq_hostport
-from .mooncake_pulls import SUPPORTED_VLLM, Ledger, needs, vllm_release
+from .inner import Hooks, InnerAdapter, check_release, zmq_hostport
+from .mooncake_pulls import Ledger, needs
 
 #: the producer worker a consumer task is asking (its side channel, "host:port")
 _PRODUCER: contextvars.ContextVar[str] = contextvars.ContextVar("shmhb_producer")
@@ -67,13 +67,7 @@ class MooncakeAdapter(InnerAdapter):
         self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
 
     def check(self) -> None:
-        release = vllm_release()
-        if release not in SUPPORTED_VLLM:
-            import vllm
-            raise TypeError(
-                f"shmhb's Mooncake adapter supports vLLM 0.32 and 0.33, not "
-                f"{getattr(vllm, '__version__', '?')}: install 'vllm>=0.32,<0.34', or a "
-                "shmhb written for this vLLM")
+        check_release("Mooncake")
         need = ["hostname", "rpc_port", "engine_id", "tp_rank", "pp_rank", "dp_rank"]
         if not self.w.is_kv_producer:
             need += ["receive_kv_from_single_worker", "handle_new_engine_id", "_encoder",

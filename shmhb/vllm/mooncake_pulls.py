@@ -43,10 +43,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: the vLLM releases (major, minor) whose Mooncake internals the adapter was written and
-#: tested against; on another, ``MooncakeAdapter.check()`` fails at startup
-SUPPORTED_VLLM = ((0, 32), (0, 33))
-
 #: what a 0.32 worker needs for the backported settlement
 BACKPORT_NEEDS = ("finished_recving_reqs", "_invalid_block_ids", "_failed_recv_reqs",
                   "_is_hma_required", "xfer_stats", "_handle_failed_recv",
@@ -55,18 +51,6 @@ BACKPORT_NEEDS = ("finished_recving_reqs", "_invalid_block_ids", "_failed_recv_r
 PER_PEER_NEEDS = ("_complete_pull_task", "_handle_failed_recv", "process_pulling_result")
 
 FailFn = Callable[[dict[str, Any], Collection[str], str], None]
-
-
-def vllm_release(version: str | None = None) -> tuple[int, int] | None:
-    """(major, minor) of ``version``, or of the installed vLLM; None if unreadable."""
-    if version is None:
-        import vllm
-        version = str(getattr(vllm, "__version__", ""))
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def settles_per_peer(worker: Any) -> bool:

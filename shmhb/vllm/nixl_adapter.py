@@ -57,8 +57,7 @@ from typing import Any
 
 from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
-from .inner import Hooks, InnerAdapter
-from .mooncake_pulls import SUPPORTED_VLLM, vllm_release
+from .inner import Hooks, InnerAdapter, check_release
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +100,7 @@ class NixlAdapter(InnerAdapter):
             return None
 
     def check(self) -> None:
-        release = vllm_release()
-        if release not in SUPPORTED_VLLM:
-            import vllm
-            raise TypeError(
-                f"shmhb's NIXL adapter supports vLLM 0.32 and 0.33, not "
-                f"{getattr(vllm, '__version__', '?')}: install 'vllm>=0.32,<0.34', or a "
-                "shmhb written for this vLLM")
+        check_release("NIXL")
         if getattr(type(self.w), "_TRANSFER_MODE", "pull") != "pull":
             raise TypeError("shmhb's NIXL adapter serves pull mode (NixlConnector); "
                             f"{type(self.w).__name__} is not")

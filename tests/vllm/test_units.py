@@ -368,7 +368,7 @@ def test_adapter_refuses_a_vllm_it_was_not_written_for(monkeypatch: pytest.Monke
     import vllm
 
     from shmhb.vllm.mooncake_adapter import MooncakeAdapter
-    from shmhb.vllm.mooncake_pulls import vllm_release
+    from shmhb.vllm.inner import vllm_release
     assert vllm_release("0.33.0") == (0, 33) and vllm_release("0.32.1.dev3+gabc") == (0, 32)
     assert vllm_release("dev") is None
     worker = type("W", (), {"is_kv_producer": False, "is_kv_consumer": True})()
