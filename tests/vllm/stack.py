@@ -164,7 +164,7 @@ class EngineProc:
             try:
                 os.kill(self.p.pid, signal.SIGCONT)
                 self.send("quit")
-            except (OSError, BrokenPipeError):
+            except OSError:  # it exited meanwhile (a broken pipe is one): close() reaps it
                 pass
 
     def close(self) -> None:
