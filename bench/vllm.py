@@ -38,7 +38,6 @@ import numpy as np
 from tests.conftest import Procs
 from tests.hosts import Cluster
 from tests.vllm import model
-from shmhb.testing.loopback import free_port
 from tests.vllm.stack import POLICY, PREFILL_IP, EngineProc, Stack, new_ids, submit
 
 OUT = Path(__file__).resolve().parent / "results_vllm.md"
@@ -215,7 +214,7 @@ def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]
     try:
         pairs = {}
         for wrapped in (False, True):
-            port = free_port([PREFILL_IP])
+            port = stack.new_port([PREFILL_IP])
             p = stack.start("prefill", f"happy-{blocks}-{'w' if wrapped else 's'}",
                             wrapped=wrapped, bootstrap_port=port)
             pairs[wrapped] = (p, stack.start("decode", wrapped=wrapped, bootstrap_port=port))

@@ -20,7 +20,7 @@ import ipaddress
 import os
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from ..errors import InvalidConfig
@@ -59,16 +59,23 @@ def set_base(base: str | None) -> None:
 
 
 def free_port(addrs: Sequence[str], span: int = 1, rng: random.Random | None = None,
-              tries: int = 200) -> int:
+              tries: int = 200, avoid: Collection[int] = ()) -> int:
     """A port P such that P..P+span-1 can be bound (TCP) on every one of ``addrs`` right
-    now: random in [PORT_LO, PORT_HI), retried ``tries`` times, else ``OSError``
-    (EADDRINUSE).  Only a check: another process may still take it before the caller
-    binds, so callers that can retry on EADDRINUSE should."""
+    now and none of them is in ``avoid``: random in [PORT_LO, PORT_HI), retried ``tries``
+    times, else ``OSError`` (EADDRINUSE).  Only a check: another process may still take it
+    before the caller binds, so callers that can retry on EADDRINUSE should.
+
+    ``avoid`` is for ports the caller owns but has not bound at this moment (a server
+    between a kill and its restart): a check by binding cannot see them.  Pass
+    ``"0.0.0.0"`` in ``addrs`` for a port that will be bound on every address (torch's
+    TCPStore does that): the check then conflicts with a bind on any one of them."""
     if span < 1 or span > PORT_HI - PORT_LO:
         raise InvalidConfig(f"a port span of {span} does not fit in {PORT_LO}..{PORT_HI}")
     rng = rng or random.Random()
     for _ in range(tries):
         port = rng.randrange(PORT_LO, PORT_HI - span + 1)
+        if any(q in avoid for q in range(port, port + span)):
+            continue
         socks: list[socket.socket] = []
         try:
             for a in addrs:

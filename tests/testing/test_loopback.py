@@ -50,6 +50,25 @@ def test_free_port_skips_a_port_taken_on_one_host_and_says_when_none_is_left() -
         free_port(["127.0.0.1"], span=0)
 
 
+def test_free_port_never_gives_an_avoided_port_even_when_it_is_free() -> None:
+    """The vLLM stack's bootstrap port sat unbound between a kill and a restart; a
+    TCPStore given the same port (bound on every address) then made the restart fail."""
+    class Cycle(random.Random):
+        def __init__(self, ports: list[int]) -> None:
+            super().__init__()
+            self.ports = ports
+
+        def randrange(self, *_: object, **__: object) -> int:  # type: ignore[override]
+            return self.ports.pop(0)
+    lo = free_port(["127.0.0.1"], span=4)
+    assert free_port(["127.0.0.1"], rng=Cycle([lo, lo + 1, lo + 2]), avoid={lo, lo + 1}) == lo + 2
+    # a run of ports is refused when any port in it is avoided
+    assert free_port(["127.0.0.1"], span=2, rng=Cycle([lo, lo + 2]), avoid={lo + 1}) == lo + 2
+    with pytest.raises(OSError) as exc:
+        free_port(["127.0.0.1"], span=2, rng=Cycle([lo, lo + 1, lo]), avoid={lo + 1}, tries=3)
+    assert exc.value.errno == errno.EADDRINUSE
+
+
 def test_child_env_puts_this_checkout_first_and_keeps_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     env = child_env(EXTRA="1")

@@ -38,7 +38,7 @@ class EngineProc:
                  bootstrap_port: int, log_dir: str, env: dict[str, str] | None = None,
                  on_dead_peer: str = "recompute", scheduler: bool = False,
                  failure_policy: str | None = None, tp_size: int = 1, tp_rank: int = 0,
-                 dist_port: int | None = None, kv_layout: str = "blocks",
+                 dist_port: int, kv_layout: str = "blocks",
                  inner: str = "mooncake", wait: bool = True) -> None:
         """``wait=False``: return once started; ``wait_ready()`` before use (the ranks of
         one TP group start together: each waits for the others in the gloo group)."""
@@ -55,8 +55,6 @@ class EngineProc:
         e["PYTHONUNBUFFERED"] = "1"
         if env:
             e.update(env)
-        if dist_port is None:
-            dist_port = free_port([ip])
         self.log_path = os.path.join(log_dir, f"{role}-{engine_id}-tp{tp_rank}-"
                                               f"{uuid.uuid4().hex[:6]}.log")
         log = open(self.log_path, "wb")
@@ -197,9 +195,23 @@ class Stack:
         self.env = env or {}
         self.prefill_host = cluster.host(policy=POLICY, ip=PREFILL_IP, interval_s=0.1)
         self.decode_host = cluster.host(policy=POLICY, ip=DECODE_IP, interval_s=0.1)
-        self.bootstrap_port = free_port([PREFILL_IP])
+        self._ports: set[int] = set()
+        self.bootstrap_port = self.new_port([PREFILL_IP])
         self.engines: list[EngineProc] = []
         self._n = 0
+
+    def new_port(self, addrs: list[str]) -> int:
+        """A port for this stack alone.  Ports it handed out stay its own while nothing
+        is bound on them (a bootstrap port between a kill and the restart): an engine's
+        TCPStore listens on every address, so a dist port drawn in that gap made the
+        restarted prefill fail to bind its bootstrap server (EADDRINUSE)."""
+        port = free_port(addrs, avoid=self._ports)
+        self._ports.add(port)
+        return port
+
+    def dist_port(self) -> int:
+        """The gloo group's TCPStore port: it binds every address, so it is checked on all."""
+        return self.new_port(["0.0.0.0"])
 
     def start(self, role: str, engine_id: str | None = None, *, wrapped: bool | None = None,
               bootstrap_port: int | None = None, **kw: Any) -> EngineProc:
@@ -208,11 +220,14 @@ class Stack:
         self._n += 1
         host = self.prefill_host if role == "prefill" else self.decode_host
         eid = engine_id or f"{role}-{uuid.uuid4().hex[:8]}"
+        bootstrap_port = bootstrap_port or self.bootstrap_port
+        self._ports.add(bootstrap_port)
         e = EngineProc(role, host.ip, host.name, eid,
                        wrapped=self.wrapped if wrapped is None else wrapped,
-                       bootstrap_port=bootstrap_port or self.bootstrap_port,
+                       bootstrap_port=bootstrap_port,
                        log_dir=self.log_dir, env={**self.env, **kw.pop("env", {})},
-                       inner=kw.pop("inner", self.inner), **kw)
+                       inner=kw.pop("inner", self.inner),
+                       dist_port=kw.pop("dist_port", None) or self.dist_port(), **kw)
         self.engines.append(e)
         return e
 
@@ -222,7 +237,7 @@ class Stack:
         bootstrap server), all on the role's host; returned in rank order."""
         host = self.prefill_host if role == "prefill" else self.decode_host
         eid = engine_id or f"{role}-{uuid.uuid4().hex[:8]}"
-        dist_port = free_port([host.ip])
+        dist_port = self.dist_port()
         ranks = []
         for r in range(tp_size):
             self._n += 1
@@ -279,7 +294,7 @@ def pair(stack: Stack, wrapped: bool) -> tuple[EngineProc, EngineProc]:
 def start_pair(stack: Stack, wrapped: bool, engine_id: str,
                env: dict[str, str] | None = None) -> tuple[EngineProc, EngineProc]:
     """A prefill and a decode on a port of their own (the NIXL side channel)."""
-    port = free_port([PREFILL_IP, DECODE_IP])
+    port = stack.new_port([PREFILL_IP, DECODE_IP])
     p = stack.start("prefill", engine_id, wrapped=wrapped, bootstrap_port=port, env=env or {})
     return p, stack.start("decode", wrapped=wrapped, bootstrap_port=port, env=env or {})
 
