@@ -48,6 +48,7 @@ HOT_INLINE: dict[str, str] = {
 #: files whose hex literals are not board words, with the reason
 HEX_FILES: dict[str, str] = {
     "net/protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
+    "net/frames.py": "the wire's u64 limit",
 }
 
 MAX_FUNCTION_LINES = 60
@@ -98,7 +99,7 @@ LAYERS: dict[str, frozenset[str]] = {
     }),
     "net": frozenset({
         "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
-        "net.exchange", "net.following", "net.frametag", "net.pinger", "net.plan",
+        "net.exchange", "net.following", "net.frames", "net.frametag", "net.pinger", "net.plan",
         "net.protocol", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),

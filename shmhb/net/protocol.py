@@ -26,8 +26,7 @@ from __future__ import annotations
 import hmac
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Final, Union
+from typing import Final
 
 from shmhb.errors import ProtocolError
 from shmhb.net.frametag import TAG_BYTES
@@ -36,6 +35,9 @@ from shmhb.board.layout import (
     MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,
 )
 from shmhb.net.frametag import seal as _seal
+from shmhb.net.frames import (  # noqa: F401 (U64_MAX re-exported)
+    U64_MAX, Ack, DigestEntry, Frame, FrameRejected, Identity, Ping, Push,
+)
 
 MAGIC: Final = b"SHHB"
 VERSION: Final = 1
@@ -60,7 +62,6 @@ STATUSES: Final = frozenset((STATUS_ALIVE, STATUS_SUSPECT, STATUS_DEAD, STATUS_L
 MAX_ACK_ENTRIES: Final = 256  # entries of the largest size an ACK always holds
 MAX_PUSH_ENTRIES: Final = 64
 U32_MAX: Final = 0xFFFF_FFFF
-U64_MAX: Final = 0xFFFF_FFFF_FFFF_FFFF
 
 REASONS: Final = frozenset(
     ("truncated", "oversized", "magic", "version", "type", "malformed", "auth", "replay"))
@@ -85,91 +86,6 @@ MAX_PUSH_BYTES: Final = (_PUSH_HEAD.size + MAX_ADDRESS_BYTES + _COUNT.size
 MAX_DIGEST_BODY_BYTES: Final = _COUNT.size + MAX_ACK_ENTRIES * MAX_ENTRY_BYTES
 #: No valid frame is longer (152,196 bytes: the largest authenticated ACK).
 MAX_FRAME_BYTES: Final = max(MAX_PING_BYTES, MAX_ACK_BYTES, MAX_PUSH_BYTES)
-
-
-class FrameRejected(ProtocolError):
-    """A received frame that decode refused; ``reason`` is one of :data:`REASONS`, short
-    and stable so the pinger can count bad frames per reason."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"frame rejected: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """One incarnation of a host's board: the kernel boot id and the board's creation
-    counter.  A new identity means the remote board (and every slot on it) was reborn."""
-
-    boot_id: bytes
-    board_inc: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.boot_id, bytes) or len(self.boot_id) != 16:
-            raise ProtocolError("boot_id must be exactly 16 bytes")
-        if not isinstance(self.board_inc, int) or not 0 <= self.board_inc <= U64_MAX:
-            raise ProtocolError("board_inc must be an integer in u64 range")
-
-
-@dataclass(frozen=True, slots=True)
-class DigestEntry:
-    """One worker slot of the sender's board, validated when encoded, not when built."""
-
-    key: str
-    incarnation: int
-    status: int
-    pid: int
-    age_ms: int
-    endpoints: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """``known_gen``/``known_identity``: the responder digest the sender holds (0/None:
-    none); the responder answers with a full digest unless both match its own.
-    ``challenge``/``echo`` (both 0: a plain ping, no extension): one the sender issues
-    to the responder, the last the responder issued to the sender (``shmhb.net.challenge``)."""
-
-    identity: Identity
-    address: str
-    nonce: int
-    known_gen: int = 0
-    known_identity: Identity | None = None
-    challenge: int = 0
-    echo: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Answer to the ping with ``nonce``.  ``full=False``: the sender's copy of digest
-    ``gen`` is current and ``entries`` is empty; ``full=True``: ``entries`` is the whole
-    digest of generation ``gen`` (possibly empty).  ``cut``: the responder's board holds
-    more slots than one ACK carries, and ``entries`` are those that fit (live ones
-    first): a slot absent from it is not known gone (the ``full`` byte reads 2)."""
-
-    nonce: int
-    identity: Identity
-    address: str
-    gen: int
-    full: bool
-    entries: tuple[DigestEntry, ...] = ()
-    cut: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """Unsolicited changes of the sender's digest, which is at generation ``gen`` after
-    them.  ``seq`` increases per sender identity.  Receivers must never raise a host or a
-    slot to ALIVE on a push alone (see docs/PROTOCOL.md)."""
-
-    identity: Identity
-    address: str
-    seq: int
-    gen: int
-    entries: tuple[DigestEntry, ...] = ()
-
-
-Frame = Union[Ping, Ack, Push]
 
 
 # --- encoding -------------------------------------------------------------------------
