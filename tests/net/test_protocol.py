@@ -53,6 +53,9 @@ FRAMES: list[Frame] = [
     STEADY_ACK,
     Ack(2, PEER, "hostb:7070", 43, full=True, entries=()),
     FULL_ACK,
+    Ping(ME, "hosta:7070", 6, 42, PEER, challenge=3, echo=4, gen=2**62 | 9, version=2),
+    Ack(4, PEER, "hostb:7070", 44, full=False, version=2),
+    Ack(5, PEER, "hostb:7070", 44, full=True, entries=ENTRIES, body_age_ms=250, version=2),
     Push(ME, "hosta:7070", 9, 45, entries=(entry(1, 0, 3), entry(2, 1, 4), entry(3, 8, 1))),
     Push(ME, "hosta:7070", 10, 46, entries=()),
 ]
@@ -118,10 +121,13 @@ def test_wants_full_digest() -> None:
 
 def test_largest_ack_is_exactly_max_frame_bytes() -> None:
     big = Ack(1, PEER, "h" * MAX_ADDRESS_BYTES, 1, True,
-              tuple(max_entry(i) for i in range(MAX_ACK_ENTRIES)))
+              tuple(max_entry(i) for i in range(MAX_ACK_ENTRIES)), body_age_ms=2**32 - 1,
+              version=2)
     raw = encode_ack(big, SECRET)
     assert len(raw) == MAX_FRAME_BYTES
     assert decode(raw, SECRET) == big
+    v1 = Ack(1, PEER, "h" * MAX_ADDRESS_BYTES, 1, True, big.entries)
+    assert len(encode_ack(v1, SECRET)) == MAX_FRAME_BYTES - 4  # no body age in v1
     # past 256 entries (issue 23 case 4): as many as the same bytes hold, up to 4,096
     many = Ack(1, PEER, "h", 1, True,
                tuple(entry(i, 0) for i in range(protocol.MAX_DIGEST_ENTRIES)))
@@ -215,8 +221,9 @@ def test_header_reasons() -> None:
     assert reason(b"") == "truncated"
     assert reason(raw[:7]) == "truncated"
     assert reason(b"XHHB" + raw[4:]) == "magic"
-    assert reason(raw[:4] + b"\x02" + raw[5:]) == "version"
+    assert reason(raw[:4] + b"\x03" + raw[5:]) == "version"
     assert reason(raw[:4] + b"\x00" + raw[5:]) == "version"
+    assert reason(raw[:4] + b"\x02" + raw[5:]) == "truncated"  # a v2 ping has a longer tail
     assert reason(raw[:5] + b"\x04" + raw[6:]) == "type"
     assert reason(raw[:5] + b"\x00" + raw[6:]) == "type"
     assert reason(raw[:6] + b"\x02" + raw[7:]) == "malformed"  # unknown flag bit
@@ -467,6 +474,55 @@ def test_the_challenge_extension_is_16_bytes_on_pings_only() -> None:
     assert len(encode_ping(biggest, SECRET)) == 169 <= MAX_FRAME_BYTES
     with pytest.raises(ProtocolError):
         encode_ping(Ping(ME, "hosta:7070", 1, challenge=2**64))
+
+
+V2_PING = Ping(ME, "hosta:7070", 5, 3, PEER, challenge=11, echo=12, gen=(1 << 62) | 77, version=2)
+
+
+def test_v2_ping_always_carries_the_challenge_and_the_senders_gen() -> None:
+    raw = encode_ping(V2_PING)
+    assert raw[4] == 2 and raw[6] == 0  # version 2, no flag: the tail is not optional
+    assert decode(raw) == V2_PING
+    assert decode(encode_ping(V2_PING, SECRET), SECRET) == V2_PING
+    plain = Ping(ME, "hosta:7070", 5, version=2)  # nothing to echo: zeros, still there
+    assert len(encode_ping(plain)) == len(encode_ping(Ping(ME, "hosta:7070", 5))) + 24
+    assert decode(encode_ping(plain)) == plain
+    assert reason(raw[:-1]) == "truncated" and reason(raw + b"\x00") == "malformed"
+    assert reason(raw[:6] + b"\x02" + raw[7:]) == "malformed"  # v1's ECHO flag means nothing in v2
+    biggest = Ping(PEER, "a" * (MAX_ADDRESS_BYTES - 2) + ":1", 2**64 - 1, 2**64 - 1, PEER,
+                   2**64 - 1, 2**64 - 1, 2**64 - 1, 2)
+    assert len(encode_ping(biggest, SECRET)) == 177 <= MAX_FRAME_BYTES
+    with pytest.raises(ProtocolError):
+        encode_ping(Ping(ME, "hosta:7070", 1, gen=5))  # v1 has no place for a gen
+    with pytest.raises(ProtocolError):
+        encode_ping(Ping(ME, "hosta:7070", 1, version=3))
+
+
+def test_v2_full_ack_says_how_old_its_body_is_and_a_steady_one_is_as_in_v1() -> None:
+    full = Ack(9, PEER, "hostb:7070", 4, True, (entry(0),), body_age_ms=1234, version=2)
+    raw = encode_ack(full)
+    assert raw[4] == 2 and decode(raw) == full
+    assert len(raw) == len(encode_ack(Ack(9, PEER, "hostb:7070", 4, True, full.entries))) + 4
+    assert decode(encode_ack(full, SECRET), SECRET) == full
+    steady = Ack(1, PEER, "hostb:7070", 42, False, version=2)
+    assert len(encode_ack(steady)) == len(encode_ack(STEADY_ACK)) and decode(encode_ack(steady)) == steady
+    assert reason(raw[:-1]) == "truncated"
+    late = encode_ack_raw(9, PEER, "hostb:7070", 4, encode_entries(()), version=2, body_age_ms=2**40)
+    assert decode(late).body_age_ms == 2**32 - 1  # saturated: older than 49 days is all one needs
+    with pytest.raises(ProtocolError):
+        encode_ack_raw(9, PEER, "hostb:7070", 4, version=3)
+
+
+def test_v2_has_its_own_tag_domain_and_no_push() -> None:
+    v1, v2 = encode_ping(Ping(ME, "hosta:7070", 5), SECRET), encode_ping(Ping(ME, "hosta:7070", 5, version=2), SECRET)
+    assert v1[-16:] != v2[-16:]
+    # a v1 body under a v2 header (the tag recomputed as v1 would) fails authentication
+    forged = v1[:4] + b"\x02" + v1[5:-16]
+    from shmhb.net.frametag import seal
+    assert reason(seal([forged], SECRET), SECRET) == "auth"
+    push = encode_push(FRAMES[-1])  # type: ignore[arg-type]
+    assert reason(push[:4] + b"\x02" + push[5:]) == "type"
+    assert reason(v1[:4] + b"\x03" + v1[5:], SECRET) == "version"
 
 
 def test_challenges_kept_echoed_and_advertised() -> None:
