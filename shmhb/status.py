@@ -41,7 +41,11 @@ _BY_CODE = {v: k for k, v in _CODES.items()}
 
 class SlotStatus(NamedTuple):
     """One worker as a reader sees it now.  ``age_s``: time since its last beat (local
-    slot) or since the ack that reported it (remote slot)."""
+    slot) or since the ack that reported it (remote slot).  ``beat_age_s`` (remote slots
+    only): the worker's own time since its last beat, where its host's reports tell it
+    -- a worker its host reported SUSPECT, DEAD or LEFT, through a push or a v2 ack
+    (docs/PROTOCOL.md) -- else None (a live remote worker beat within its host's
+    suspect-after as of that host's last report, ``age_s`` ago)."""
 
     key: str
     pid: int
@@ -49,6 +53,7 @@ class SlotStatus(NamedTuple):
     status: Status
     age_s: float
     endpoints: tuple[str, ...]
+    beat_age_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -58,6 +63,7 @@ class SlotStatus(NamedTuple):
             "status": self.status.value,
             "age_s": round(self.age_s, 3),
             "endpoints": list(self.endpoints),
+            **({} if self.beat_age_s is None else {"beat_age_s": round(self.beat_age_s, 3)}),
         }
 
 

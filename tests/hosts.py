@@ -33,10 +33,11 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.net.challenge import advertised
+from shmhb.net.challenge import SPEAKS_V2, advertised
+from shmhb.net.evidence import passive
 from shmhb.testing.loopback import child_env, free_port
 from shmhb.net.protocol import (
-    Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_push,
+    Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_ping, encode_push,
 )
 
 from .conftest import Procs, unlink_quietly, wait_until
@@ -321,11 +322,14 @@ class FakePeer:
     digest ``self.entries`` while waiting for a condition."""
 
     def __init__(self, ip: str, port: int, *, secret: bytes | None = None,
-                 capable: bool = False) -> None:
+                 capable: bool = False, v2: bool = True) -> None:
         self.ip, self.port = ip, port
         # capable: its acks say it decodes ping challenges (shmhb.net.challenge), so the
-        # pinger sends it some; else it is a peer that predates them
+        # pinger sends it some, and (v2) that it answers version-2 pings; else it is a
+        # peer that predates them
         self.capable = capable
+        self.v2 = v2
+        self.body_age_ms = 0  # what its v2 full acks say of their body's age
         self.address = f"{ip}:{port}"
         self.secret = secret
         self.identity = Identity(os.urandom(16), random.getrandbits(62) | 1)
@@ -372,13 +376,21 @@ class FakePeer:
         return got[1]
 
     def ack_frame(self, nonce: int, *, identity: Identity | None = None,
-                  secret: Any = "same") -> bytes:
-        gen = advertised(self.gen) if self.capable else self.gen
+                  secret: Any = "same", version: int = 1) -> bytes:
+        gen = self.advertised_gen()
         return encode_ack(Ack(nonce, identity or self.identity, self.address, gen, True,
-                              tuple(self.entries.values())),
+                              tuple(self.entries.values()), body_age_ms=self.body_age_ms,
+                              version=version),
                           self.secret if secret == "same" else secret)
 
+    def advertised_gen(self) -> int:
+        """Its digest generation as its acks carry it (with the bits it advertises)."""
+        if not self.capable:
+            return self.gen
+        return advertised(self.gen) if self.v2 else advertised(self.gen) & ~SPEAKS_V2
+
     def ack(self, ping: Ping, **kw: Any) -> bytes:
+        kw.setdefault("version", ping.version)  # answered in its own version
         frame = self.ack_frame(ping.nonce, **kw)
         self.send(frame)
         self.answered += 1
@@ -418,6 +430,56 @@ class FakePeer:
             got = self._recv(0.005)
             if got is not None and answer:
                 self.ack(got[1])
+
+
+class Dealer:
+    """The fake peer's own pinger side: pings the host under test over its listen port."""
+
+    def __init__(self, fake: FakePeer, target: str, source: str | None = None) -> None:
+        self.fake = fake
+        self.ctx = zmq.Context()
+        self.s = self.ctx.socket(zmq.DEALER)
+        self.s.setsockopt(zmq.LINGER, 0)
+        # source: the address the connection leaves from (the kernel's choice if None)
+        self.s.connect(f"tcp://{source}:0;{target}" if source else f"tcp://{target}")
+        self.nonce = time.time_ns()
+        self.known: tuple[int, Identity | None] = (0, None)
+
+    def ping(self, *, nonce: int | None = None, gen: int | None = None,
+             known: Identity | None | str = "same", identity: Identity | None = None,
+             secret: bytes | None | str = "same", echo: int = 0, address: str | None = None,
+             version: int = 1, my_gen: int = 0) -> bytes:
+        """``echo``: the challenge to echo (with one of ours, 1; 0: a plain v1 ping);
+        ``address``: the one it names (its own, behind a NAT; default the fake's);
+        ``version`` 2 with ``my_gen``, the fake's own digest generation."""
+        if nonce is None:
+            self.nonce += 1
+            nonce = self.nonce
+        frame = encode_ping(Ping(identity or self.fake.identity, address or self.fake.address, nonce,
+                                 self.known[0] if gen is None else gen,
+                                 self.known[1] if known == "same" else known,  # type: ignore[arg-type]
+                                 1 if echo else 0, echo, my_gen, version),
+                            self.fake.secret if secret == "same" else secret)  # type: ignore[arg-type]
+        self.s.send(frame)
+        return frame
+
+    def sync(self) -> None:
+        """One honest ping, to learn the digest generation the host answers with.  Acks
+        to earlier pings may wait unread: the one that counts answers this ping, and by
+        the time it comes every earlier ping has been handled (they are drained in
+        order), so a counter read after it is settled."""
+        self.ping()
+        while True:
+            assert self.s.poll(5000), "no ack from the host under test"
+            ack = decode(self.s.recv(), self.fake.secret)
+            assert isinstance(ack, Ack)
+            if ack.nonce == self.nonce:
+                break
+        self.known = (ack.gen, ack.identity)
+
+    def close(self) -> None:
+        self.s.close(0)
+        self.ctx.term()
 
 
 def fake_peers_fixture() -> Iterator[list[FakePeer]]:
@@ -566,6 +628,14 @@ class NetNs:
 
 #: the invariant: a local SIGKILL is DEAD within this, whatever the network half does
 KILL_BOUND_S = 1.0
+
+
+def mutual_roles(x: Host, y: Host) -> tuple[Host, Host]:
+    """(active, passive) of two hosts that follow each other: the passive side is the
+    one with the larger board identity (``shmhb.net.evidence.passive``); board
+    incarnations are random, so a test asks rather than picks."""
+    ix, iy = (Identity(h.board.boot_id, h.board.board_inc) for h in (x, y))
+    return (y, x) if passive(ix, iy) else (x, y)
 
 
 def status(h: Host | str) -> tuple[int, dict[str, Any]]:

@@ -100,7 +100,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "net": frozenset({
         "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
         "net.exchange", "net.following", "net.frames", "net.frametag", "net.pinger", "net.plan",
-        "net.protocol", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
+        "net.protocol", "net.reports", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),
     "agent": frozenset({

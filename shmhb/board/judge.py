@@ -84,6 +84,22 @@ def judge_row(word: int, gen: int, agent_ok: bool, now: int) -> tuple[Status, in
     return Status.from_code((word >> CODE_SHIFT) & CODE_MASK), age
 
 
+_STALE = frozenset((Status.SUSPECT, Status.DEAD, Status.LEFT))
+
+
+def beat_age(word: int, gen: int, reported: Status, now: int) -> int | None:
+    """A remote worker's own time since its last beat (units), from its row's beat word
+    (``layout.REMOTE_ROW_DTYPE``), or None where it is not known.  Known only for a
+    worker its host reported stale (SUSPECT, DEAD, LEFT): such a worker has not beaten
+    since the report that gave the beat (else its host reports it ALIVE again), so the
+    age grows with our clock.  An ALIVE one beat since, by an amount no report tells;
+    a word of another row generation, or 0 (a v1 full ack told no beat), says nothing."""
+    if reported not in _STALE or not word or (word >> GEN_SHIFT) & GEN_MASK != gen & GEN_MASK:
+        return None
+    ts = word & TS40_MASK
+    return now - ts if now > ts else 0
+
+
 def combine_remote(reported: Status, host: Status) -> Status:
     """A remote worker's status: what its host reported, bounded by the host's own.
 

@@ -224,12 +224,16 @@ PEER_ROW_DTYPE: Final = np.dtype(
 
 REMOTE_ROW_DTYPE: Final = np.dtype(
     {
-        # status: gen|code(reported)|ts(of the ack that reported it); peer: owning peer row
+        # status: gen|code(reported)|ts(of the ack that reported it); peer: owning peer row;
+        # beat: gen|0|ts(the worker's own last beat, local clock, as that report gave it;
+        # 0: not known -- a v1 full ack says no more than its host's age).  Bytes 376-383
+        # were padding before: a board of an earlier version holds 0 there, and an
+        # earlier version's reader never looks.
         "names": ["status", "gen", "peer", "peer_gen", "incarnation", "pid",
-                  "key", "endpoints", "checksum"],
+                  "key", "endpoints", "checksum", "beat"],
         "formats": ["<u8", "<u8", "<u8", "<u8", "<u8", "<u8",
-                    f"S{KEY_BYTES}", f"S{ENDPOINTS_BYTES}", "<u8"],
-        "offsets": [0, 8, 16, 24, 32, 40, 48, 112, 368],
+                    f"S{KEY_BYTES}", f"S{ENDPOINTS_BYTES}", "<u8", "<u8"],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 112, 368, 376],
         "itemsize": 384,
     }
 )
@@ -315,6 +319,7 @@ VERDICT_WORD: Final = field_word(SLOT_WORDS_DTYPE, "verdict")  # from the slot's
 PEER_STRIDE: Final = PEER_ROW_DTYPE.itemsize // WORD_BYTES
 PEER_RTT_WORD: Final = field_word(PEER_ROW_DTYPE, "rtt")  # from the row's status word
 PEER_AUTH_WORD: Final = field_word(PEER_ROW_DTYPE, "auth")
+REMOTE_BEAT_WORD: Final = field_word(REMOTE_ROW_DTYPE, "beat")
 REMOTE_STRIDE: Final = REMOTE_ROW_DTYPE.itemsize // WORD_BYTES
 
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .config import UNIT_S, parse_address
-from .judge import combine_remote, judge_row
+from .judge import beat_age, combine_remote, judge_row
 from .layout import (
     PEER_ROW_DTYPE, PEER_STRIDE, REMOTE_ROW_DTYPE, REMOTE_STRIDE, Sizes, peer_checksum,
     remote_checksum, row_ts, rtt_us, ts_units, unpack_auth, word_index,
@@ -134,7 +134,8 @@ class RemoteReads:
                 continue
             eps = stored_endpoints(bytes(row["endpoints"]), "remote row", int(i))
             out.append((p, SlotStatus(key, int(row["pid"]), int(row["incarnation"]), st,
-                                      _remote_age(age, hs.age_s), eps)))
+                                      _remote_age(age, hs.age_s), eps,
+                                      _beat_age_s(row, reported, now))))
         return out
 
     def peers(self) -> list[PeerStatus]:
@@ -223,7 +224,14 @@ class RemoteReads:
         if key is None:
             return None
         return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
-                          combine_remote(j[0], pr.status), _remote_age(j[1], pr.age_s), eps), p
+                          combine_remote(j[0], pr.status), _remote_age(j[1], pr.age_s), eps,
+                          _beat_age_s(row, j[0], now)), p
+
+
+def _beat_age_s(row: np.void, reported: Status, now: int) -> float | None:
+    """The worker's own beat age, where its row's beat word tells it (``judge.beat_age``)."""
+    units = beat_age(int(row["beat"]), int(row["gen"]), reported, now)
+    return None if units is None else units * UNIT_S
 
 
 def _remote_age(row_age: int, host_age_s: float | None) -> float:

@@ -105,12 +105,14 @@ URGENCY: dict[Status, int] = {Status.DEAD: 0, Status.SUSPECT: 1, Status.UNKNOWN:
 _CALM = len(URGENCY)
 LOCAL_COLUMNS = [("KEY", "left"), ("STATUS", "left"), ("PID", "right"), ("INC", "right"),
                  ("AGE", "right"), ("ENDPOINTS", "left")]
-# A remote worker's row carries no age of its own beat: the board keeps when its host's
-# report (ack or push) last covered it, so that is what SEEN shows, for hosts and workers.
+# SEEN: since the host's last report (ack or push) covered the row, for hosts and workers.
+# AGE: a remote worker's own time since its last beat where its host's reports tell it
+# (SlotStatus.beat_age_s: a worker reported stale); "fresh" for one reported alive (it beat
+# within its host's suspect-after as of SEEN ago); "-" where nothing tells it.
 REMOTE_COLUMNS = [("HOST / KEY", "left"), ("STATUS", "left"), ("PID", "right"), ("INC", "right"),
-                  ("SEEN", "right"), ("RTT", "right"), ("ENDPOINTS", "left")]
+                  ("AGE", "right"), ("SEEN", "right"), ("RTT", "right"), ("ENDPOINTS", "left")]
 DROPPABLE = ("INC", "PID", "RTT")  # what goes first on a narrow screen
-REMOTE_TITLE = "remote hosts (SEEN: since the host's last report)"
+REMOTE_TITLE = "remote hosts (AGE: the worker's own last beat; SEEN: since the host's last report)"
 
 
 def _local_cells(s: SlotStatus) -> list[Text]:
@@ -122,13 +124,20 @@ def _host_cells(p: PeerStatus) -> list[Text]:
     st = status_text(p.status)
     if p.auth_failing:  # its silence is no sign of death: the secrets differ
         st.append(" (auth fails)", style="bold red")
-    return [Text(f"@{shown(p.address)}", style="bold"), st, Text(""), Text(""),
+    return [Text(f"@{shown(p.address)}", style="bold"), st, Text(""), Text(""), Text(""),
             Text(fmt_age(p.age_s)), Text(fmt_rtt(p.rtt_ms)), Text(_workers(len(p.slots)), style="dim")]
+
+
+def remote_beat(s: SlotStatus) -> str:
+    """A remote worker's AGE cell: its own beat age where known (see REMOTE_COLUMNS)."""
+    if s.beat_age_s is not None:
+        return fmt_age(s.beat_age_s)
+    return "fresh" if s.status is Status.ALIVE else "-"
 
 
 def _remote_cells(s: SlotStatus) -> list[Text]:
     return [Text(f"  {shown(s.key)}"), status_text(s.status), Text(str(s.pid)),
-            Text(str(s.incarnation)), Text(fmt_age(s.age_s)), Text(""),
+            Text(str(s.incarnation)), Text(remote_beat(s)), Text(fmt_age(s.age_s)), Text(""),
             Text(shown(", ".join(s.endpoints)))]
 
 

@@ -126,6 +126,7 @@ extern "C" {
 #define SHMHB_REMOTE_KEY 48
 #define SHMHB_REMOTE_ENDPOINTS 112
 #define SHMHB_REMOTE_CHECKSUM 368
+#define SHMHB_REMOTE_BEAT 376 /* gen:20 | 0 | ts:40: the worker's own last beat; 0: unknown */
 
 /* watch row at watch_off + i * SHMHB_WATCH_BYTES */
 #define SHMHB_WATCH_BYTES 128

@@ -35,8 +35,14 @@ import os
 from typing import Final
 
 #: Bit of an ack's (and a push's) digest generation that says "I decode PING challenges".
-#: Generations start below 2**62 (``shmhb.net.digest``) and grow by one per change.
+#: Generations start below 2**61 (``shmhb.net.digest``; 2**62 before version 2) and grow
+#: by one per change.
 CAPABLE: Final = 1 << 63
+#: Bit 62: "I answer version-2 pings" (docs/PROTOCOL.md, "Version 2").  A pinger sends a
+#: v2 ping only to a host whose last ack had it, and a plain v1 one after an unanswered
+#: ping (a host that went back to v1 drops v2 frames as ``version``).  Responders of
+#: version 1 never set it: their generations start below 2**62 and grow by one.
+SPEAKS_V2: Final = 1 << 62
 #: Challenges issued to a host that its echo may name: the newest and those before it
 #: (a ping of B may cross A's next ping to B on the wire).
 KEEP: Final = 3
@@ -58,8 +64,9 @@ def echoed(issued: tuple[int, ...], echo: int) -> bool:
 
 
 def advertised(gen: int) -> int:
-    """The generation a responder puts on the wire for its digest generation ``gen``."""
-    return gen | CAPABLE
+    """The generation a responder puts on the wire for its digest generation ``gen``:
+    with the bits that say it decodes challenges and answers v2 pings."""
+    return gen | CAPABLE | SPEAKS_V2
 
 
 def capable(gen: int) -> bool:
@@ -67,4 +74,10 @@ def capable(gen: int) -> bool:
     return bool(gen & CAPABLE)
 
 
-__all__ = ["CAPABLE", "KEEP", "advertised", "capable", "echoed", "issue", "new_challenge"]
+def speaks_v2(gen: int) -> bool:
+    """Whether an ack's generation says that its sender answers v2 pings."""
+    return bool(gen & SPEAKS_V2)
+
+
+__all__ = ["CAPABLE", "KEEP", "SPEAKS_V2", "advertised", "capable", "echoed", "issue",
+           "new_challenge", "speaks_v2"]

@@ -21,7 +21,9 @@ import numpy as np
 
 from ..board.handle import Board
 from ..board.judge import Thresholds, judge_local_array
-from ..board.layout import hb_ts, inc_tag, units_to_ms, units_to_ns, word_tag, word_tag_array
+from ..board.layout import (
+    hb_ts, inc_tag, ts_units, units_to_ms, units_to_ns, word_tag, word_tag_array,
+)
 from ..errors import ProtocolError
 from .protocol import MAX_DIGEST_BODY_BYTES, MAX_DIGEST_ENTRIES, DigestEntry, encode_entries
 from ..ratelog import RateLimitedLog
@@ -50,8 +52,9 @@ class LocalDigest:
         self.b = board
         self._count = count  # the agent's counters (AgentWords.count), if any
         self.cut = 0  # slots left out of the current generation (they did not fit)
-        self.gen = random.getrandbits(62) | 1
+        self.gen = random.getrandbits(61) | 1  # bits 61-63 stay free (shmhb.net.challenge)
         self.body = encode_entries(())
+        self.body_units = 0  # board time (units) when the body's ages were taken
         self._key: tuple[bytes, bytes] | None = None
         self._entries: dict[str, DigestEntry] = {}
         self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the board's clock
@@ -124,9 +127,14 @@ class LocalDigest:
             return []
         self._entries = entries
         self.gen += 1
-        self.body = encode_entries(entries.values())
+        self.body, self.body_units = encode_entries(entries.values()), int(now)
         self._report_cut(cut)
         return news
+
+    def body_age_ms(self) -> int:
+        """How long ago the body's ages were taken (a v2 full ack says so: its receiver
+        then knows each listed worker's own beat time, not only its host's)."""
+        return max(0, int(units_to_ms(ts_units(self.b.now_ns()) - self.body_units)))
 
     def _report_cut(self, cut: int) -> None:
         """Never silent: slots that did not fit the digest are counted (``digest_cut``,

@@ -9,8 +9,10 @@ replay guard counts only if:
   host's live pinger (or whoever could already answer our pings to it) knows one.  The
   TCP connection's source address proves nothing: another process on that host, or a
   container behind its NAT, connects from the same address (issue 23);
-* its identity is the one that host's acks to our own nonces established (a ping
-  cannot introduce an identity);
+* its identity is the one a followed host's acks to our own nonces established (a ping
+  cannot introduce an identity).  That identity, not the address the ping names, says
+  which host it is: a host behind NAT, or followed by a name, names an address we do
+  not follow it by, and its pings count all the same (issue 27);
 * its nonce is above every nonce of that host that counted before (kept with the
   followed host, not in the bounded replay guard);
 * it names our board and our *current* digest generation, which each pinger process
@@ -46,6 +48,16 @@ def from_host(source: str | None, ip: ipaddress.IPv4Address | ipaddress.IPv6Addr
     if isinstance(got, ipaddress.IPv6Address) and got.ipv4_mapped is not None:
         got = got.ipv4_mapped  # an IPv4 peer on a dual-stack socket
     return got == ip
+
+
+def passive(me: Identity, them: Identity) -> bool:
+    """In a pair that follows each other, whether we (``me``) are the passive side:
+    the one with the larger board identity.  Both sides compare the same two values
+    (each learnt the other's from its acks), so exactly one of them is passive whatever
+    addresses they know each other by; before version 2 the listen addresses were
+    compared, and behind NAT or a name the two sides could both be active (no saving)
+    or both passive (each pinging every other turn)."""
+    return (me.boot_id, me.board_inc) > (them.boot_id, them.board_inc)
 
 
 def counts_as_evidence(ping: Ping, *, authenticated: bool, known: Identity | None,

@@ -23,6 +23,7 @@ from .exchange import OutstandingPings
 from .target import Target
 from .state import AgentWords, NetReason
 from .plan import MIN_PINGS_PER_WINDOW, PingPlan
+from .protocol import Identity
 from ..ratelog import RateLimitedLog
 from .rowwriter import RowWriter
 from .suspicion import PeerState
@@ -53,6 +54,9 @@ class Following:
         self.host, self.port = parse_hostport(me)
         self.targets: dict[str, Target] = {}
         self.by_rid: dict[bytes, Target] = {}
+        # by the board identity its acks established: how a host's own pings are told
+        # apart, whatever address they name (NAT, a name: shmhb.net.evidence)
+        self.by_identity: dict[Identity, Target] = {}
         self.skipped: dict[str, tuple[NetReason, str]] = {}  # address -> (reason, why)
         self.down: set[str] = set()  # targets whose connection is down: retried every tick
         self._states: list[PeerState] | None = None  # the targets' verdict states, cached
@@ -126,9 +130,19 @@ class Following:
         self.rows.peer_status(row, gen, t.state.status, 0)
         log.info("pinger: following %s", address)
 
+    def set_identity(self, t: Target, identity: Identity) -> None:
+        """``t``'s acks to our nonces established ``identity`` (a first ack, a reboot).
+        No two followed hosts hold one identity (``target.speaks_for_another``)."""
+        if t.identity is not None and self.by_identity.get(t.identity) is t:
+            del self.by_identity[t.identity]
+        t.identity = identity
+        self.by_identity[identity] = t
+
     def _drop_target(self, address: str) -> None:
         t = self.targets.pop(address)
         self.by_rid.pop(t.rid, None)
+        if t.identity is not None and self.by_identity.get(t.identity) is t:
+            del self.by_identity[t.identity]
         self.net.disconnect(t.endpoint)
         self.outstanding.drop_peer(address)
         self.down.discard(address)

@@ -40,15 +40,16 @@ from .settings import configure_from_args, load_config, read_secret, store_confi
 from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
-    MAX_ACK_ENTRIES, Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ping,
+    MAX_ACK_ENTRIES, U32_MAX, Ack, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
 # _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
-from .challenge import advertised, capable, echoed, issue, new_challenge
-from .evidence import counts_as_evidence
-from .target import Target, confirm_now, own_endpoints, speaks_for_another
+from .challenge import advertised, capable, echoed, issue, new_challenge, speaks_v2
+from .evidence import counts_as_evidence, passive
+from .target import Target, confirm_now, speaks_for_another
 from .following import Following
-from ..board.layout import row_code, units_to_ns
+from .reports import Reports
+from ..board.layout import units_to_ns
 from .plan import PingPlan
 from ..ratelog import RateLimitedLog
 from .rowwriter import RowWriter
@@ -106,7 +107,7 @@ class NetworkHalf:
         self.push_guard = ReplayGuard()
         self.suspicion = Suspicion(board.thresholds, late_ns=int(0.25e9))
         self.plan = PingPlan(cfg.ping_budget_pps, int(cfg.interval_s * 1e9),
-                             units_to_ns(board.thresholds.peer_dead), me=cfg.listen)
+                             units_to_ns(board.thresholds.peer_dead))
         self._next_expire_ns = 0
         # nonces and push seqs: one counter that only grows per board identity
         self.counter = SendCounter(board.words, COUNTER_WORD)
@@ -115,6 +116,7 @@ class NetworkHalf:
         self.following = Following(board, self.net, self.rows, writer, self.plan,
                                    self.outstanding, self._ratelog, cfg.listen)
         self.bad_input = BadInput(writer, self.rows, self.following.targets, self._ratelog)
+        self.reports = Reports(board, self.rows, writer, self.bad_input.bad)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
@@ -139,8 +141,12 @@ class NetworkHalf:
         """A followed host's own ping as evidence that its pinger runs, if
         ``shmhb.net.evidence`` says it counts (the responder calls this for each ping).
         Returns whether it is that host's own (authenticated, or echoing a challenge of
-        ours: ``shmhb.net.challenge``); the responder keeps such watchers apart."""
-        t = self.targets.get(msg.address)
+        ours: ``shmhb.net.challenge``); the responder keeps such watchers apart.
+
+        Which followed host sent it: the one whose acks established the identity it
+        names, else the one at the address it names.  The address proves nothing (see
+        ``shmhb.net.evidence``) and may not be one we know the host by (NAT, a name)."""
+        t = self.following.by_identity.get(msg.identity) or self.targets.get(msg.address)
         if t is None:
             return False
         authenticated = self.secret is not None or bool(self.cfg.curve_keys)
@@ -155,12 +161,19 @@ class NetworkHalf:
             return ours
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")
+        if msg.gen and t.digest_gen and msg.gen != t.digest_gen and confirm_now(t, now_ns):
+            # a v2 ping says our copy of its digest is behind (a push lost, or a change
+            # only an ack may tell): ask now, as a push that needs confirming does
+            self.w.count("pings_confirm")
+            self._ping(t, now_ns)
         old = self.suspicion.on_evidence(t.state, now_ns)
         if old is not None:  # as in _on_ack: pings sent before it was back measure nothing
             t.rtt_from_nonce = self.counter.peek()
             self.rows.clear_rtt(t.row)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
-        self.plan.evidence(t.address, now_ns)
+        assert t.identity is not None  # counts_as_evidence checked it
+        self.plan.evidence(t.address, now_ns, passive=passive(self.identity, t.identity),
+                           tells_gen=msg.version > 1)
         if old is not None:
             log.info("pinger: host %s %s -> alive (its own ping)", t.address, old.value)
             self.w.changed()
@@ -230,11 +243,15 @@ class NetworkHalf:
     def _ping(self, t: Target, now_ns: int) -> bool:
         """Send one ping; False if the host's connection is down (nothing is queued)."""
         self._nonce = self.counter.next()
-        # Without authentication, a challenge for it to echo (only to a host whose acks
-        # say it decodes one, and plain v1 after an unanswered ping: shmhb.net.challenge).
-        ch = new_challenge() if t.capable and t.answered and self.plain else 0
+        # Version 2 to a host whose acks say it answers it; without authentication, a
+        # challenge for it to echo (only to a host whose acks say it decodes one).  Plain
+        # v1 after an unanswered ping: a host that went back to v1 answers that.
+        v2 = t.v2 and t.answered
+        ch = new_challenge() if (v2 or t.capable and t.answered) and self.plain else 0
         frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
-                                 t.identity, ch, t.their_challenge if ch else 0), self.secret)
+                                 t.identity, ch, t.their_challenge if ch else 0,
+                                 advertised(self.responder.digest.gen) if v2 else 0,
+                                 2 if v2 else 1), self.secret)
         c = self.client
         assert c is not None
         try:
@@ -296,13 +313,14 @@ class NetworkHalf:
             self.bad_input.bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
-        t.answered, t.capable = True, capable(a.gen)
+        t.answered, t.capable, t.v2 = True, capable(a.gen), speaks_v2(a.gen)
         self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
                 log.info("pinger: %s has a new board (rebooted or recreated): its slots are new peers",
                          t.address)
-            t.identity, t.digest_gen = a.identity, 0
+            self.following.set_identity(t, a.identity)
+            t.digest_gen = 0
             self.rows.peer_identity(t.row, a.identity)
             if not a.full:
                 for held in t.remotes.values():
@@ -315,7 +333,10 @@ class NetworkHalf:
                                    "one ack carries: the %d it sent are live ones first, the "
                                    "rest read GONE here (see its digest_cut warning)",
                                    t.address, len(a.entries))
-            self._apply_digest(t, a.entries, now_ns)
+            # a v2 full ack says how old its body is: its workers' own beats on our clock
+            aged = a.version > 1 and a.body_age_ms < U32_MAX
+            self.reports.digest(t, a.entries, now_ns,
+                                now_ns - a.body_age_ms * 1_000_000 if aged else None)
             t.digest_gen = a.gen
         elif a.gen != t.digest_gen:
             t.digest_gen = 0  # we do not hold what it thinks we hold: ask for all of it
@@ -333,38 +354,6 @@ class NetworkHalf:
             self.rows.peer_rtt(t.row, t.gen, now_ns - sent)
         if old is not None:
             log.info("pinger: host %s %s -> alive", t.address, old.value)
-            self.w.changed()
-
-    def _own(self, t: Target, e: DigestEntry) -> DigestEntry:
-        kept = own_endpoints(t, e)
-        if kept is e:
-            return e
-        self.bad_input.bad("spoofed", t.address)  # it listed another host's endpoint
-        return kept
-
-    def _apply_digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> None:
-        seen = set()
-        changed = False
-        for e in entries:  # at most MAX_DIGEST_ENTRIES (decode refuses more): rows per host capped
-            e = self._own(t, e)
-            seen.add(e.key)
-            held = t.remotes.get(e.key)
-            # The status code this row held before: read it before put_remote rewrites
-            # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
-            # to itself and never bump the change counter that readers rely on.
-            before = row_code(int(self.b.remote_table[held.row]["status"])) if held else None
-            got = self.rows.put_remote(t.row, t.gen, held, e, now_ns)
-            if got is None:
-                continue
-            if held is None or got.incarnation != held.incarnation or got.gen != held.gen \
-                    or before != e.status:
-                changed = True
-            t.remotes[e.key] = got
-        for key in list(t.remotes):
-            if key not in seen:
-                self.rows.free_remote(t.remotes.pop(key).row)
-                changed = True
-        if changed:
             self.w.changed()
 
     def _on_push(self, t: Target, p: Push, now_ns: int) -> None:
@@ -386,21 +375,7 @@ class NetworkHalf:
                 self.rows.peer_status(t.row, t.gen, Status.LEFT, t.state.last_ack_ns)
                 self.w.changed()
             return
-        changed = unlisted = ask = False
-        for e in p.entries:
-            held = t.remotes.get(e.key)
-            if held is None:
-                unlisted = True
-            elif e.incarnation > held.incarnation:
-                got = self.rows.put_remote(t.row, t.gen, held, self._own(t, e), now_ns)
-                if got is not None:
-                    t.remotes[e.key] = got
-                    changed = True
-            elif e.incarnation == held.incarnation and e.status in (Status.DEAD.code, Status.LEFT.code):
-                self.rows.remote_status(held, e.status, now_ns)
-                changed = True
-            else:
-                ask = True  # SUSPECT, ALIVE again: only an ack may say so
+        changed, unlisted, ask = self.reports.push(t, p.entries, now_ns)
         if unlisted:
             self.w.count("push_unlisted")
         if changed or unlisted or ask:
@@ -411,8 +386,6 @@ class NetworkHalf:
                 self._ping(t, now_ns)
             else:
                 self.plan.nudge(t.address)  # its next turn pings, even on a passive side
-        if changed:
-            self.w.changed()
 
     def flush(self, now_ns: int) -> None:
         self.responder.flush(now_ns)

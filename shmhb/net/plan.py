@@ -19,14 +19,17 @@ frame as the whole pinger does), so the total rate of pings is what is bounded:
   whole round at once -- and every host's pings keep one interval apart.  A host that
   joins is pinged first (at the next tick); a host that leaves frees its turn.
 * **Mutual pairs.**  A host whose own pings to us count as evidence (authenticated, or
-  from its own address: see docs/PROTOCOL.md, "Inbound pings as evidence") need not be
-  pinged by us as well.  In a
-  pair that follows each other, the side with the larger address is the passive one:
-  it skips its turn for a host whose evidence is fresher than ``SKIP_FRESH`` intervals,
+  echoing a challenge of ours: see docs/PROTOCOL.md, "Inbound pings as evidence") need
+  not be pinged by us as well.  In a pair that follows each other, one side is the
+  passive one (the caller decides which: ``shmhb.net.evidence.passive``, by board
+  identity, which both sides see alike whatever addresses they know each other by): it
+  skips its turn for a host whose evidence is fresher than ``SKIP_FRESH`` intervals,
   but still pings it at least every ``refresh_ns`` (to stay one of its watchers, so its
-  pushes reach us, and to refresh its digest).  The active side never skips, so the
-  pair never waits on each other; if the evidence stops (that host died, or stopped
-  following us) the passive side's next turn pings as usual.
+  pushes reach us, and to refresh its digest) -- or every ``LONG_REFRESH`` times that
+  for a host whose pings carry its digest generation (version 2): those pings already
+  say when our copy is behind, so the refresh only keeps the watch.  The active side
+  never skips, so the pair never waits on each other; if the evidence stops (that host
+  died, or stopped following us) the passive side's next turn pings as usual.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ BATCH_NS = 250_000_000
 #: A passive side skips its turn while a host's evidence is fresher than this many
 #: intervals (more than one, so that a ping arriving a little late still counts).
 SKIP_FRESH = 1.5
+#: A passive side's refresh period, in ``refresh_ns``, for a host whose pings tell its
+#: digest generation (v2).  A responder forgets a watcher after three peer-dead windows
+#: of silence (``NetworkHalf``): two keeps a whole window of margin.
+LONG_REFRESH = 2
 
 
 def host_interval_ns(hosts: int, budget_pps: float, min_interval_ns: int, dead_after_ns: int) -> int:
@@ -69,7 +76,7 @@ class PingPlan:
     counted as evidence of its pinger running (mutual pairs)."""
 
     def __init__(self, budget_pps: float, min_interval_ns: int, dead_after_ns: int, *,
-                 me: str = "", refresh_ns: int | None = None, batch_ns: int = BATCH_NS) -> None:
+                 refresh_ns: int | None = None, batch_ns: int = BATCH_NS) -> None:
         if not (math.isfinite(budget_pps) and 0 < budget_pps <= MAX_BUDGET_PPS):
             raise ValueError(f"budget must be in (0, {MAX_BUDGET_PPS:g}] pings/s, got {budget_pps!r}")
         if min_interval_ns <= 0 or dead_after_ns <= 0:
@@ -77,7 +84,6 @@ class PingPlan:
         self.budget_pps = budget_pps
         self.min_interval_ns = min_interval_ns
         self.dead_after_ns = dead_after_ns
-        self.me = me
         self.refresh_ns = dead_after_ns if refresh_ns is None else refresh_ns
         self.batch_ns = batch_ns
         self._release_ns: int | None = None
@@ -88,6 +94,7 @@ class PingPlan:
         self._gap_ns = min_interval_ns
         self._evidence_ns: dict[str, int] = {}  # host -> last evidence (passive side only)
         self._pinged_ns: dict[str, int] = {}  # host -> our last ping (passive side only)
+        self._tells_gen: set[str] = set()  # passive side: hosts whose pings carry their gen
 
     # -- the followed set ---------------------------------------------------------------
 
@@ -104,6 +111,7 @@ class PingPlan:
         for d in (self._evidence_ns, self._pinged_ns):
             for h in [h for h in d if h not in want]:
                 del d[h]
+        self._tells_gen &= want
         self.interval_ns = host_interval_ns(len(self._order), self.budget_pps,
                                             self.min_interval_ns, self.dead_after_ns)
         self._gap_ns = max(1, self.interval_ns // max(1, len(self._order)))
@@ -133,14 +141,16 @@ class PingPlan:
 
     # -- turns ----------------------------------------------------------------------------
 
-    def passive(self, host: str) -> bool:
-        """In a mutual pair, whether we are the side that may rely on the other's pings."""
-        return bool(self.me) and self.me > host
-
-    def evidence(self, host: str, now_ns: int) -> None:
-        """``host``'s own ping counted as evidence that its pinger runs."""
-        if self.passive(host):
+    def evidence(self, host: str, now_ns: int, *, passive: bool, tells_gen: bool = False) -> None:
+        """``host``'s own ping counted as evidence that its pinger runs.  ``passive``:
+        we are the side of the pair that may rely on its pings (the active side's turns
+        ignore evidence); ``tells_gen``: its pings carry its digest generation (v2)."""
+        if passive:
             self._evidence_ns[host] = now_ns
+            if tells_gen:
+                self._tells_gen.add(host)
+            else:
+                self._tells_gen.discard(host)
 
     def nudge(self, host: str) -> None:
         """We need ``host``'s digest: its next turn pings it, even where its evidence
@@ -184,4 +194,5 @@ class PingPlan:
             return False  # the other side stopped pinging us: our turn again
         last = self._pinged_ns.get(host)
         # the refresh ping: stay its watcher, and hear its digest now and then
-        return not (last is None or now_ns - last >= self.refresh_ns)
+        every = self.refresh_ns * (LONG_REFRESH if host in self._tells_gen else 1)
+        return not (last is None or now_ns - last >= every)

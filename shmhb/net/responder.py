@@ -119,10 +119,13 @@ class Responder:
             ours = self._on_ping is not None and self._on_ping(msg, now_ns, source)
             self._watch(rid, ours, now_ns)
             d = self.digest
-            gen = advertised(d.gen)  # says we decode challenges (shmhb.net.challenge)
+            gen = advertised(d.gen)  # says we decode challenges, answer v2 (shmhb.net.challenge)
             full = wants_full_digest(msg, self.identity, gen)
+            # in the ping's own version: a v1 pinger gets v1 (a rolling upgrade)
             ack = encode_ack_raw(msg.nonce, self.identity, self.address, gen,
-                                 d.body if full else None, self.secret, cut=d.cut > 0)
+                                 d.body if full else None, self.secret, cut=d.cut > 0,
+                                 version=msg.version,
+                                 body_age_ms=d.body_age_ms() if full and msg.version > 1 else 0)
             try:
                 r.send(rid, _MORE)
                 r.send(ack, _NOBLOCK)

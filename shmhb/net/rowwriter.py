@@ -17,7 +17,8 @@ import numpy as np
 
 from ..board.handle import Board
 from ..board.layout import (
-    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_STRIDE,
+    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
+    REMOTE_STRIDE,
     encode_endpoints, next_gen, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
     ts_units, unpack_auth, unpack_row, word_index,
 )
@@ -137,9 +138,10 @@ class RowWriter:
     # -- remote slots -----------------------------------------------------------------------
 
     def put_remote(self, peer_row: int, peer_gen: int, held: RemoteRow | None,
-                   e: DigestEntry, now_ns: int) -> RemoteRow | None:
-        """Write entry ``e`` for a peer; ``held`` is the row it had.  Returns the row it
-        has now, or None if the remote table is full."""
+                   e: DigestEntry, now_ns: int, beat_ns: int | None = None) -> RemoteRow | None:
+        """Write entry ``e`` for a peer; ``held`` is the row it had; ``beat_ns``: the
+        worker's own last beat on our clock, if the report tells it.  Returns the row
+        it has now, or None if the remote table is full."""
         ts = ts_units(now_ns)
         r = self.b.remote_table
         eps = _fit_endpoints(e.endpoints)
@@ -147,6 +149,7 @@ class RowWriter:
             i, gen = held.row, held.gen
             row = r[i]
             if held.incarnation == e.incarnation and int(row["pid"]) == e.pid and bytes(row["endpoints"]) == eps:
+                self._beat(i, gen, beat_ns)
                 self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, e.status, ts)
                 return held
         else:
@@ -166,16 +169,29 @@ class RowWriter:
         row["key"] = e.key.encode()[: KEY_BYTES - 1]
         row["endpoints"] = eps
         row["checksum"] = remote_checksum(row)
+        self._beat(i, gen, beat_ns)
         self._q[self._remote0 + i * REMOTE_STRIDE] = pack_row(gen, e.status, ts)
         return RemoteRow(i, gen, e.incarnation)
 
-    def remote_status(self, held: RemoteRow, code: int, now_ns: int) -> None:
+    def remote_status(self, held: RemoteRow, code: int, now_ns: int,
+                      beat_ns: int | None = None) -> None:
+        self._beat(held.row, held.gen, beat_ns)
         self._q[self._remote0 + held.row * REMOTE_STRIDE] = pack_row(held.gen, code,
                                                                      ts_units(now_ns))
+
+    def _beat(self, i: int, gen: int, beat_ns: int | None) -> None:
+        """The beat word of remote row ``i``: its own word, naming the row generation it
+        belongs to, so no order against the status word is needed.  A reader that pairs
+        a new status with the beat of the report before sees an older beat, never a
+        beat of another incarnation.  A report that does not tell the beat clears it:
+        an older one would age a worker that has beaten since."""
+        w = pack_row(gen, 0, ts_units(beat_ns)) if beat_ns is not None and beat_ns > 0 else 0
+        self._q[self._remote0 + i * REMOTE_STRIDE + REMOTE_BEAT_WORD] = w
 
     def free_remote(self, i: int) -> None:
         self.b.remote_table[i]["checksum"] = 0
         self._q[self._remote0 + i * REMOTE_STRIDE] = 0
+        self._q[self._remote0 + i * REMOTE_STRIDE + REMOTE_BEAT_WORD] = 0
 
 
 def _fit_endpoints(endpoints: tuple[str, ...]) -> bytes:

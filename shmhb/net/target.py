@@ -53,6 +53,7 @@ class Target:
     answered: bool = True
     issued: tuple[int, ...] = ()
     their_challenge: int = 0
+    v2: bool = False  # its acks say it answers v2 pings (shmhb.net.challenge.SPEAKS_V2)
 
 
 #: at most one ping per host per this period is sent at once to confirm a push

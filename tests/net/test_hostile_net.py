@@ -58,15 +58,16 @@ def test_a_forger_on_the_hosts_own_address_does_not_keep_it_alive(cluster: Clust
     learns b's identity from b's ack and a's digest generation from a's acks, and pings
     a as b every 0.2 s; b's pinger is stopped and its worker killed.  a must read b DEAD
     (and the worker not ALIVE) about when it would without the forger."""
-    b = cluster.host(ip="127.0.0.1")  # active: the smaller address
-    a = cluster.host()  # 127.0.0.2: passive, it relies on b's own pings
+    b = cluster.host(ip="127.0.0.1")
+    a = cluster.host()  # 127.0.0.2: if passive (mutual_roles), it relies on b's own pings
     w = b.worker("b-rank-0", b.endpoint(1))
     a.watch(b)
     b.watch(a)
     wait_until(lambda: a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE,
                what="both ALIVE")
     wait_until(lambda: a.remote_status(b.endpoint(1)) is Status.ALIVE, what="b's worker on a")
-    wait_until(lambda: a.stats()["pings_evidence"] >= 5, what="b's pings counted on a")
+    # b's pings count on a (every turn if b is the active side, once per refresh if not)
+    wait_until(lambda: a.stats()["pings_evidence"] >= 2, timeout_s=20, what="b's pings counted on a")
     ctx: zmq.Context[Any] = zmq.Context()
     try:
         to_b = _dealer(ctx, b.listen)

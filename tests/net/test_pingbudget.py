@@ -20,10 +20,10 @@ from shmhb.errors import InvalidConfig
 from shmhb.board.layout import checksum
 from shmhb.net.pinger import load_config, store_config
 from shmhb.net.plan import DEFAULT_BUDGET_PPS
-from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
+from shmhb.net.protocol import Identity
 
 from ..conftest import wait_until
-from ..hosts import FAST, Cluster, FakePeer, entry, write_secret
+from ..hosts import FAST, Cluster, Dealer, FakePeer, entry, mutual_roles, write_secret
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -77,9 +77,8 @@ def rate(h: Any, stat: str, seconds: float) -> float:
 def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen(
         cluster: Cluster, tmp_path: object) -> None:
     secret = write_secret(os.path.join(str(tmp_path), "secret"), SECRET)
-    a = cluster.host(secret_file=secret)  # 127.0.0.2: the active side (smaller address)
-    b = cluster.host(secret_file=secret)  # 127.0.0.3: passive, relies on a's pings
-    a.watch(b)
+    a, b = mutual_roles(cluster.host(secret_file=secret), cluster.host(secret_file=secret))
+    a.watch(b)  # a: the active side, b: passive, it relies on a's pings
     b.watch(a)
     wait_until(lambda: a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE,
                what="both ALIVE")
@@ -104,8 +103,7 @@ def test_without_a_secret_pings_that_echo_our_challenge_are_evidence(cluster: Cl
     to that host (shmhb.net.challenge); the source address plays no part (all these
     pingers connect from 127.0.0.1).  The pair halves its messages as it does with a
     secret, and a death is still seen."""
-    a = cluster.host()  # 127.0.0.2: active (the smaller address)
-    b = cluster.host()  # 127.0.0.3: passive
+    a, b = mutual_roles(cluster.host(), cluster.host())  # a active, b passive
     a.watch(b)
     b.watch(a)
     wait_until(lambda: a.peer_status(b) is Status.ALIVE and b.peer_status(a) is Status.ALIVE,
@@ -129,8 +127,7 @@ def test_the_passive_side_of_a_mutual_pair_hears_of_a_hung_worker_within_interva
     change is pushed, and the push makes its next turn a ping."""
     slow = shmhb.Policy(suspect_after_s=0.5, dead_after_s=30.0, peer_suspect_after_s=1.0,
                         peer_dead_after_s=20.0)  # a refresh only every 20 s
-    a = cluster.host(policy=slow, ip="127.0.0.1")  # active (the smaller address)
-    b = cluster.host(policy=slow)  # 127.0.0.3: passive
+    a, b = mutual_roles(cluster.host(policy=slow), cluster.host(policy=slow))  # a active
     w = a.worker("a-rank-1", a.endpoint(1))
     a.watch(b)
     b.watch(a)
@@ -154,53 +151,6 @@ def test_the_passive_side_of_a_mutual_pair_hears_of_a_hung_worker_within_interva
                timeout_s=8, poll_s=0.01, what="a's resumed worker ALIVE again on b")
 
 
-class _Dealer:
-    """The fake peer's own pinger side: pings the host under test over its listen port."""
-
-    def __init__(self, fake: FakePeer, target: str, source: str | None = None) -> None:
-        self.fake = fake
-        self.ctx = zmq.Context()
-        self.s = self.ctx.socket(zmq.DEALER)
-        self.s.setsockopt(zmq.LINGER, 0)
-        # source: the address the connection leaves from (the kernel's choice if None)
-        self.s.connect(f"tcp://{source}:0;{target}" if source else f"tcp://{target}")
-        self.nonce = time.time_ns()
-        self.known: tuple[int, Identity | None] = (0, None)
-
-    def ping(self, *, nonce: int | None = None, gen: int | None = None,
-             known: Identity | None | str = "same", identity: Identity | None = None,
-             secret: bytes | None | str = "same", echo: int = 0) -> bytes:
-        """``echo``: the challenge to echo (with one of ours, 1; 0: a plain v1 ping)."""
-        if nonce is None:
-            self.nonce += 1
-            nonce = self.nonce
-        frame = encode_ping(Ping(identity or self.fake.identity, self.fake.address, nonce,
-                                 self.known[0] if gen is None else gen,
-                                 self.known[1] if known == "same" else known,  # type: ignore[arg-type]
-                                 1 if echo else 0, echo),
-                            self.fake.secret if secret == "same" else secret)  # type: ignore[arg-type]
-        self.s.send(frame)
-        return frame
-
-    def sync(self) -> None:
-        """One honest ping, to learn the digest generation the host answers with.  Acks
-        to earlier pings may wait unread: the one that counts answers this ping, and by
-        the time it comes every earlier ping has been handled (they are drained in
-        order), so a counter read after it is settled."""
-        self.ping()
-        while True:
-            assert self.s.poll(5000), "no ack from the host under test"
-            ack = decode(self.s.recv(), self.fake.secret)
-            assert isinstance(ack, Ack)
-            if ack.nonce == self.nonce:
-                break
-        self.known = (ack.gen, ack.identity)
-
-    def close(self) -> None:
-        self.s.close(0)
-        self.ctx.term()
-
-
 def test_forged_and_replayed_inbound_pings_never_keep_a_dead_host_alive(
         cluster: Cluster, tmp_path: object, fake_peers: list[FakePeer]) -> None:
     a = cluster.host(secret_file=write_secret(os.path.join(str(tmp_path), "s"), SECRET))
@@ -209,7 +159,7 @@ def test_forged_and_replayed_inbound_pings_never_keep_a_dead_host_alive(
     fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
     a.board.watch(f"{fake.ip}:30001")
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
-    d = _Dealer(fake, a.listen)
+    d = Dealer(fake, a.listen)
     try:
         d.sync()
         # control: a genuine ping of the followed host counts, and keeps it ALIVE without acks
@@ -261,7 +211,7 @@ def test_inbound_evidence_from_a_previous_process_of_ours_does_not_count(
     fake_peers.append(fake)
     a.board.watch(f"{fake.ip}:30001")
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
-    d = _Dealer(fake, a.listen)
+    d = Dealer(fake, a.listen)
     try:
         d.sync()
         recorded = [d.ping() for _ in range(30)]  # what an eavesdropper kept
@@ -279,7 +229,7 @@ def test_inbound_evidence_from_a_previous_process_of_ours_does_not_count(
                 assert time.monotonic() < deadline
         ev0 = a.stats()["pings_evidence"]
         d.close()
-        d = _Dealer(fake, a.listen)  # a new connection, as after the restart
+        d = Dealer(fake, a.listen)  # a new connection, as after the restart
         seen = []
         t0 = time.monotonic()
         for frame in recorded:  # a's new process never saw these nonces
@@ -328,8 +278,8 @@ def test_without_a_secret_only_a_ping_echoing_our_challenge_keeps_a_silent_host_
     a.board.watch(f"{fake.ip}:30001")
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
                      what="fake ALIVE on a, and challenged")
-    own = _Dealer(fake, a.listen, source=fake.ip)
-    outsiders = [_Dealer(fake, a.listen), _Dealer(fake, a.listen, source=fake.ip)]
+    own = Dealer(fake, a.listen, source=fake.ip)
+    outsiders = [Dealer(fake, a.listen), Dealer(fake, a.listen, source=fake.ip)]
     try:
         own.sync()
         ev0 = a.stats()["pings_evidence"]
@@ -372,7 +322,7 @@ def test_without_a_secret_a_peer_that_predates_challenges_is_pinged_in_full(
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
     fake.serve_until(lambda: len(fake.pings) >= 10, what="ten pings")
     assert not any(p.challenge or p.echo for p in fake.pings)
-    d = _Dealer(fake, a.listen, source=fake.ip)
+    d = Dealer(fake, a.listen, source=fake.ip)
     try:
         d.sync()
         ev0 = a.stats()["pings_evidence"]

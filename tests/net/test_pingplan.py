@@ -11,7 +11,7 @@ from shmhb import FakeClock, Status
 from shmhb.board.judge import Thresholds
 from shmhb.board.layout import ts_units
 from shmhb.net.plan import (
-    BATCH_NS, DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW, PingPlan, host_interval_ns,
+    BATCH_NS, DEFAULT_BUDGET_PPS, LONG_REFRESH, MIN_PINGS_PER_WINDOW, PingPlan, host_interval_ns,
 )
 from shmhb.net.suspicion import PeerState, Suspicion
 
@@ -94,11 +94,12 @@ def test_after_a_stall_each_host_is_pinged_once_not_a_backlog() -> None:
     assert len(after) <= p.rate_pps * 2 + 64 / 20 + 1
 
 
-def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_refreshes() -> None:
+@pytest.mark.parametrize("tells_gen", [False, True])
+def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_refreshes(
+        tells_gen: bool) -> None:
     me, other = "10.0.0.9:45645", "10.0.0.1:45645"
-    passive = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD, me=me)
-    active = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD, me=other)
-    assert passive.passive(other) and not active.passive(me)
+    passive = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD)
+    active = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD)
     passive.set_hosts([other], 0)
     active.set_hosts([me], 0)
     sent_p = sent_a = 0
@@ -106,12 +107,14 @@ def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_r
         now = k * TICK
         for _ in active.due(now):
             sent_a += 1
-            passive.evidence(other, now)
+            passive.evidence(other, now, passive=True, tells_gen=tells_gen)
         sent_p += len(passive.due(now))
-        active.evidence(me, now)  # the active side ignores evidence for its turns
+        active.evidence(me, now, passive=False)  # the active side ignores evidence for its turns
     assert sent_a == pytest.approx(30 * 5, abs=2)
-    # the passive side: the first ping, then one refresh per dead-after window
-    assert 1 <= sent_p <= 30 * S // DEAD + 2, sent_p
+    # the passive side: the first ping, then one refresh per dead-after window -- or per
+    # LONG_REFRESH windows where the active side's pings tell its digest generation (v2)
+    every = DEAD * (LONG_REFRESH if tells_gen else 1)
+    assert 30 * S // every - 1 <= sent_p <= 30 * S // every + 2, sent_p
     # the active side stops (died): the passive side's turns come back within 1.5 intervals
     quiet_from = 30 * S
     got = drive(passive, 2, start=quiet_from)
@@ -120,15 +123,15 @@ def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_r
 
 
 def test_a_nudged_passive_side_pings_at_its_next_turn_whatever_the_evidence() -> None:
-    me, other = "10.0.0.9:45645", "10.0.0.1:45645"
-    passive = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD, me=me)
+    other = "10.0.0.1:45645"
+    passive = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD)
     passive.set_hosts([other], 0)
     assert passive.due(0) == [other]  # the first ping
 
     def window(k0: int, ticks: int) -> list[tuple[int, str]]:
         out = []
         for k in range(k0, k0 + ticks):  # fresh evidence at every tick
-            passive.evidence(other, k * TICK)
+            passive.evidence(other, k * TICK, passive=True)
             out += [(k, h) for h in passive.due(k * TICK)]
         return out
 

@@ -1,0 +1,108 @@
+"""What a followed host reports about its workers, applied to their rows: the digest of
+a full ack, the entries of a push.  An object the network half (``pinger.NetworkHalf``)
+constructs and owns, given the board, the row writer, the agent's words and the
+bad-input counter.
+
+Each entry's age (``age_ms``, its worker's time since its last beat when the sender
+took it) becomes that worker's last beat on our clock (``beat_ns``), written beside its
+status: readers then show a remote worker's own age, not only its host's (issue 27).
+A push's ages are taken when it is built, so its receipt is their base (off by at most
+the push gap and one trip); a version-2 full ack says how old its cached body is
+(``Ack.body_age_ms``); a version-1 full ack does not, so what it lists has no beat time
+(0: unknown).  The trust rules are ``shmhb.net.target``'s: an endpoint counts only from
+the host it names, a push never revives a worker nor creates a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..board.handle import Board
+from ..board.layout import row_code
+from ..status import Status
+from .protocol import U32_MAX, DigestEntry
+from .rowwriter import RowWriter
+from .state import AgentWords
+from .target import Target, own_endpoints
+
+_DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
+
+
+def beat_ns(e: DigestEntry, base_ns: int | None) -> int | None:
+    """``e``'s worker's last beat on our clock, its ages having been taken at
+    ``base_ns`` (None: not known); None where it cannot be told (a saturated age)."""
+    if base_ns is None or e.age_ms >= U32_MAX:
+        return None
+    return base_ns - e.age_ms * 1_000_000
+
+
+class Reports:
+    """Digests and pushes of followed hosts, applied to their remote rows."""
+
+    def __init__(self, board: Board, rows: RowWriter, writer: AgentWords,
+                 bad: Callable[[str, str], None]) -> None:
+        self.b = board
+        self.rows = rows
+        self.w = writer
+        self._bad = bad
+
+    def own(self, t: Target, e: DigestEntry) -> DigestEntry:
+        """``e`` less the endpoints of other hosts (counted as ``spoofed``)."""
+        kept = own_endpoints(t, e)
+        if kept is e:
+            return e
+        self._bad("spoofed", t.address)  # it listed another host's endpoint
+        return kept
+
+    def digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int,
+               base_ns: int | None) -> None:
+        """A full digest: every listed slot written, every other one of ``t``'s freed."""
+        seen = set()
+        changed = False
+        for e in entries:  # at most MAX_DIGEST_ENTRIES (decode refuses more): rows per host capped
+            e = self.own(t, e)
+            seen.add(e.key)
+            held = t.remotes.get(e.key)
+            # The status code this row held before: read it before put_remote rewrites
+            # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
+            # to itself and never bump the change counter that readers rely on.
+            before = row_code(int(self.b.remote_table[held.row]["status"])) if held else None
+            got = self.rows.put_remote(t.row, t.gen, held, e, now_ns, beat_ns(e, base_ns))
+            if got is None:
+                continue
+            if held is None or got.incarnation != held.incarnation or got.gen != held.gen \
+                    or before != e.status:
+                changed = True
+            t.remotes[e.key] = got
+        for key in list(t.remotes):
+            if key not in seen:
+                self.rows.free_remote(t.remotes.pop(key).row)
+                changed = True
+        if changed:
+            self.w.changed()
+
+    def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int
+             ) -> tuple[bool, bool, bool]:
+        """A push's entries: deaths, leaves and restarts applied; returns (changed,
+        unlisted: a key the last full ack did not list, ask: a change only an ack may
+        tell -- SUSPECT, ALIVE again).  Never makes anything ALIVE that was not, never
+        creates a row: a flood of pushes cannot fill the remote table."""
+        changed = unlisted = ask = False
+        for e in entries:
+            held = t.remotes.get(e.key)
+            if held is None:
+                unlisted = True
+            elif e.incarnation > held.incarnation:
+                got = self.rows.put_remote(t.row, t.gen, held, self.own(t, e), now_ns,
+                                           beat_ns(e, now_ns))
+                if got is not None:
+                    t.remotes[e.key] = got
+                    changed = True
+            elif e.incarnation == held.incarnation and e.status in _DEAD_OR_LEFT:
+                self.rows.remote_status(held, e.status, now_ns, beat_ns(e, now_ns))
+                changed = True
+            else:
+                ask = True
+        if changed:
+            self.w.changed()
+        return changed, unlisted, ask
