@@ -122,8 +122,8 @@ def test_worker_deaths_and_restarts_are_seen_both_ways(mixed: MixedCluster) -> N
         acks_later(a)
         r, p = a.remote(ep[b]), a.peer(b)
         assert r is not None and (r.status, r.incarnation) == (Status.ALIVE, inc[b]), (way, r)
-        assert p is not None and [s.incarnation for s in p.slots if s.key == "dec-0"] == [inc[b]], \
-            (way, p.slots)
+        assert p is not None, way
+        assert [s.incarnation for s in p.slots if s.key == "dec-0"] == [inc[b]], (way, p.slots)
         assert p.status is Status.ALIVE, way  # the host itself was never in doubt
 
 
