@@ -10,14 +10,15 @@ also pings the real pinger at ``TARGET`` every ``S`` seconds (DEALER, nonces str
 increasing, the digest generation it holds echoed back), so the real pinger answers as
 many pings as it sends, as in a cluster where every host follows every other.
 
-Each emulated host pings as a default pinger would in that mutual pair: it connects from
-its own address, counts the real pinger's pings to it as evidence by the pinger's own
-rule (``shmhb.net.evidence``, no secret: the ping must echo a challenge the emulated host
-sent in its own pings, ``shmhb.net.challenge``; its acks say it decodes challenges, and its
-pings carry one and echo the real pinger's), and plans its turns with the pinger's own ``PingPlan`` (its
-address is larger, so it is the passive side: while the evidence is fresh it pings only
-once per peer dead-after, to stay a watcher).  ``--no-mutual`` pings every interval
-regardless, as before mutual pairs existed (or as a pair that cannot see each other's
+Each emulated host pings as a default pinger (version 2) would in that mutual pair: it
+connects from its own address, counts the real pinger's pings to it as evidence by the
+pinger's own rule (``shmhb.net.evidence``, no secret: the ping must echo a challenge the
+emulated host sent in its own pings, ``shmhb.net.challenge``; its acks say it decodes
+challenges and answers v2, and its pings carry one, echo the real pinger's, and, in v2,
+tell its digest generation), and plans its turns with the pinger's own ``PingPlan``: it
+is the passive side where its board identity is the larger (``evidence.passive``; about
+half of them), and then pings only once per refresh period while the evidence is fresh.
+``--no-mutual`` pings every interval regardless, as before mutual pairs existed (or as a
 peer that predates challenges).
 
 ``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
@@ -28,7 +29,9 @@ DEALER per host (the pinger's socket layout) or one ROUTER connected to all host
 poll set of two sockets).  The CPU of the real pinger is compared with both.
 
 Stdin commands: ``ping 1`` / ``ping 0``; ``ping 2``: ping every interval, as
-``--no-mutual``; ``kill I``: host I (0-based) dies at once (its
+``--no-mutual``; ``ping 3``: as ``ping 1``, but each host's pings name an address the
+real pinger does not follow it by (``10.x.y.1``: behind a NAT, or followed by a name),
+so only its board identity tells the real pinger who it is; ``kill I``: host I (0-based) dies at once (its
 sockets close: it answers and sends nothing more); EOF ends it.  It prints ``ready`` once bound,
 and ``stats PINGS_ANSWERED PINGS_SENT ACKS_RECEIVED`` after each command.  One thread,
 one ``zmq.Poller``; ~10 µs of Python per frame, so 64 hosts at 5 pings/s in both
@@ -47,8 +50,8 @@ import time
 import zmq
 
 from shmhb.board.config import AgentConfig
-from shmhb.net.challenge import advertised, echoed, issue, new_challenge
-from shmhb.net.evidence import counts_as_evidence
+from shmhb.net.challenge import advertised, echoed, issue, new_challenge, speaks_v2
+from shmhb.net.evidence import counts_as_evidence, passive
 from shmhb.net.exchange import wants_full_digest
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, PingPlan
 from shmhb.net.protocol import (
@@ -94,6 +97,8 @@ class Host:
         self.evidence_nonce = 0
         self.issued: tuple[int, ...] = ()  # challenges sent to the real pinger
         self.theirs = 0  # the real pinger's last challenge to us
+        self.v2 = False  # the real pinger's acks say it answers v2
+        self.named = self.addr  # the address its pings name (``ping 3``: another)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                     h.nonce += 1
                     ch = new_challenge()
                     h.issued = issue(h.issued, ch)
-                    frame = encode_ping(Ping(h.identity, h.addr, h.nonce, h.known[0], h.known[1],
-                                             ch, h.theirs))
+                    frame = encode_ping(Ping(h.identity, h.named, h.nonce, h.known[0], h.known[1],
+                                             ch, h.theirs, advertised(h.gen) if h.v2 else 0,
+                                             2 if h.v2 else 1))
                     try:
                         h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
                         sent += 1
@@ -175,15 +181,17 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"stats {answered} {sent} {acks}", flush=True)
                     if cmd.startswith("ping "):
                         mode = cmd.split()[1]
-                        pinging = mode in ("1", "2")
+                        pinging = mode in ("1", "2", "3")
                         if pinging:
                             t = time.monotonic()
-                            for h in hosts:  # spread the pings over one interval
+                            for k, h in enumerate(hosts):  # spread the pings over one interval
                                 h.next_ping = t + random.uniform(0, a.interval_s)
                                 h.plan = None
-                                if not a.no_mutual and mode == "1":
+                                h.named = (f"10.{k // 250}.{k % 250}.1:{a.port}" if mode == "3"
+                                           else h.addr)
+                                if not a.no_mutual and mode in ("1", "3"):
                                     h.plan = PingPlan(DEFAULT_BUDGET_PPS, int(a.interval_s * 1e9),
-                                                      DEAD_AFTER_NS, me=h.addr)
+                                                      DEAD_AFTER_NS)
                                     h.plan.set_hosts([a.target], int(h.next_ping * 1e9))
                         print(f"stats {answered} {sent} {acks}", flush=True)
                 continue
@@ -214,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                                                    my_gen=advertised(h.gen),
                                                    echoed=echoed(h.issued, msg.echo))):
                         h.evidence_nonce = msg.nonce
-                        h.plan.evidence(a.target, int(time.monotonic() * 1e9))
+                        assert h.known[1] is not None  # counts_as_evidence checked it
+                        h.plan.evidence(a.target, int(time.monotonic() * 1e9),
+                                        passive=passive(h.identity, h.known[1]),
+                                        tells_gen=msg.version > 1)
                     full = wants_full_digest(msg, h.identity, advertised(h.gen))
                     ack = encode_ack_raw(msg.nonce, h.identity, h.addr, advertised(h.gen),
-                                         h.body if full else None)
+                                         h.body if full else None, version=msg.version)
                     try:
                         sock.send_multipart([parts[0], ack], zmq.NOBLOCK)
                         answered += 1
@@ -225,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                         pass
                 elif not is_router and isinstance(msg, Ack):
                     acks += 1
+                    h.v2 = speaks_v2(msg.gen)
                     if msg.full:
                         h.known = (msg.gen, msg.identity)
 
