@@ -377,3 +377,14 @@ def test_monitor_at_80x24_shows_dead_rows_first_and_more_line(board: shmhb.Board
         assert max(len(ln) for ln in screen) <= 80
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
+
+
+def test_a_remote_workers_age_cell_is_its_own_beat_where_known() -> None:
+    from shmhb.cli.monitor import REMOTE_COLUMNS, remote_beat
+
+    hung = SlotStatus("r0", 1, 2, Status.DEAD, 0.1, ("b:1",), beat_age_s=12.5)
+    assert remote_beat(hung) == "12.5 s"  # its own beat, not its host's last report (0.1 s)
+    assert remote_beat(hung._replace(beat_age_s=None)) == "-"  # a v1 host told no beat
+    assert remote_beat(SlotStatus("r1", 1, 2, Status.ALIVE, 0.1, ("b:2",))) == "fresh"
+    assert [c for c, _ in REMOTE_COLUMNS].index("AGE") < [c for c, _ in REMOTE_COLUMNS].index("SEEN")
+    assert hung.to_json()["beat_age_s"] == 12.5 and "beat_age_s" not in hung._replace(beat_age_s=None).to_json()
