@@ -403,8 +403,10 @@ def _fuzz_frames(rng: random.Random) -> list[tuple[list[bytes], str]]:
         out.append(([g], "bad_magic"))
     for n in range(len(ping)):  # every truncation of a valid ping
         out.append(([ping[:n]], "bad_truncated"))
-    for v in (0, 2, 7, 255):
+    for v in (0, 3, 7, 255):
         out.append(([ping[:4] + bytes([v]) + ping[5:]], "bad_version"))
+    # a v1 ping under a v2 header: v2 is decoded, and its ping has a longer tail
+    out.append(([ping[:4] + b"\x02" + ping[5:]], "bad_truncated"))
     for t in (0, 4, 9, 255):
         out.append(([ping[:5] + bytes([t]) + ping[6:]], "bad_type"))
     # valid frames that a ROUTER must never act on: acks and pushes
