@@ -304,15 +304,19 @@ static PyObject *SlotReader_new(PyTypeObject *type, PyObject *args, PyObject *kw
     return (PyObject *)r;
 }
 
+/* SlotStatus has 7 fields: the 6 a local read fills, and beat_age_s, which only a
+ * remote read sets (None here, its default on the Python path). */
 static PyObject *new_slot_status(SlotReader *r, PyObject *const items[6]) {
     if (r->fast_alloc) {
         PyTypeObject *st = (PyTypeObject *)r->slot_type;
-        PyObject *t = st->tp_alloc(st, 6);
+        PyObject *t = st->tp_alloc(st, 7);
         if (t == NULL) return NULL;
         for (int k = 0; k < 6; k++) {
             Py_INCREF(items[k]);
             PyTuple_SET_ITEM(t, k, items[k]);
         }
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(t, 6, Py_None);
         return t;
     }
     return PyObject_Vectorcall(r->slot_type, items, 6, NULL);
