@@ -223,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    echoed=echoed(h.issued, msg.echo))):
                         h.evidence_nonce = msg.nonce
                         assert h.known[1] is not None  # counts_as_evidence checked it
-                        h.plan.evidence(a.target, int(time.monotonic() * 1e9),
-                                        passive=passive(h.identity, h.known[1]),
+                        # toward a v1 pinger, a v1 host's rule: the larger address is passive
+                        side = passive(h.identity, h.known[1]) if h.v2 else h.addr > a.target
+                        h.plan.evidence(a.target, int(time.monotonic() * 1e9), passive=side,
                                         tells_gen=msg.version > 1)
                     full = wants_full_digest(msg, h.identity, advertised(h.gen))
                     ack = encode_ack_raw(msg.nonce, h.identity, h.addr, advertised(h.gen),

@@ -110,6 +110,18 @@ def kv_cache(layout: str, num_heads: int) -> tuple[Any, int]:
     return planes.permute(1, 0, 2, 3, 4), planes[0, 0].nbytes
 
 
+def token_at(layout: str, block: int, pos: int) -> tuple[Any, ...]:
+    """The index of one token's KV row (K and V, every head) in a cache of ``layout``
+    (see ``kv_cache``): ``cache[token_at(...)]`` is ``[2, heads, channels]`` in both."""
+    return (block, slice(None), pos) if layout == "blocks" else \
+        (block, slice(None), slice(None), pos)
+
+
+def layout_of(a: argparse.Namespace) -> str:
+    """The cache layout an engine runs with: NIXL asks for LBHNC ("heads")."""
+    return "heads" if getattr(a, "inner", "mooncake") == "nixl" else getattr(a, "kv_layout", "blocks")
+
+
 def build(a: argparse.Namespace) -> Any:
     import torch
     from vllm.config import (
@@ -177,7 +189,7 @@ def build(a: argparse.Namespace) -> Any:
     heads = NUM_KV_HEADS // tp_size  # this rank's share of the KV heads
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads,
                              head_size=HEAD_SIZE, dtype=torch.float32)
-    cache, page = kv_cache("heads" if nixl else getattr(a, "kv_layout", "blocks"), heads)
+    cache, page = kv_cache(layout_of(a), heads)
     nbytes = cache.untyped_storage().nbytes()
     kvc = KVCacheConfig(num_blocks=NUM_BLOCKS,
                         kv_cache_tensors=[KVCacheTensor(size=nbytes, layers=[LAYER],
@@ -210,6 +222,7 @@ class Engine:
         self.step_n = 0
         self.hold_writes = False  # prefill: cut the next write in the middle (op "hold_writes")
         self.nixl = getattr(a, "inner", "mooncake") == "nixl"
+        self.layout = layout_of(a)
         if a.role == "prefill" and not self.nixl:
             self._watch_asks()
 
@@ -287,7 +300,7 @@ class Engine:
         if prompt is not None:
             rows = torch.from_numpy(kv_rows(prompt, 0))
             for p in range(len(prompt)):
-                self.cache[ids[p // BLOCK_SIZE], :, p % BLOCK_SIZE] = rows[p]
+                self.cache[token_at(self.layout, ids[p // BLOCK_SIZE], p % BLOCK_SIZE)] = rows[p]
         else:
             g = torch.Generator().manual_seed(seed)
             for b in ids:

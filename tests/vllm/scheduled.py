@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Engine, emit
+from .engine import Engine, emit, token_at
 from .model import BLOCK_SIZE, kv_rows, next_token
 
 
@@ -114,13 +114,13 @@ class ScheduledEngine(Engine):
             rows = torch.from_numpy(kv_rows(list(tokens[start:start + n]), start))
             for i in range(n):
                 p = start + i
-                self.cache[blocks[p // BLOCK_SIZE], :, p % BLOCK_SIZE] = rows[i]
+                self.cache[token_at(self.layout, blocks[p // BLOCK_SIZE], p % BLOCK_SIZE)] = rows[i]
             req_ids.append(rid)
             if start + n < req.num_tokens:
                 sampled.append([])  # a chunk of the prompt: nothing to sample yet
                 continue
-            kv = np.stack([self.cache[blocks[p // BLOCK_SIZE], :, p % BLOCK_SIZE].numpy()
-                           for p in range(start + n)])
+            kv = np.stack([self.cache[token_at(self.layout, blocks[p // BLOCK_SIZE],
+                                               p % BLOCK_SIZE)].numpy() for p in range(start + n)])
             sampled.append([next_token(kv)])
         return req_ids, sampled
 
