@@ -98,6 +98,7 @@ class Host:
         self.issued: tuple[int, ...] = ()  # challenges sent to the real pinger
         self.theirs = 0  # the real pinger's last challenge to us
         self.v2 = False  # the real pinger's acks say it answers v2
+        self.answered = True  # our last ping was answered (else the next is plain v1)
         self.named = self.addr  # the address its pings name (``ping 3``: another)
 
 
@@ -152,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
                     h.nonce += 1
                     ch = new_challenge()
                     h.issued = issue(h.issued, ch)
+                    v2 = h.v2 and h.answered  # as the pinger: v1 after an unanswered ping
                     frame = encode_ping(Ping(h.identity, h.named, h.nonce, h.known[0], h.known[1],
-                                             ch, h.theirs, advertised(h.gen) if h.v2 else 0,
-                                             2 if h.v2 else 1))
+                                             ch, h.theirs, advertised(h.gen) if v2 else 0,
+                                             2 if v2 else 1))
                     try:
                         h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
+                        h.answered = False
                         sent += 1
                     except zmq.Again:
                         pass
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         pass
                 elif not is_router and isinstance(msg, Ack):
                     acks += 1
-                    h.v2 = speaks_v2(msg.gen)
+                    h.v2, h.answered = speaks_v2(msg.gen), True
                     if msg.full:
                         h.known = (msg.gen, msg.identity)
 
