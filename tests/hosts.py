@@ -26,8 +26,8 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import zmq
 
@@ -288,10 +288,14 @@ class Cluster:
             print(self.log_tail(p, 60))
 
 
-def cluster_fixture(tmp_path: Any) -> Iterator[Cluster]:
-    """Body of the ``cluster`` fixture of the test modules."""
+C = TypeVar("C", bound="Cluster")
+
+
+def cluster_fixture(tmp_path: Any, make: Callable[[str, Procs], C] | None = None) -> Iterator[C]:
+    """Body of the ``cluster`` fixture of the test modules (``make``: another kind of
+    cluster, e.g. ``tests.oldrelease.MixedCluster``); its logs dumped, all removed after."""
     procs = Procs()
-    c = Cluster(str(tmp_path), procs)
+    c = make(str(tmp_path), procs) if make is not None else cast(C, Cluster(str(tmp_path), procs))
     try:
         yield c
     finally:

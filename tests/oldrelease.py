@@ -34,7 +34,7 @@ from typing import Any
 import shmhb
 
 from .conftest import ROOT, WORKER, Procs, unlink_quietly
-from .hosts import FAST, INTERVAL_S, Cluster, Host
+from .hosts import FAST, INTERVAL_S, Cluster, Host, cluster_fixture
 
 #: The last release before the pinger's v2 exchange (v1 frames only).  Move it forward
 #: at each release: the test then checks the release being made against the one that
@@ -226,14 +226,5 @@ def start_pinger_of(h: Host, cmd: list[str]) -> subprocess.Popen[bytes]:
 
 
 def mixed_fixture(tmp_path: Any, old: OldRelease) -> Iterator[MixedCluster]:
-    """Body of the ``mixed`` fixture (as ``tests.hosts.cluster_fixture``)."""
-    procs = Procs()
-    c = MixedCluster(str(tmp_path), procs, old)
-    try:
-        yield c
-    finally:
-        try:
-            c.dump_logs()
-        finally:
-            procs.cleanup()
-            c.close()
+    """Body of the ``mixed`` fixture: ``tests.hosts.cluster_fixture`` of a MixedCluster."""
+    yield from cluster_fixture(tmp_path, lambda tmp, procs: MixedCluster(tmp, procs, old))

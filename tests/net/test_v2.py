@@ -15,7 +15,7 @@ from shmhb.net.challenge import SPEAKS_V2, advertised
 from shmhb.net.protocol import DigestEntry
 
 from ..conftest import wait_until
-from ..hosts import FAST, Cluster, Dealer, FakePeer, entry
+from ..hosts import FAST, Cluster, Dealer, FakePeer, Host, entry
 
 
 def _serve_a_while(fakes: list[FakePeer], seconds: float) -> None:
@@ -57,11 +57,9 @@ def test_v2_is_spoken_to_a_host_that_advertises_it_v1_to_one_that_does_not(
     assert third.version == 2, "back to v2 once an ack advertises it again"
 
 
-def test_a_hosts_own_pings_count_by_its_identity_whatever_address_they_name(
-        cluster: Cluster, fake_peers: list[FakePeer]) -> None:
-    """Behind a NAT, or followed by a name, a host's pings name an address we do not
-    follow it by.  They count by the identity its acks established (and only with the
-    echo: the address never mattered to the proof); the pair so halves its messages."""
+def _followed_fake(cluster: Cluster, fake_peers: list[FakePeer]) -> tuple[Host, FakePeer, Dealer]:
+    """A real host following a v2 fake peer (ALIVE, and challenged by its pings), and the
+    fake's own pinging side toward it."""
     a = cluster.host()
     fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
     fake_peers.append(fake)
@@ -69,7 +67,15 @@ def test_a_hosts_own_pings_count_by_its_identity_whatever_address_they_name(
     a.board.watch(f"{fake.ip}:30001")
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
                      what="fake ALIVE on a, and challenged")
-    d = Dealer(fake, a.listen)
+    return a, fake, Dealer(fake, a.listen)
+
+
+def test_a_hosts_own_pings_count_by_its_identity_whatever_address_they_name(
+        cluster: Cluster, fake_peers: list[FakePeer]) -> None:
+    """Behind a NAT, or followed by a name, a host's pings name an address we do not
+    follow it by.  They count by the identity its acks established (and only with the
+    echo: the address never mattered to the proof); the pair so halves its messages."""
+    a, fake, d = _followed_fake(cluster, fake_peers)
     try:
         d.sync()
         ev0 = a.stats()["pings_evidence"]
@@ -95,13 +101,7 @@ def test_a_hosts_own_pings_count_by_its_identity_whatever_address_they_name(
 
 def test_a_v2_ping_saying_our_copy_of_its_digest_is_behind_makes_us_ask_at_once(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
-    a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
-    fake_peers.append(fake)
-    a.board.watch(f"{fake.ip}:30001")
-    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
-                     what="fake ALIVE on a, and challenged")
-    d = Dealer(fake, a.listen)
+    a, fake, d = _followed_fake(cluster, fake_peers)
     try:
         d.sync()
         held = fake.advertised_gen()  # what a holds: its last full ack's
