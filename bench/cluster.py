@@ -490,7 +490,7 @@ class CpuResult:
 
 
 CPU_MODES = ("idle", "follow", "both", "both-nat", "both-plain", "v1-follow", "v1-both",
-             "floor-dealers-follow", "floor-dealers-both",
+             "v1-both-nat", "floor-dealers-follow", "floor-dealers-both",
              "floor-router-follow", "floor-router-both")
 
 
@@ -503,6 +503,7 @@ def cpu_label(mode: str, hosts: int) -> str:
         "both-plain": f"follow {hosts} hosts + answer their pings, no mutual pairs",
         "v1-follow": f"previous release (v1): follow {hosts} hosts",
         "v1-both": f"previous release (v1): follow {hosts} hosts + answer their pings",
+        "v1-both-nat": f"previous release (v1): follow {hosts} + answer, behind NAT",
         "floor-dealers-follow": f"floor, {hosts} DEALERs: follow {hosts}",
         "floor-dealers-both": f"floor, {hosts} DEALERs: follow + answer {hosts}",
         "floor-router-follow": f"floor, one ROUTER: follow {hosts}",
@@ -583,7 +584,7 @@ def _v1_windows(res: CpuResult, st: contextlib.ExitStack, name: str, listen: str
             return
         time.sleep(0.5)
     for mode, cmd in [(m, c) for _ in range(rounds) for m, c in
-                      (("v1-follow", "ping 0"), ("v1-both", "ping 1"))]:
+                      (("v1-follow", "ping 0"), ("v1-both", "ping 1"), ("v1-both-nat", "ping 3"))]:
         command(cmd)
         time.sleep(1.5)
         _cpu_window(res, mode, p.pid, board, window_s, live)

@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                             for k, h in enumerate(hosts):  # spread the pings over one interval
                                 h.next_ping = t + random.uniform(0, a.interval_s)
                                 h.plan = None
+                                # a new mode starts from no challenge: the pinger may still
+                                # hold one from the last mode, and a v1 pinger that cannot
+                                # tell a NAT'd host's pings apart would echo it for good
+                                h.issued = ()
                                 h.named = (f"10.{k // 250}.{k % 250}.1:{a.port}" if mode == "3"
                                            else h.addr)
                                 if not a.no_mutual and mode in ("1", "3"):
