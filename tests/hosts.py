@@ -486,6 +486,19 @@ class Dealer:
         self.ctx.term()
 
 
+def followed_fake(cluster: Cluster, fake_peers: list[FakePeer]) -> tuple[Host, FakePeer]:
+    """A real host following a challenge-capable fake peer (one live worker), once the
+    fake reads ALIVE there and has received a challenge in the host's pings."""
+    a = cluster.host()
+    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
+    fake_peers.append(fake)
+    fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
+    a.board.watch(f"{fake.ip}:30001")
+    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
+                     what="fake ALIVE on a, and challenged")
+    return a, fake
+
+
 def fake_peers_fixture() -> Iterator[list[FakePeer]]:
     """Body of the ``fake_peers`` fixture: every FakePeer appended is closed after."""
     made: list[FakePeer] = []

@@ -23,7 +23,9 @@ from shmhb.net.plan import DEFAULT_BUDGET_PPS
 from shmhb.net.protocol import Identity
 
 from ..conftest import wait_until
-from ..hosts import FAST, Cluster, Dealer, FakePeer, entry, mutual_roles, write_secret
+from ..hosts import (
+    FAST, Cluster, Dealer, FakePeer, entry, followed_fake, mutual_roles, write_secret,
+)
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -271,13 +273,7 @@ def test_without_a_secret_only_a_ping_echoing_our_challenge_keeps_a_silent_host_
     counts unless it echoes a challenge from our own pings to that host, which only
     whoever receives them knows (issue 23, case 1).  The control: the same pings with
     the echo count, while the host answers none of ours."""
-    a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
-    fake_peers.append(fake)
-    fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
-    a.board.watch(f"{fake.ip}:30001")
-    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
-                     what="fake ALIVE on a, and challenged")
+    a, fake = followed_fake(cluster, fake_peers)
     own = Dealer(fake, a.listen, source=fake.ip)
     outsiders = [Dealer(fake, a.listen), Dealer(fake, a.listen, source=fake.ip)]
     try:

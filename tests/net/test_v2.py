@@ -15,7 +15,7 @@ from shmhb.net.challenge import SPEAKS_V2, advertised
 from shmhb.net.protocol import DigestEntry
 
 from ..conftest import wait_until
-from ..hosts import FAST, Cluster, Dealer, FakePeer, Host, entry
+from ..hosts import FAST, Cluster, Dealer, FakePeer, Host, entry, followed_fake
 
 
 def _serve_a_while(fakes: list[FakePeer], seconds: float) -> None:
@@ -58,15 +58,8 @@ def test_v2_is_spoken_to_a_host_that_advertises_it_v1_to_one_that_does_not(
 
 
 def _followed_fake(cluster: Cluster, fake_peers: list[FakePeer]) -> tuple[Host, FakePeer, Dealer]:
-    """A real host following a v2 fake peer (ALIVE, and challenged by its pings), and the
-    fake's own pinging side toward it."""
-    a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
-    fake_peers.append(fake)
-    fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
-    a.board.watch(f"{fake.ip}:30001")
-    fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE and fake.challenge(),
-                     what="fake ALIVE on a, and challenged")
+    """``hosts.followed_fake`` (a v2 fake peer), and the fake's own pinging side."""
+    a, fake = followed_fake(cluster, fake_peers)
     return a, fake, Dealer(fake, a.listen)
 
 
@@ -118,8 +111,8 @@ def test_a_v2_ping_saying_our_copy_of_its_digest_is_behind_makes_us_ask_at_once(
         d.close()
 
 
-def _beat_age(a: object, ep: str) -> float | None:
-    s = a.remote(ep)  # type: ignore[attr-defined]
+def _beat_age(a: Host, ep: str) -> float | None:
+    s = a.remote(ep)
     return None if s is None else s.beat_age_s
 
 

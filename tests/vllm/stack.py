@@ -364,6 +364,30 @@ def zeros_digest() -> str:
     return hashlib.sha256(z.tobytes()).hexdigest()[:16]
 
 
+#: tokens a ``--scheduler`` decode generates per request in the tests
+SERVE_TOKENS = 4
+
+
+def served_right(d: EngineProc, rid: str, prompt: list[int], timeout_s: float = 30.0
+                 ) -> dict[str, Any]:
+    """The next ``served`` event of ``rid`` on a ``--scheduler`` decode: finished by length,
+    with the tokens of an undisturbed run (so its KV was right, loaded or recomputed)."""
+    from .model import generate
+    ev = d.expect("served", rid=rid, timeout_s=timeout_s)
+    print(f"{rid}: {ev['finish_reason']} after {ev['t'] - ev['added_t']:.3f} s")
+    assert ev["finish_reason"] == "length", ev
+    assert ev["tokens"] == generate(prompt, SERVE_TOKENS), "wrong output: the KV was wrong"
+    return ev
+
+
+def no_leak(d: EngineProc) -> None:
+    """Until the ``--scheduler`` decode's KVCacheManager has every block free and no request."""
+    def clean() -> bool:
+        b = d.request("blocks", "blocks")
+        return bool(b["free"] == b["at_start"] and b["requests"] == 0)
+    wait_until(clean, timeout_s=10, what="every decode block free, no request left")
+
+
 def remote_params(p: EngineProc, xid: str) -> dict[str, Any]:
     """The transfer params a proxy hands the decode side for prefill ``p``'s request."""
     return {"do_remote_prefill": True, "transfer_id": xid,

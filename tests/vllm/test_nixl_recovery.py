@@ -24,8 +24,12 @@ from tests.conftest import wait_until
 
 from . import model
 from .conftest import make_stack
-from .stack import POLICY, EngineProc, Stack, bootstrap_ep, new_ids, wait_alive_on_decode_host
-from .test_recovery import TOKENS, no_leak, served_right
+from .stack import (
+    POLICY, SERVE_TOKENS, EngineProc, Stack, bootstrap_ep, new_ids, no_leak, served_right,
+    wait_alive_on_decode_host,
+)
+
+TOKENS = SERVE_TOKENS
 
 
 @pytest.fixture(scope="module")

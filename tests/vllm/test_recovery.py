@@ -33,10 +33,12 @@ from tests.conftest import wait_until
 
 from . import model
 from .conftest import make_stack
-from .stack import POLICY, EngineProc, Stack, new_ids, remote_params
+from .stack import (
+    POLICY, SERVE_TOKENS, EngineProc, Stack, new_ids, no_leak, remote_params, served_right,
+)
 from .stack import submit as stack_submit
 
-TOKENS = 4
+TOKENS = SERVE_TOKENS
 #: the decode side's Mooncake receive timeout: (this + 60) s = 10 s (stock: 480 + 60 =
 #: 540 s), so the one window the wrapper leaves open shows in 10 s.  Everything the
 #: wrapper recovers is served well before it (asserted where a stop is involved).
@@ -61,22 +63,6 @@ def decode(stack: Stack) -> EngineProc:
 def submit(p: EngineProc, d: EngineProc, seed: int, *, finish: bool = True
            ) -> tuple[str, str, list[int]]:
     return stack_submit(p, d, seed, TOKENS, finish=finish)
-
-
-def served_right(d: EngineProc, rid: str, prompt: list[int], timeout_s: float = 30.0
-                 ) -> dict[str, Any]:
-    ev = d.expect("served", rid=rid, timeout_s=timeout_s)
-    print(f"{rid}: {ev['finish_reason']} after {ev['t'] - ev['added_t']:.3f} s")
-    assert ev["finish_reason"] == "length", ev
-    assert ev["tokens"] == model.generate(prompt, TOKENS), "wrong output: the KV was wrong"
-    return ev
-
-
-def no_leak(d: EngineProc) -> None:
-    def clean() -> bool:
-        b = d.request("blocks", "blocks")
-        return bool(b["free"] == b["at_start"] and b["requests"] == 0)
-    wait_until(clean, timeout_s=10, what="every decode block free, no request left")
 
 
 def alive_here(stack: Stack, p: EngineProc) -> None:
