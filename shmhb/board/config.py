@@ -38,8 +38,8 @@ def board_name(name: str | None = None) -> str:
 
 
 #: Default total rate of pings, all followed hosts together (pings/s).  At the default
-#: interval (0.2 s) it lets 10 hosts be pinged 5 times a second; from 40 hosts on, each
-#: gets pingplan's floor (4 pings per 5 s window: one every 1.25 s).  Measured on two
+#: interval (0.2 s) it lets 10 hosts be pinged 5 times a second; from 84 hosts on, each
+#: gets pingplan's floor (3 pings per 5 s window: one every 1.67 s).  Measured on two
 #: shared cores, a ping costs the pinger ~0.1 ms of CPU (mostly pyzmq and libzmq's I/O
 #: thread), and answering one about as much: 50 pings/s is ~0.5 % of a core.
 DEFAULT_BUDGET_PPS = 50.0

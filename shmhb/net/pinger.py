@@ -224,7 +224,7 @@ class NetworkHalf:
         for a in self.plan.due(now_ns):
             due = self.targets.get(a)
             if due is not None:
-                self.suspicion.on_ping(due.state)
+                self.suspicion.on_ping(due.state, now_ns)
                 self._ping(due, now_ns)
         # No connection to its pinger: silence accrues as usual; we try again every
         # tick (a failed send costs no message), so a restarted pinger is confirmed at once.

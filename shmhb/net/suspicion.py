@@ -12,14 +12,18 @@ clock.  The rule, and why:
   silent while nobody pinged us either.  Then the verdict stops at SUSPECT until some
   host answers again (Lifeguard asks "is it me?" before accusing others).
 * Silence is also counted in pings: a host is neither SUSPECT nor DEAD before it has
-  missed ``MISSED_IN_A_ROW`` pings in a row (a ping counts as missed once the next one
-  has been sent, or attempted while its connection was down).  Under a ping budget a
-  host may be pinged once a second or less often; judged in seconds alone, one ack that
-  arrives just after ``peer_suspect_after`` would make a live host flap.  The budget
-  (``shmhb.net.plan``) gives each host at least ``MIN_PINGS_PER_WINDOW`` (4) pings per
+  missed ``MISSED_IN_A_ROW`` pings in a row.  A ping counts as missed once the next one
+  has been sent (or attempted while its connection was down), or once it has waited
+  ``peer_suspect_after`` unanswered: an answer takes a round trip plus up to one tick
+  of the other pinger, so a ping that waited that long was missed whether or not the
+  next turn has come.  Under a ping budget a host may be pinged every 1.67 s; judged in
+  seconds alone, one ack that arrives just after ``peer_suspect_after`` would make a
+  live host flap, and a single lost ping never makes it SUSPECT.  The budget
+  (``shmhb.net.plan``) gives each host at least ``MIN_PINGS_PER_WINDOW`` (3) pings per
   ``peer_dead_after``, so the count never delays DEAD past ``peer_dead_after`` plus one
-  interval after the last evidence: by then at least four pings were due, more than the
-  ``MISSED_IN_A_ROW`` the verdict waits for.
+  interval after the last evidence: by then the first two pings after it were missed.
+  At the defaults with 250 followed hosts (a ping every 1.67 s) a silent host is
+  SUSPECT 4.3 s after its last ack and DEAD at 5 s.
 * A host never heard from reads UNKNOWN, not ALIVE, until its first ack; it can still
   be convicted by silence.
 * A host that said goodbye (its pinger stopped gracefully with no live worker) is LEFT
@@ -56,6 +60,7 @@ class PeerState:
     last_ack_ns: int = 0
     rtt_ns: int | None = None
     unanswered: int = 0  # pings due since the last evidence (the latest may still be answered)
+    last_ping_ns: int = 0  # when the latest of them was due
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -68,15 +73,25 @@ class Suspicion:
         self._last_tick_ns: int | None = None
         self._last_late_ns: int | None = None
         self._last_inbound_ns: int | None = None
+        self._suspect_ns = units_to_ns(th.peer_suspect)
 
     def inbound(self, now_ns: int) -> None:
         """Someone pinged us: our own network and loop work."""
         self._last_inbound_ns = now_ns
 
     @staticmethod
-    def on_ping(p: PeerState) -> None:
+    def on_ping(p: PeerState, now_ns: int) -> None:
         """A ping to ``p`` was due and sent (or its connection was down)."""
         p.unanswered += 1
+        p.last_ping_ns = now_ns
+
+    def missed(self, p: PeerState, now_ns: int) -> int:
+        """Pings ``p`` missed in a row: every one since its last evidence but the
+        latest, and the latest too once it has waited ``peer_suspect_after``."""
+        if not p.unanswered:
+            return 0
+        waited = now_ns - p.last_ping_ns >= self._suspect_ns
+        return p.unanswered if waited else p.unanswered - 1
 
     def on_ack(self, p: PeerState, now_ns: int, rtt_ns: int) -> Status | None:
         """An ack to our own ping; returns the old status if it changed."""
@@ -118,7 +133,8 @@ class Suspicion:
             return False
         if self._last_inbound_ns is not None and now_ns - self._last_inbound_ns < suspect_ns:
             return False
-        return all(p.silent_ns >= suspect_ns and p.unanswered > MISSED_IN_A_ROW for p in active)
+        return all(p.silent_ns >= suspect_ns and self.missed(p, now_ns) >= MISSED_IN_A_ROW
+                   for p in active)
 
     def tick(self, peers: list[PeerState], now_ns: int) -> list[tuple[PeerState, Status, Status]]:
         """Accrue silence since the last tick and return the transitions it caused."""
@@ -138,7 +154,7 @@ class Suspicion:
         for p in peers:
             if p.status is left:
                 continue  # it said goodbye: its silence is no evidence (on_evidence ends it)
-            if p.unanswered > MISSED_IN_A_ROW:  # the latest ping may still be answered
+            if p.unanswered >= MISSED_IN_A_ROW and self.missed(p, now_ns) >= MISSED_IN_A_ROW:
                 if doubt is None:
                     doubt = self.doubting_self(peers, now_ns)
                 new = peer_verdict(ts_units(p.silent_ns), self.th, self_suspect=doubt)

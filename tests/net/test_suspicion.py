@@ -24,7 +24,7 @@ def run(susp: Suspicion, peers: list[PeerState], clock: FakeClock, seconds: floa
         clock.advance(TICK / S)
         if k % every_ticks == 0:
             for p in peers:
-                susp.on_ping(p)
+                susp.on_ping(p, clock.monotonic_ns())
         for p in acking:
             susp.on_ack(p, clock.monotonic_ns(), 1000)
         susp.tick(peers, clock.monotonic_ns())
@@ -94,7 +94,34 @@ def test_inbound_pings_prove_our_network_works() -> None:
         c.advance(TICK / S)
         if k % 4 == 0:
             for p in peers:
-                s.on_ping(p)
+                s.on_ping(p, c.monotonic_ns())
         s.inbound(c.monotonic_ns())
         s.tick(peers, c.monotonic_ns())
     assert all(p.status is Status.DEAD for p in peers)
+
+
+def test_a_ping_that_waited_suspect_after_unanswered_counts_as_missed() -> None:
+    """Pings 1.67 s apart (250 hosts at the defaults): after two unanswered pings the
+    host is SUSPECT once the second has waited peer_suspect_after (1 s here), not only
+    at the third turn, which comes with DEAD."""
+    c = FakeClock()
+    s = Suspicion(TH, late_ns=S // 5)
+    p = PeerState("h:1")
+    t0 = c.monotonic_ns()
+    s.tick([p], t0)
+    s.on_ack(p, t0, 1)
+    gap = 5 * S // 3
+    pings = [t0 + gap, t0 + 2 * gap]
+    seen: list[tuple[int, Status]] = []
+    for _ in range(int(4.6 * 20)):
+        c.advance(TICK / S)
+        now = c.monotonic_ns()
+        if pings and now >= pings[0]:
+            s.on_ping(p, now)
+            pings.pop(0)
+        for _p, _old, new in s.tick([p], now):
+            seen.append((now - t0, new))
+        if now - t0 < 2 * gap + S:  # the second ping has not waited 1 s yet: one missed
+            assert p.status is Status.ALIVE and s.missed(p, now) <= 1, (now - t0) / S
+    assert seen == [(seen[0][0], Status.SUSPECT)]
+    assert 2 * gap + S <= seen[0][0] < 2 * gap + S + 2 * TICK
