@@ -609,7 +609,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
         port = free_port([me, *emu_addrs], rng=rng)
         name = board_name(f"cpu{hosts}")
         log(f"pinger CPU: one pinger, then the floor, following {hosts} emulated hosts; they "
-            f"ping it every {res.interval_s:g} s each")
+            f"ping it every {res.interval_s:.3g} s each")
         pinger = start_pinger(st, name, f"{me}:{port}", SHMHB_INTERVAL_S)
         (board,) = attach_when_ready(st, [name], procs=[pinger])
         hs = HostServer(st)
@@ -743,13 +743,13 @@ def cpu_section(cpu: CpuResult) -> str:
                             int(shmhb.Policy().peer_dead_after_s * 1e9)) / 1e9
     out.append(f"\n- {cpu.peers_alive}/{cpu.hosts} emulated hosts ALIVE on the board. The pinger runs "
                f"at its defaults (interval {SHMHB_INTERVAL_S:g} s, budget {DEFAULT_BUDGET_PPS:g} pings/s): "
-               f"it pings each host every {mine:g} s. Each emulated host pings it as a default (v2) "
+               f"it pings each host every {mine:.3g} s. Each emulated host pings it as a default (v2) "
                f"pinger following the whole cluster would: from its own address, and where it is the "
                f"passive side of the mutual pair (the larger board identity: about half of them; the "
                f"pinger is passive for the others) only once per refresh while the pinger's pings "
                f"count as evidence; behind NAT the same, its pings naming an address the pinger does "
                f"not follow it by; with no mutual pairs (peers that predate challenges), "
-               f"every {cpu.interval_s:g} s. Live hosts read "
+               f"every {cpu.interval_s:.3g} s. Live hosts read "
                f"other than ALIVE in {cpu.not_alive} of {cpu.samples * max(1, cpu.hosts)} samples "
                "(every 0.5 s, every host). The pinger's board holds 16 beating rank slots (its acks "
                "carry their digest). Windows alternate A B B A."

@@ -44,7 +44,7 @@ import zmq
 import shmhb
 from shmhb.board.config import Capacity, Policy
 from shmhb.board.layout import Sizes
-from shmhb.net.plan import DEFAULT_BUDGET_PPS
+from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, MIN_PINGS_PER_WINDOW
 from shmhb.testing.loopback import child_env, free_port, loopback_addrs, set_base
 from shmhb.status import Status
 
@@ -659,10 +659,10 @@ def msgs_model(H: int, R: int) -> tuple[float, float]:
 
 def msgs_model_mutual(H: int) -> float:
     """shmhb at its defaults: in each pair one side pings every interval, the other once
-    per peer dead-after window (the first side's pings count as evidence: authenticated,
-    or from its own address)."""
+    per ``LONG_REFRESH`` peer dead-after windows (the first side's pings count as
+    evidence: authenticated, or echoing its challenge, and tell its digest generation)."""
     pairs = H * (H - 1) / 2
-    return pairs * 2 * (1 / shmhb_interval_s(H) + 1 / shmhb.Policy().peer_dead_after_s)
+    return pairs * 2 * (1 / shmhb_interval_s(H) + 1 / (LONG_REFRESH * shmhb.Policy().peer_dead_after_s))
 
 
 # -- plots ------------------------------------------------------------------------------
@@ -768,7 +768,7 @@ def plots(out_dir: Path, stamp: str, q1: Q1, q2: Q2, kill_ms: list[float], hang:
     a1.plot(hs, [msgs_model_mutual(h) for h in hs], "--", color="#2a7",
             label="shmhb: one pinger per host, ping budget, mutual pairs (model)")
     a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], ":", color="#2a7",
-            label="shmhb, no mutual pairs (NAT) (model)")
+            label="shmhb, no mutual pairs (v1 peers) (model)")
     title = "Q4: messages (model)"
     if shape is not None and shape.sh_msgs:
         a1.plot([shape.H], [shape.seed_full_msgs], "o", color="#c55", ms=8,
@@ -1040,25 +1040,28 @@ def main(argv: list[str] | None = None) -> int:
         s, d = msgs_model(H, 16)
         m = msgs_model_mutual(H)
         rows.append([f"{H} x 16", f"{d:,.0f}/s", f"{m:,.0f}/s", f"{s:,.0f}/s",
-                     f"{shmhb_interval_s(H):g} s", f"{d / m:.0f}x", "modelled"])
+                     f"{shmhb_interval_s(H):.3g} s", f"{d / m:.0f}x", "modelled"])
     if shape is not None:
         sr = shape
         # on loopback every pinger's pings leave from 127.0.0.1 and count as no host's
         # evidence, so no pair is mutual: the figure belongs in the no-mutual-pairs column
         rows.append([f"{sr.H} x {sr.R}", f"{sr.seed_full_msgs:,.0f}/s", "-", f"{sr.sh_msgs:,.0f}/s",
-                     f"{shmhb_interval_s(sr.H):g} s", f"{sr.seed_full_msgs / sr.sh_msgs:.0f}x" if sr.sh_msgs else "-",
+                     f"{shmhb_interval_s(sr.H):.3g} s", f"{sr.seed_full_msgs / sr.sh_msgs:.0f}x" if sr.sh_msgs else "-",
                      "measured (bench.cluster.run_shape, all hosts; no secret; loopback: no pair is mutual)"])
     out.append(stats.table(["hosts x ranks", "seed msgs/s (every rank, 1 s)", "shmhb msgs/s (defaults)",
-                            "shmhb msgs/s, no mutual pairs (NAT)", "shmhb per-host interval",
+                            "shmhb msgs/s, no mutual pairs (v1 peers)", "shmhb per-host interval",
                             "seed / shmhb", "how"], rows))
     out.append("\nModel: every host follows every other; seed = 2 x H x R x (H-1) x R / 1 s (ping + ack "
                "per rank pair); shmhb = 2 x H x (H-1) / I (ping + ack per host pair and direction; "
                "pushes only on change), I = the per-host interval of a default pinger following H-1 "
                f"hosts (`shmhb.net.plan.host_interval_ns`: 0.2 s while the budget of "
-               f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / 4 = 1.25 s). At the "
-               "defaults a followed host's own pings count as evidence (authenticated, or from its own "
-               "address), so in each pair one side pings every I and the other once per peer dead-after "
-               "(5 s); where hosts cannot see each other's source address (NAT) both sides ping every I. "
+               f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / "
+               f"{MIN_PINGS_PER_WINDOW} = {shmhb.Policy().peer_dead_after_s / MIN_PINGS_PER_WINDOW:.2f} s). "
+               "At the defaults a followed host's own pings count as evidence (authenticated, or echoing "
+               "a challenge of ours), so in each pair one side pings every I and the other once per "
+               f"{LONG_REFRESH} peer dead-after windows ({LONG_REFRESH * shmhb.Policy().peer_dead_after_s:g} s), "
+               "behind NAT too (the sides are told by board identity); where a peer predates "
+               "challenges (v1) both sides ping every I. "
                "`python -m bench.cluster` measures 4 x 16 and 32 x 16 (bench/results_cluster.md).\n")
     if shape is not None:
         s = shape
