@@ -728,16 +728,22 @@ def cpu_section(cpu: CpuResult) -> str:
     """The markdown section of one run_cpu_target run."""
     out = [f"## Pinger CPU: {cpu.hosts} remote hosts, default settings\n"]
     rows = []
+    window_s = shmhb.Policy().peer_dead_after_s
     for m in CPU_MODES:
         w = cpu.windows[m]
         if not w:
             continue
-        sent = cpu.median(m, 2)
+        sent, ans = cpu.median(m, 2), cpu.median(m, 3)
+        # each ping sent brings an ack back, each one answered sent an ack: two messages
+        per_pair = 2 * (sent + ans) * window_s / cpu.hosts
         rows.append([cpu.label(m), pct(cpu.median(m, 0)), pct(max(x[0] for x in w)), pct(cpu.median(m, 1)),
                      "-" if math.isnan(sent) else f"{sent:.0f}/s",
-                     "-" if math.isnan(sent) else f"{cpu.median(m, 3):.0f}/s", str(len(w))])
+                     "-" if math.isnan(sent) else f"{ans:.0f}/s",
+                     "-" if math.isnan(sent) or not cpu.hosts else f"{per_pair:.1f}", str(len(w))])
     out.append(stats.table(["process under test", "CPU median (utime+stime)", "max window", "(schedstat)",
-                            "pings sent", "pings answered", "windows"], rows))
+                            "pings sent", "pings answered",
+                            f"messages per host pair per {window_s:g} s (peer dead-after)", "windows"],
+                           rows))
     floors_ran = any(cpu.windows[m] for m in CPU_MODES if m.startswith("floor"))
     mine = host_interval_ns(cpu.hosts, DEFAULT_BUDGET_PPS, int(SHMHB_INTERVAL_S * 1e9),
                             int(shmhb.Policy().peer_dead_after_s * 1e9)) / 1e9
