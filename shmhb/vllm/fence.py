@@ -307,6 +307,9 @@ class GrantAsker:
         """The ask sent on ``ch`` (connected first if it is new) and its grant read; None
         if none came by the deadline and the one last look."""
         loop = asyncio.get_running_loop()
+        if ch.sock is not None and not fencewire.still_open(ch.sock, ch.buf):
+            ch.close()  # the consumer closed it while it sat idle: nothing was asked on it
+            ch.sock, ch.buf = None, bytearray()
         if ch.sock is None:
             ch.sock = await asyncio.wait_for(fencewire.connect(endpoint),
                                              max(0.0, deadline - loop.time()))

@@ -15,13 +15,13 @@ once closes its connection: replies are small, and a peer that does not read is 
 served.
 
 The producer's side is a few coroutines over one non-blocking socket (:func:`connect`,
-:func:`send_frame`, :func:`recv_into`).  A read never awaits with bytes in hand.  A
-``loop.sock_recv`` cancelled by a timeout (``wait_for`` cancels the waiting task on
-Python 3.12+) loses the bytes it took off the socket when the data and the timeout are
-due in one turn of the loop, which is just what a stopped producer meets when it resumes
-past its deadline with the reply waiting (the case ``GrantAsker.ask``'s last look is
-for).  So it awaits readability only, and reads without awaiting, into a buffer the
-channel keeps.
+:func:`send_frame`, :func:`recv_into`, and :func:`still_open` before a kept connection
+is used again).  A read never awaits with bytes in hand.  A ``loop.sock_recv`` cancelled
+by a timeout (``wait_for`` cancels the waiting task on Python 3.12+) loses the bytes it
+took off the socket when the data and the timeout are due in one turn of the loop, which
+is just what a stopped producer meets when it resumes past its deadline with the reply
+waiting (the case ``GrantAsker.ask``'s last look is for).  So it awaits readability
+only, and reads without awaiting, into a buffer the channel keeps.
 """
 
 from __future__ import annotations
@@ -242,6 +242,17 @@ async def recv_into(sock: socket.socket, buf: bytearray, timeout_s: float) -> No
     finally:
         loop.remove_reader(fd)
     _recv(sock, buf)  # past the timeout too: a reply that came as it ran out is taken
+
+
+def still_open(sock: socket.socket, buf: bytearray) -> bool:
+    """Whether the server kept a connection that sat idle, read without waiting (what
+    came meanwhile goes into ``buf``): it closes connections past its limit, and an ask
+    sent into one it closed would fail where a new connection would be granted."""
+    try:
+        _recv(sock, buf)
+    except OSError:  # closed (EOF) or reset
+        return False
+    return True
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

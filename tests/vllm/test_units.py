@@ -272,6 +272,23 @@ def test_a_reply_to_another_nonce_is_skipped_and_a_bad_length_is_no_grant() -> N
         lsock.close()
 
 
+def test_a_kept_connection_the_consumer_closed_is_made_anew() -> None:
+    """A consumer may close a connection that sits idle (past its limit on connections):
+    the next ask opens a new one instead of failing on the old."""
+    lsock, ep, closed = _fake_consumer(lambda nonce: (_reply(nonce, ["a"]), True))
+    asker = GrantAsker()
+
+    async def run() -> tuple[list[str], bool, list[str]]:
+        first = await asker.ask(ep, 1, TOK, EP, ["a"], 2.0)
+        was_closed = await asyncio.to_thread(closed.wait, 5.0)
+        return first, was_closed, await asker.ask(ep, 1, TOK, EP, ["a"], 2.0)
+    try:
+        assert asyncio.run(run()) == (["a"], True, ["a"])
+    finally:
+        asker.close()
+        lsock.close()
+
+
 def test_asks_over_ipv6() -> None:
     try:
         srv = FenceServer("::1", 4, lambda frm, reqs: reqs)
