@@ -213,6 +213,7 @@ class _Channel:
         self.sock: socket.socket | None = None  # connected by the first ask
         self.buf = bytearray()  # what has been read of the next reply
         self.lock = asyncio.Lock()
+        self.waiting = 0  # asks waiting for the lock
         self.evicted = False  # dropped from the table while an ask held it: that ask closes it
 
     def close(self) -> None:
@@ -260,10 +261,16 @@ class GrantAsker:
         loop = asyncio.get_running_loop()
         while True:
             ch = self._channel(endpoint)
-            try:
-                await asyncio.wait_for(ch.lock.acquire(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                return None
+            if ch.waiting or ch.lock.locked():
+                ch.waiting += 1
+                try:
+                    await asyncio.wait_for(ch.lock.acquire(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    return None
+                finally:
+                    ch.waiting -= 1
+            else:  # no ask holds it or waits for it: taken at once, without the turn of
+                await ch.lock.acquire()  # the loop that wait_for's task costs
             if not ch.evicted:
                 return ch
             ch.lock.release()  # dropped while this ask waited: take the new one

@@ -379,6 +379,28 @@ def test_asks_reuse_one_connection_and_a_timed_out_one_is_made_anew() -> None:
     assert t.grant(EP, ["c"]) == []
 
 
+def test_concurrent_asks_to_one_consumer_take_turns_on_one_connection() -> None:
+    """Asks to one consumer from one loop share its channel, one at a time: an ask that
+    finds it free takes it at once, the others wait their turn, and each reads its own
+    grant."""
+    reqs = [f"r{i}" for i in range(20)]
+    t = LoadTable()
+    t.start([_load(r) for r in reqs])
+    srv = FenceServer("127.0.0.1", 3, t.grant)
+    tok = srv.token_for(EP)
+    asker = GrantAsker()
+
+    async def run() -> tuple[list[list[str]], int]:
+        got = await asyncio.gather(*(asker.ask(srv.endpoint, 3, tok, EP, [r], 5.0)
+                                     for r in reqs))
+        return list(got), asker.open_channels
+    try:
+        assert asyncio.run(run()) == ([[r] for r in reqs], 1)
+    finally:
+        asker.close()
+        srv.close()
+
+
 def test_a_grant_read_past_the_deadline_is_taken() -> None:
     """A producer stopped between its ask and its read finds its deadline passed on
     resume, the consumer's grant unread.  A grant is a promise the consumer keeps (a
