@@ -210,16 +210,24 @@ def test_idle_connections_past_the_limit_do_not_crowd_out_a_producer(
 
 
 def _fake_consumer(replies: Callable[[int], tuple[bytes, bool]]
-                   ) -> tuple[socket.socket, str, threading.Event]:
+                   ) -> tuple[str, threading.Event, Callable[[], None]]:
     """A consumer that answers each ask with ``replies(nonce)``: raw bytes, and whether
-    it then closes the connection (and sets ``closed``).  The listening socket (closing
-    it ends the fake), its endpoint, ``closed``."""
+    it then closes the connection (and sets ``closed``).  Its endpoint, ``closed``, and
+    what stops it (its thread ends and its sockets close)."""
     lsock = socket.create_server(("127.0.0.1", 0))
-    closed = threading.Event()
+    lsock.settimeout(0.05)  # the thread looks at ``stop`` this often
+    closed, stop = threading.Event(), threading.Event()
 
     def serve_one(conn: socket.socket) -> None:
+        conn.settimeout(0.05)
         buf = bytearray()
-        while data := conn.recv(65536):
+        while not stop.is_set():
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                return
             buf += data
             while (frame := next_frame(buf)) is not None:
                 out, close = replies(json.loads(frame)["n"])
@@ -231,15 +239,20 @@ def _fake_consumer(replies: Callable[[int], tuple[bytes, bool]]
 
     def serve() -> None:
         with lsock:
-            while True:
+            while not stop.is_set():
                 try:
                     conn, _ = lsock.accept()
-                except OSError:
-                    return  # closed by the test
+                except TimeoutError:
+                    continue
                 with conn:
                     serve_one(conn)
-    threading.Thread(target=serve, daemon=True).start()
-    return lsock, f"127.0.0.1:{lsock.getsockname()[1]}", closed
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+
+    def shut() -> None:
+        stop.set()
+        th.join(5.0)
+    return f"127.0.0.1:{lsock.getsockname()[1]}", closed, shut
 
 
 def _reply(nonce: int, ok: list[str]) -> bytes:
@@ -256,7 +269,7 @@ def test_a_reply_to_another_nonce_is_skipped_and_a_bad_length_is_no_grant() -> N
         if bad_next.is_set():
             return b"\x00" * 4 + _reply(nonce, ["a"]), False
         return _reply(nonce + 1, ["a", "b"]) + pack(b"junk") + _reply(nonce, ["b", "x"]), False
-    lsock, ep, _ = _fake_consumer(replies)
+    ep, _, shut = _fake_consumer(replies)
     asker = GrantAsker()
 
     async def run() -> tuple[list[str], int, list[str], int]:
@@ -269,13 +282,13 @@ def test_a_reply_to_another_nonce_is_skipped_and_a_bad_length_is_no_grant() -> N
         assert asyncio.run(run()) == (["b"], 1, [], 0)
     finally:
         asker.close()
-        lsock.close()
+        shut()
 
 
 def test_a_kept_connection_the_consumer_closed_is_made_anew() -> None:
     """A consumer may close a connection that sits idle (past its limit on connections):
     the next ask opens a new one instead of failing on the old."""
-    lsock, ep, closed = _fake_consumer(lambda nonce: (_reply(nonce, ["a"]), True))
+    ep, closed, shut = _fake_consumer(lambda nonce: (_reply(nonce, ["a"]), True))
     asker = GrantAsker()
 
     async def run() -> tuple[list[str], bool, list[str]]:
@@ -286,7 +299,7 @@ def test_a_kept_connection_the_consumer_closed_is_made_anew() -> None:
         assert asyncio.run(run()) == (["a"], True, ["a"])
     finally:
         asker.close()
-        lsock.close()
+        shut()
 
 
 def test_asks_over_ipv6() -> None:
