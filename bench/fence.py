@@ -1,7 +1,7 @@
 """``python -m bench.fence [--asks N]``: what one go-ahead ask costs a producer, a new
-connection per ask (the first go-ahead version) against one kept per consumer
-(``shmhb.vllm.fence.GrantAsker``), interleaved in one run against one real
-``FenceServer`` on loopback.  Needs the vLLM extra (``shmhb.vllm`` imports vLLM).
+TCP connection per ask (as the first go-ahead version asked, there over ZMQ) against one
+kept per consumer (``shmhb.vllm.fence.GrantAsker``), interleaved in one run against one
+real ``FenceServer`` on loopback.  Needs the vLLM extra (``shmhb.vllm`` imports vLLM).
 
 Reports per variant the median and p99 of one ask in ms, and the ratio of medians.
 """
@@ -15,38 +15,40 @@ import os
 import time
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
+from shmhb.vllm import fencewire
 from shmhb.vllm.fence import VERSION, FenceServer, GrantAsker, decode_reply
 
 PRODUCER = "127.0.0.1:1"
 
 
-async def _new_connection_ask(ctx: zmq.asyncio.Context, endpoint: str, inc: int, tok: str,
-                              req: str) -> list[str] | None:
-    """An ask as the first version made it: a DEALER opened and closed around it."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+async def _new_connection_ask(endpoint: str, inc: int, tok: str, req: str) -> list[str] | None:
+    """An ask as the first version made it: a connection opened and closed around it."""
+    sock = await fencewire.connect(endpoint)
     try:
-        sock.connect(f"tcp://{endpoint}")
         nonce = int.from_bytes(os.urandom(6), "little")
-        await sock.send(json.dumps({"v": VERSION, "n": nonce, "inc": inc, "from": PRODUCER,
-                                    "tok": tok, "reqs": [req]}).encode())
-        return decode_reply(await sock.recv(), nonce)
+        await fencewire.send_frame(sock, json.dumps({
+            "v": VERSION, "n": nonce, "inc": inc, "from": PRODUCER, "tok": tok,
+            "reqs": [req]}).encode(), 5.0)
+        buf = bytearray()
+        while (frame := fencewire.next_frame(buf)) is None:
+            had = len(buf)
+            await fencewire.recv_into(sock, buf, 5.0)
+            if len(buf) == had:
+                return None  # nothing in 5 s
+        return decode_reply(frame, nonce)
     finally:
-        sock.close(0)
+        sock.close()
 
 
 async def _run(srv: FenceServer, asks: int) -> dict[str, list[float]]:
-    ctx = zmq.asyncio.Context()
     asker = GrantAsker()
     tok = srv.token_for(PRODUCER)
     out: dict[str, list[float]] = {"new connection per ask": [], "one connection per consumer": []}
     try:
         for i in range(asks):  # interleaved: machine noise lands on both alike
             t0 = time.perf_counter()
-            got = await _new_connection_ask(ctx, srv.endpoint, srv.incarnation, tok, f"a{i}")
+            got = await _new_connection_ask(srv.endpoint, srv.incarnation, tok, f"a{i}")
             out["new connection per ask"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             kept = await asker.ask(srv.endpoint, srv.incarnation, tok, PRODUCER, [f"b{i}"], 5.0)
@@ -55,7 +57,6 @@ async def _run(srv: FenceServer, asks: int) -> dict[str, list[float]]:
                 raise SystemExit(f"ask {i}: no grant ({got}, {kept}): the bench is broken")
     finally:
         asker.close()
-        ctx.destroy(0)
     return out
 
 

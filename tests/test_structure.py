@@ -114,9 +114,10 @@ LAYERS: dict[str, frozenset[str]] = {
         "cli.stopsignal", "cli.units", "cli.view",
     }),
     "vllm": frozenset({
-        "vllm", "vllm.adapters", "vllm.connector", "vllm.fence", "vllm.guard", "vllm.inner",
-        "vllm.instance", "vllm.loads", "vllm.mooncake_adapter", "vllm.mooncake_pulls",
-        "vllm.nixl_adapter", "vllm.settings", "vllm.stats", "vllm.verdict",
+        "vllm", "vllm.adapters", "vllm.connector", "vllm.fence", "vllm.fencewire", "vllm.guard",
+        "vllm.inner", "vllm.instance", "vllm.loads", "vllm.mooncake_adapter",
+        "vllm.mooncake_pulls", "vllm.nixl_adapter", "vllm.settings", "vllm.stats",
+        "vllm.verdict",
     }),
     "package": frozenset({""}),
 }

@@ -1,13 +1,22 @@
 """The go-ahead a producer asks of its consumer before it writes into the consumer's
-blocks, over a small ZMQ side channel of the consumer worker.
+blocks, over a small TCP side channel of the consumer worker (length-prefixed frames:
+``shmhb.vllm.fencewire``).
 
 Wire (JSON, one frame each way, at most ``MAX_FRAME`` bytes):
-  ask:   {"v": 2, "n": nonce, "inc": consumer incarnation, "from": "host:port",
+  ask:   {"v": 3, "n": nonce, "inc": consumer incarnation, "from": "host:port",
           "tok": capability, "reqs": [id]}
-  reply: {"v": 2, "n": nonce, "ok": [id]}
+  reply: {"v": 3, "n": nonce, "ok": [id]}
 ``from`` is the producer's side channel (the endpoint the consumer sent its request to);
 ``inc`` is the incarnation the consumer put into that request: a consumer that restarted
 since (a new incarnation at the same address) grants nothing.
+
+Version 3 is version 2's JSON over plain TCP, each frame a 4-byte big-endian length and
+its bytes (version 2 went over ZMQ, whose own I/O threads cost four thread wake-ups per
+round trip).  The versions do not talk: a version 2 producer's ZMTP greeting starts with
+0xFF, which reads as a length over ``MAX_FRAME``, so its connection is closed as a bad
+frame and its write is not granted (the request is recomputed); a version 3 frame's first
+byte, 0, is a frame ZMTP refuses, so a version 2 consumer closes the connection and
+grants nothing either.  Upgrade both sides together.
 
 **Who may take a grant.**  ``from`` is only a claim.  What binds a grant to the
 producer the consumer sent the request to is ``tok``: a keyed digest of that producer's
@@ -24,7 +33,9 @@ refused: such a producer's write is not granted and the request is recomputed.
 
 Nothing received is trusted: sizes, types, lengths and text are checked (a lone surrogate
 or a nesting too deep for the parser is a bad frame like any other), a bad frame is
-dropped and counted, and no frame can end the server's thread.
+dropped and counted, and nothing a peer sends or does can end the server's thread: a
+bad length, a reset or a connection held open with half a frame costs that peer its
+connection, and at most ``MAX_CONNECTIONS`` are kept (the least recently active goes).
 """
 
 from __future__ import annotations
@@ -35,25 +46,26 @@ import hmac
 import json
 import logging
 import os
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-import zmq.asyncio
-
 from ..board import address
 from ..errors import InvalidConfig
 from ..ratelog import RateLimitedLog
+from . import fencewire
+from .fencewire import MAX_FRAME
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
-MAX_FRAME = 64 * 1024
+VERSION = 3
 MAX_REQS = 1024
 MAX_ID_BYTES = 256
 TOKEN_HEX = 32  # a 128-bit token, as hex
+#: connections a fence server keeps open at once (past it, the least recently active goes)
+MAX_CONNECTIONS = 1024
 #: consumers a producer keeps a go-ahead connection to (the least recently asked goes)
 MAX_CHANNELS = 256
 #: past an ask's deadline, how long one last look waits for a reply already on its way
@@ -128,26 +140,25 @@ def decode_reply(frame: bytes, nonce: int) -> list[str] | None:
 
 class FenceServer:
     """The consumer worker's side: answers asks with ``grant(from, reqs)`` when ``inc``
-    is ours and ``tok`` is the one this process gave ``from``.  One thread, one ROUTER
-    socket; no frame ends the thread."""
+    is ours and ``tok`` is the one this process gave ``from``.  One thread, one selector
+    over a listening TCP socket and its connections; nothing a peer does ends the
+    thread."""
 
     def __init__(self, host: str, incarnation: int,
                  grant: Callable[[str, list[str]], list[str]]) -> None:
         self.incarnation = incarnation
         self._grant = grant
         self._key = os.urandom(32)  # never leaves this process
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
-        port = self._sock.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         self.bad_frames = 0
         self.refused_tokens = 0
         self.asks = 0
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
+        self._wire = fencewire.FrameServer(host, self._answer_safely, self._bad,
+                                           MAX_CONNECTIONS)
+        self.endpoint = self._wire.endpoint  # "host:port" or "[v6]:port", as bound
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="shmhb-fence", daemon=True)
+        self._thread = threading.Thread(target=self._wire.serve, args=(self._stop,),
+                                        name="shmhb-fence", daemon=True)
         self._thread.start()
 
     def token_for(self, producer: str) -> str:
@@ -174,30 +185,14 @@ class FenceServer:
                                   self.endpoint, frm, self.refused_tokens)
         return json.dumps({"v": VERSION, "n": n, "ok": ok}).encode()
 
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+    def _answer_safely(self, frame: bytes) -> bytes | None:
         try:
-            while not self._stop.is_set():
-                if not poller.poll(100):
-                    continue
-                frames = self._sock.recv_multipart()
-                if len(frames) != 2:
-                    self._bad("frame count")
-                    continue
-                try:
-                    reply = self.answer(frames[1])
-                except Exception as e:  # noqa: BLE001 - no frame may end the go-ahead's thread
-                    self.bad_frames += 1
-                    self._log.warn("crash", "fence server %s: an ask raised %r; dropped "
-                                   "(%d bad so far)", self.endpoint, e, self.bad_frames)
-                    continue
-                if reply is not None:
-                    self._sock.send_multipart([frames[0], reply])
-        except zmq.ContextTerminated:
-            pass
-        finally:
-            self._sock.close(0)
+            return self.answer(frame)
+        except Exception as e:  # noqa: BLE001 - no frame may end the go-ahead's thread
+            self.bad_frames += 1
+            self._log.warn("crash", "fence server %s: an ask raised %r; dropped "
+                           "(%d bad so far)", self.endpoint, e, self.bad_frames)
+            return None
 
     def _bad(self, why: str) -> None:
         self.bad_frames += 1
@@ -205,33 +200,36 @@ class FenceServer:
                           self.endpoint, why, self.bad_frames)
 
     def close(self) -> None:
+        """The thread stops within one select (0.1 s) and closes every socket on its way
+        out (a grant still running when the wait ends: once it returns)."""
         self._stop.set()
         self._thread.join(2.0)
-        self._ctx.term()
 
 
 class _Channel:
-    """One DEALER to one consumer's fence server, used by one ask at a time."""
+    """One connection to one consumer's fence server, used by one ask at a time."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
-        self.sock.connect(f"tcp://{endpoint}")
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None  # connected by the first ask
+        self.buf = bytearray()  # what has been read of the next reply
         self.lock = asyncio.Lock()
+        self.waiting = 0  # asks waiting for the lock
         self.evicted = False  # dropped from the table while an ask held it: that ask closes it
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
 
 
 class GrantAsker:
     """The producer's side: which requests a consumer still wants, asked just before
-    writing.  One connection per consumer is kept (a new TCP connection and ZMTP
-    handshake per ask cost most of an ask's time), on the event loop that asks; asks to
-    one consumer take turns.  A channel whose ask timed out or failed is closed and
-    made anew by the next ask, so no late reply is ever read as the next ask's (the
-    nonce check stands behind that too)."""
+    writing.  One connection per consumer is kept (a new TCP connection per ask costs
+    a handshake), on the event loop that asks; asks to one consumer take turns.  A
+    channel whose ask timed out, failed or was cancelled is closed and made anew by the
+    next ask, so no late reply is ever read as the next ask's (the nonce check stands
+    behind that too)."""
 
     def __init__(self) -> None:
-        self._ctx: zmq.asyncio.Context | None = None
         self._channels: OrderedDict[tuple[int, str], _Channel] = OrderedDict()
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
 
@@ -240,17 +238,15 @@ class GrantAsker:
         return len(self._channels)
 
     def _channel(self, endpoint: str) -> _Channel:
-        if self._ctx is None:
-            self._ctx = zmq.asyncio.Context()
         key = (id(asyncio.get_running_loop()), endpoint)  # a socket serves one loop
         ch = self._channels.get(key)
         if ch is None:
-            ch = self._channels[key] = _Channel(self._ctx, endpoint)
+            ch = self._channels[key] = _Channel()
             while len(self._channels) > MAX_CHANNELS:
                 _, old = self._channels.popitem(last=False)
                 old.evicted = True
                 if not old.lock.locked():
-                    old.sock.close(0)  # else the ask holding it closes it on the way out
+                    old.close()  # else the ask holding it closes it on the way out
         self._channels.move_to_end(key)
         return ch
 
@@ -259,6 +255,25 @@ class GrantAsker:
         if self._channels.get(key) is ch:
             del self._channels[key]
         ch.evicted = True  # closed once its lock is released (waiters see it closed)
+
+    async def _take(self, endpoint: str, deadline: float) -> _Channel | None:
+        """The channel to ``endpoint``, its lock held; None if the deadline passed first."""
+        loop = asyncio.get_running_loop()
+        while True:
+            ch = self._channel(endpoint)
+            if ch.waiting or ch.lock.locked():
+                ch.waiting += 1
+                try:
+                    await asyncio.wait_for(ch.lock.acquire(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    return None
+                finally:
+                    ch.waiting -= 1
+            else:  # no ask holds it or waits for it: taken at once, without the turn of
+                await ch.lock.acquire()  # the loop that wait_for's task costs
+            if not ch.evicted:
+                return ch
+            ch.lock.release()  # dropped while this ask waited: take the new one
 
     async def ask(self, endpoint: str, incarnation: int, token: str | None, producer: str,
                   req_ids: list[str], timeout_s: float) -> list[str]:
@@ -269,49 +284,63 @@ class GrantAsker:
             return []  # the consumer gave no capability: it cannot grant
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while True:
-            ch = self._channel(endpoint)
-            try:
-                await asyncio.wait_for(ch.lock.acquire(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                return self._gave_up(endpoint, timeout_s, req_ids)
-            if not ch.evicted:
-                break
-            ch.lock.release()  # dropped while this ask waited: take the new one
+        ch = await self._take(endpoint, deadline)
+        if ch is None:
+            return self._gave_up(endpoint, timeout_s, req_ids)
+        nonce = int.from_bytes(os.urandom(6), "little")
+        body = json.dumps({"v": VERSION, "n": nonce, "inc": incarnation, "from": producer,
+                           "tok": token, "reqs": req_ids}).encode()
+        ok: list[str] | None = None
         try:
-            nonce = int.from_bytes(os.urandom(6), "little")
-            await ch.sock.send(json.dumps({"v": VERSION, "n": nonce, "inc": incarnation,
-                                           "from": producer, "tok": token,
-                                           "reqs": req_ids}).encode())
-            looked = False
-            while True:
-                # A grant is the consumer's promise to hold the load (it never gives up a
-                # GRANTED one), so a reply is honoured however late this process reads
-                # it: the deadline only bounds the wait for a consumer that does not
-                # answer.  A producer stopped (SIGSTOP, a long GC) between its ask and
-                # the read finds its deadline passed on resume, with the reply in the
-                # kernel's buffer and zmq's I/O thread not yet run: without one last look
-                # it would fail a load its consumer granted and is waiting for.
-                left = deadline - loop.time()
-                if left <= 0 and not looked:
-                    looked, left = True, LAST_LOOK_S
-                if left <= 0 or not await ch.sock.poll(int(left * 1000) + 1):
-                    if not looked:
-                        continue  # the deadline: the last look
-                    self._drop(endpoint, ch)
-                    return self._gave_up(endpoint, timeout_s, req_ids)
-                ok = decode_reply(await ch.sock.recv(), nonce)
-                if ok is not None:
-                    asked = set(req_ids)
-                    return [r for r in ok if r in asked]
-        except zmq.ZMQError as e:
-            self._drop(endpoint, ch)
-            self._log.warn("zmq", "asking consumer %s for a go-ahead failed: %s", endpoint, e)
+            ok = await self._exchange(ch, endpoint, body, nonce, deadline)
+        except asyncio.TimeoutError:
+            pass  # connecting or sending took the whole wait
+        except (OSError, ValueError) as e:  # ValueError: a bad frame length, a bad endpoint
+            self._log.warn("wire", "asking consumer %s for a go-ahead failed: %r", endpoint, e)
             return []
         finally:
+            if ok is None:  # timed out, failed or cancelled: no later ask reads this one's reply
+                self._drop(endpoint, ch)
             ch.lock.release()
-            if ch.evicted and not ch.sock.closed:
-                ch.sock.close(0)
+            if ch.evicted:
+                ch.close()
+        if ok is None:
+            return self._gave_up(endpoint, timeout_s, req_ids)
+        asked = set(req_ids)
+        return [r for r in ok if r in asked]
+
+    async def _exchange(self, ch: _Channel, endpoint: str, body: bytes, nonce: int,
+                        deadline: float) -> list[str] | None:
+        """The ask sent on ``ch`` (connected first if it is new) and its grant read; None
+        if none came by the deadline and the one last look."""
+        loop = asyncio.get_running_loop()
+        if ch.sock is not None and not fencewire.still_open(ch.sock, ch.buf):
+            ch.close()  # the consumer closed it while it sat idle: nothing was asked on it
+            ch.sock, ch.buf = None, bytearray()
+        if ch.sock is None:
+            ch.sock = await asyncio.wait_for(fencewire.connect(endpoint),
+                                             max(0.0, deadline - loop.time()))
+        await fencewire.send_frame(ch.sock, body, deadline - loop.time())
+        looked = False
+        while True:
+            frame = fencewire.next_frame(ch.buf)
+            if frame is not None:
+                ok = decode_reply(frame, nonce)
+                if ok is not None:
+                    return ok
+                continue  # another ask's reply (or a bad one): skipped
+            # A grant is the consumer's promise to hold the load (it never gives up a
+            # GRANTED one), so a reply is honoured however late this process reads it:
+            # the deadline only bounds the wait for a consumer that does not answer.  A
+            # producer stopped (SIGSTOP, a long GC) between its ask and the read finds
+            # its deadline passed on resume, with the reply in the kernel's buffer and
+            # not yet read: without one last look it would fail a load its consumer
+            # granted and is waiting for.
+            if loop.time() >= deadline:
+                if looked:
+                    return None
+                looked, deadline = True, loop.time() + LAST_LOOK_S
+            await fencewire.recv_into(ch.sock, ch.buf, deadline - loop.time())
 
     def _gave_up(self, endpoint: str, timeout_s: float, req_ids: list[str]) -> list[str]:
         self._log.warn("timeout", "no go-ahead from consumer %s within %.1f s: not "
@@ -319,10 +348,11 @@ class GrantAsker:
         return []
 
     def close(self) -> None:
-        """From any thread, once no ask runs: every channel goes (linger 0)."""
+        """From any thread, once no ask runs: every channel goes."""
+        channels = list(self._channels.values())
         self._channels.clear()
-        if self._ctx is not None:
-            self._ctx.destroy(linger=0)
+        for ch in channels:
+            ch.close()
 
 
 def parse_extra(v: Any) -> tuple[int, str, str | None] | None:

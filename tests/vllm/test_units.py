@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -13,12 +16,12 @@ from .conftest import require_vllm
 
 require_vllm()
 
-import zmq  # noqa: E402
-import zmq.asyncio  # noqa: E402
-
 from shmhb.errors import InvalidConfig  # noqa: E402
+from shmhb.vllm import fence  # noqa: E402
 from shmhb.vllm.fence import (  # noqa: E402
-    LAST_LOOK_S, VERSION, FenceServer, GrantAsker, decode_ask, decode_reply, parse_extra)
+    LAST_LOOK_S, MAX_FRAME, VERSION, FenceServer, GrantAsker, decode_ask, decode_reply,
+    parse_extra)
+from shmhb.vllm.fencewire import next_frame, pack  # noqa: E402
 from shmhb.vllm.loads import Load, LoadState, LoadTable  # noqa: E402
 from shmhb.vllm.settings import ConnectorSettings, engine_prefix, rank_key  # noqa: E402
 
@@ -79,7 +82,7 @@ def _ask(**kw: object) -> bytes:
     _ask(tok=None), _ask(tok="g" * 32), _ask(tok="0" * 31),
     b"[" * 20000 + b"]" * 20000,  # nested deeper than the parser goes: RecursionError
     _ask(reqs=["\ud800"]),  # a lone surrogate: UnicodeEncodeError on .encode()
-    b'{"v": 2, "n": 1, "inc": 1, "from": "127.0.0.2:4000", "tok": "' + b"0" * 32
+    b'{"v": %d, "n": 1, "inc": 1, "from": "127.0.0.2:4000", "tok": "' % VERSION + b"0" * 32
     + b'", "reqs": ["\\ud800"]}',
     b"\xff\xfe",
 ])
@@ -106,26 +109,207 @@ def _run_asks(srv: FenceServer, asks: list[tuple[int, str | None, str, list[str]
         asker.close()
 
 
+def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether ``cond()`` held within ``timeout_s`` (polled; never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _connect(endpoint: str) -> socket.socket:
+    host, port = endpoint.rsplit(":", 1)
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=5.0)
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    """Whether the other end closed ``s`` (EOF or a reset), polled without blocking."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
 def test_fence_server_grants_only_its_incarnation_and_survives_garbage() -> None:
+    """Nothing a peer sends or does ends the server's thread or keeps others from their
+    grants: a bad length (garbage, oversize, zero, a version 2 producer's ZMTP greeting)
+    closes that connection; a frame that decodes to no ask is counted and dropped (the
+    frames of case 8, which ended the server's thread); a partial frame, a close and a
+    reset cost only their connection."""
     t = LoadTable()
     t.start([_load("a", ep=EP), _load("b", ep=EP)])
     srv = FenceServer("127.0.0.1", 0, t.grant)
+    socks: list[socket.socket] = []
     try:
         srv.incarnation = 77
         tok = srv.token_for(EP)
-        raw = zmq.Context().socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.connect(f"tcp://{srv.endpoint}")
-        raw.send(b"garbage")
-        raw.send_multipart([b"two", b"frames"])
-        for frame in (b"[" * 20000 + b"]" * 20000, _ask(reqs=["\ud800"])):  # the frames of
-            raw.send(frame)  # case 8, which ended the server's thread
+        zmtp = b"\xff" + b"\x00" * 8 + b"\x7f"
+        for raw in (b"garbage", struct.pack(">I", MAX_FRAME + 1) + b"x", b"\x00" * 4, zmtp):
+            s = _connect(srv.endpoint)
+            socks.append(s)
+            s.sendall(raw)
+            assert _until(lambda: _closed_by_peer(s)), raw  # noqa: B023 - used at once
+        s = _connect(srv.endpoint)  # the frames of case 8: counted, the connection kept
+        socks.append(s)
+        s.sendall(pack(b"[" * 20000 + b"]" * 20000) + pack(_ask(reqs=["\ud800"])))
+        assert _until(lambda: srv.bad_frames == 6), srv.bad_frames
+        s.sendall(pack(_ask(inc=77, tok=tok, reqs=["b"])))  # and it still serves asks
+        s.settimeout(5.0)
+        got, buf = None, bytearray()
+        while got is None:
+            buf += s.recv(4096)
+            got = next_frame(buf)
+        assert decode_reply(got, 1) == ["b"]
+        half = _connect(srv.endpoint)  # half a frame, then gone
+        half.sendall(struct.pack(">I", 100) + b"{" * 10)
+        half.close()
+        reset = _connect(srv.endpoint)  # half a frame, then a reset
+        reset.sendall(struct.pack(">I", 100) + b"{" * 10)
+        reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        reset.close()
         stale, ok = _run_asks(srv, [(76, tok, EP, ["a"]),  # a restarted consumer
                                     (77, tok, EP, ["a", "nope"])])
         assert stale == [] and ok == ["a"]
-        assert srv.bad_frames >= 3
+        assert srv.bad_frames == 6 and srv.asks == 3
         assert srv._thread.is_alive()  # noqa: SLF001 - the thread the bad frames used to end
-        raw.close(0)
+    finally:
+        srv.close()
+        for s in socks:
+            s.close()
+
+
+def test_idle_connections_past_the_limit_do_not_crowd_out_a_producer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that opens connection after connection and holds each with half a frame
+    (a slow loris) costs the server at most MAX_CONNECTIONS of them: the least recently
+    active go, and a producer that asks is served."""
+    monkeypatch.setattr(fence, "MAX_CONNECTIONS", 8)
+    t = LoadTable()
+    t.start([_load("a")])
+    srv = FenceServer("127.0.0.1", 5, t.grant)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(20):
+            s = _connect(srv.endpoint)
+            idle.append(s)
+            s.sendall(struct.pack(">I", 100) + b"{")  # a frame begun, never finished
+        assert _run_asks(srv, [(5, srv.token_for(EP), EP, ["a"])]) == [["a"]]
+        # 21 connections were taken, 8 kept: the asker's (the newest) and 7 idle ones
+        assert _until(lambda: sum(map(_closed_by_peer, idle)) == 13)
+        assert sum(map(_closed_by_peer, idle)) == 13
+        assert srv._thread.is_alive()  # noqa: SLF001
+    finally:
+        srv.close()
+        for s in idle:
+            s.close()
+
+
+def _fake_consumer(replies: Callable[[int], tuple[bytes, bool]]
+                   ) -> tuple[str, threading.Event, Callable[[], None]]:
+    """A consumer that answers each ask with ``replies(nonce)``: raw bytes, and whether
+    it then closes the connection (and sets ``closed``).  Its endpoint, ``closed``, and
+    what stops it (its thread ends and its sockets close)."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    lsock.settimeout(0.05)  # the thread looks at ``stop`` this often
+    closed, stop = threading.Event(), threading.Event()
+
+    def serve_one(conn: socket.socket) -> None:
+        conn.settimeout(0.05)
+        buf = bytearray()
+        while not stop.is_set():
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            buf += data
+            while (frame := next_frame(buf)) is not None:
+                out, close = replies(json.loads(frame)["n"])
+                conn.sendall(out)
+                if close:
+                    conn.close()
+                    closed.set()
+                    return
+
+    def serve() -> None:
+        with lsock:
+            while not stop.is_set():
+                try:
+                    conn, _ = lsock.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    serve_one(conn)
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+
+    def shut() -> None:
+        stop.set()
+        th.join(5.0)
+    return f"127.0.0.1:{lsock.getsockname()[1]}", closed, shut
+
+
+def _reply(nonce: int, ok: list[str]) -> bytes:
+    return pack(json.dumps({"v": VERSION, "n": nonce, "ok": ok}).encode())
+
+
+def test_a_reply_to_another_nonce_is_skipped_and_a_bad_length_is_no_grant() -> None:
+    """A reply that is not this ask's (another nonce, or junk) is skipped, and the ask's
+    own is read after it; a reply with a length of 0 closes the channel and grants
+    nothing."""
+    bad_next = threading.Event()
+
+    def replies(nonce: int) -> tuple[bytes, bool]:
+        if bad_next.is_set():
+            return b"\x00" * 4 + _reply(nonce, ["a"]), False
+        return _reply(nonce + 1, ["a", "b"]) + pack(b"junk") + _reply(nonce, ["b", "x"]), False
+    ep, _, shut = _fake_consumer(replies)
+    asker = GrantAsker()
+
+    async def run() -> tuple[list[str], int, list[str], int]:
+        first = await asker.ask(ep, 1, TOK, EP, ["a", "b"], 2.0)
+        kept = asker.open_channels
+        bad_next.set()
+        second = await asker.ask(ep, 1, TOK, EP, ["a"], 2.0)
+        return first, kept, second, asker.open_channels
+    try:
+        assert asyncio.run(run()) == (["b"], 1, [], 0)
+    finally:
+        asker.close()
+        shut()
+
+
+def test_a_kept_connection_the_consumer_closed_is_made_anew() -> None:
+    """A consumer may close a connection that sits idle (past its limit on connections):
+    the next ask opens a new one instead of failing on the old."""
+    ep, closed, shut = _fake_consumer(lambda nonce: (_reply(nonce, ["a"]), True))
+    asker = GrantAsker()
+
+    async def run() -> tuple[list[str], bool, list[str]]:
+        first = await asker.ask(ep, 1, TOK, EP, ["a"], 2.0)
+        was_closed = await asyncio.to_thread(closed.wait, 5.0)
+        return first, was_closed, await asker.ask(ep, 1, TOK, EP, ["a"], 2.0)
+    try:
+        assert asyncio.run(run()) == (["a"], True, ["a"])
+    finally:
+        asker.close()
+        shut()
+
+
+def test_asks_over_ipv6() -> None:
+    try:
+        srv = FenceServer("::1", 4, lambda frm, reqs: reqs)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        assert srv.endpoint.startswith("[::1]:")
+        assert _run_asks(srv, [(4, srv.token_for(EP), EP, ["r"])]) == [["r"]]
     finally:
         srv.close()
 
@@ -208,6 +392,28 @@ def test_asks_reuse_one_connection_and_a_timed_out_one_is_made_anew() -> None:
     assert t.grant(EP, ["c"]) == []
 
 
+def test_concurrent_asks_to_one_consumer_take_turns_on_one_connection() -> None:
+    """Asks to one consumer from one loop share its channel, one at a time: an ask that
+    finds it free takes it at once, the others wait their turn, and each reads its own
+    grant."""
+    reqs = [f"r{i}" for i in range(20)]
+    t = LoadTable()
+    t.start([_load(r) for r in reqs])
+    srv = FenceServer("127.0.0.1", 3, t.grant)
+    tok = srv.token_for(EP)
+    asker = GrantAsker()
+
+    async def run() -> tuple[list[list[str]], int]:
+        got = await asyncio.gather(*(asker.ask(srv.endpoint, 3, tok, EP, [r], 5.0)
+                                     for r in reqs))
+        return list(got), asker.open_channels
+    try:
+        assert asyncio.run(run()) == ([[r] for r in reqs], 1)
+    finally:
+        asker.close()
+        srv.close()
+
+
 def test_a_grant_read_past_the_deadline_is_taken() -> None:
     """A producer stopped between its ask and its read finds its deadline passed on
     resume, the consumer's grant unread.  A grant is a promise the consumer keeps (a
@@ -245,6 +451,39 @@ def test_a_grant_read_past_the_deadline_is_taken() -> None:
     assert late == ["a"], (late, took)
     assert t.grant(EP, ["a"]) == []  # granted once, at the consumer too
     assert none[:-1] == [] and float(none[-1]) < timeout_s + LAST_LOOK_S + 1.0, none
+
+
+def test_a_grant_waiting_when_a_stopped_producer_resumes_is_taken() -> None:
+    """The producer's loop is stopped (here: blocked) from before the reply comes until
+    past its deadline: on resume the reply and the deadline are due in the same turn of
+    the loop.  The reply is taken (a read cancelled by the deadline would have lost the
+    bytes it took off the socket, and with them the grant)."""
+    t = LoadTable()
+    t.start([_load("a")])
+    gate = threading.Event()
+
+    def grant(frm: str, reqs: list[str]) -> list[str]:
+        gate.wait(5.0)
+        return t.grant(frm, reqs)
+    srv = FenceServer("127.0.0.1", 3, grant)
+    asker = GrantAsker()
+    timeout_s = 0.3
+
+    async def run() -> list[str]:
+        loop = asyncio.get_running_loop()
+
+        def stopped() -> None:  # the stop itself, not a wait for something: a sleep
+            gate.set()
+            assert _until(lambda: srv.asks == 1)
+            time.sleep(timeout_s)
+        loop.call_later(0.05, stopped)
+        return await asker.ask(srv.endpoint, 3, srv.token_for(EP), EP, ["a"], timeout_s)
+    try:
+        assert asyncio.run(run()) == ["a"]
+    finally:
+        gate.set()
+        asker.close()
+        srv.close()
 
 
 def test_settings_and_keys() -> None:
