@@ -490,8 +490,8 @@ class CpuResult:
 
 
 CPU_MODES = ("idle", "follow", "both", "both-nat", "both-plain", "v1-follow", "v1-both",
-             "v1-both-nat", "floor-dealers-follow", "floor-dealers-both",
-             "floor-router-follow", "floor-router-both")
+             "v1-both-nat", "floor-dealers-follow", "floor-dealers-both", "floor-dealers-both-v2",
+             "floor-router-follow", "floor-router-both", "floor-router-both-v2")
 
 
 def cpu_label(mode: str, hosts: int) -> str:
@@ -506,13 +506,19 @@ def cpu_label(mode: str, hosts: int) -> str:
         "v1-both-nat": f"previous release (v1): follow {hosts} + answer, behind NAT",
         "floor-dealers-follow": f"floor, {hosts} DEALERs: follow {hosts}",
         "floor-dealers-both": f"floor, {hosts} DEALERs: follow + answer {hosts}",
+        "floor-dealers-both-v2": f"floor, {hosts} DEALERs: follow + answer {hosts}, mutual pairs' count",
         "floor-router-follow": f"floor, one ROUTER: follow {hosts}",
         "floor-router-both": f"floor, one ROUTER: follow + answer {hosts}",
+        "floor-router-both-v2": f"floor, one ROUTER: follow + answer {hosts}, mutual pairs' count",
     }[mode]
 
 
 def _cpu_window(res: CpuResult, mode: str, pid: int, board: shmhb.Board | None, window_s: float,
-                live: set[str] | None = None) -> None:
+                live: set[str] | None = None,
+                counts: Callable[[], tuple[int, int]] | None = None) -> None:
+    """One window of ``pid``'s CPU; its pings sent and answered from its board's
+    counters, or (a floor: no board) from ``counts()``, the emulator's view of them."""
+    n0 = counts() if counts is not None else None
     s0, c0 = board.stats() if board else None, sample_cpu([pid])
     end = time.monotonic() + window_s
     while (left := end - time.monotonic()) > 0:
@@ -525,6 +531,9 @@ def _cpu_window(res: CpuResult, mode: str, pid: int, board: shmhb.Board | None, 
     u, s = cpu_delta(c0, c1, [pid])
     sent = (s1["pings_sent"] - s0["pings_sent"]) / dt if s0 and s1 else float("nan")
     ans = (s1["pings_answered"] - s0["pings_answered"]) / dt if s0 and s1 else float("nan")
+    if counts is not None and n0 is not None:
+        n1 = counts()
+        sent, ans = (n1[0] - n0[0]) / dt, (n1[1] - n0[1]) / dt
     res.windows[mode].append((100 * u / dt, 100 * s / dt, sent, ans))
 
 
@@ -638,10 +647,14 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             res.problems.append(f"only {res.peers_alive}/{hosts} emulated hosts ALIVE")
         live = {f"{a}:{port}" for a in emu_addrs}
 
-        def command(line: str) -> None:
+        def command(line: str) -> tuple[int, int]:
+            """A command to the emulator; its counts so far, as the process under test
+            sees them: (pings it sent that the emulated hosts answered, pings they sent
+            it)."""
             emu.stdin.write(line + "\n")  # type: ignore[union-attr]
             emu.stdin.flush()  # type: ignore[union-attr]
-            emu.stdout.readline()  # type: ignore[union-attr]
+            got = emu.stdout.readline().split()  # type: ignore[union-attr]
+            return (int(got[1]), int(got[2])) if len(got) == 4 and got[0] == "stats" else (0, 0)
 
         pings = {"follow": "ping 0", "both": "ping 1", "both-plain": "ping 2", "both-nat": "ping 3"}
 
@@ -650,7 +663,8 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
                 mode = (a, b)[k % 2] if (k // 2) % 2 == 0 else (b, a)[k % 2]
                 command(pings.get(mode, "ping 1" if mode == b else "ping 0"))
                 time.sleep(1.5)  # settle: the last mode's frames drained
-                _cpu_window(res, mode, pid, brd, window_s, live if brd else None)
+                _cpu_window(res, mode, pid, brd, window_s, live if brd else None,
+                            counts=None if brd else (lambda: command("stats")))
 
         abba(pinger.pid, "follow", "both", board, rounds)
         # hosts known by another address than the one they name (NAT, a name): since v2
@@ -703,6 +717,16 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
                 raise RuntimeError("the floor pinger did not start")
             time.sleep(1.0)
             abba(floor.pid, f"floor-{kind}-follow", f"floor-{kind}-both", None, floor_rounds)
+            # the same messages as this release's pinger in "both": mutual pairs, one side
+            # pinging every interval and the other once per refresh
+            floor.stdin.write("mutual 1\n")  # type: ignore[union-attr]
+            floor.stdin.flush()  # type: ignore[union-attr]
+            floor.stdout.readline()
+            command("ping 4")
+            for _ in range(floor_rounds):
+                time.sleep(1.5)
+                _cpu_window(res, f"floor-{kind}-both-v2", floor.pid, None, window_s,
+                            counts=lambda: command("stats"))
             stop_process(floor)
         emu.stdin.close()
     return res
@@ -762,7 +786,12 @@ def cpu_section(cpu: CpuResult) -> str:
                + ("" if not floors_ran else " The floors replace the pinger on the same address, under "
                "the same emulated load: bare Python + pyzmq processes moving the same frames on the "
                "same tick as the pinger's (prebuilt frames, nothing decoded, no board), with one DEALER per host "
-               f"or with one ROUTER connected to all {cpu.hosts} hosts."))
+               f"or with one ROUTER connected to all {cpu.hosts} hosts. A floor's pings count as no "
+               "host's evidence, so in \"follow + answer\" every host pings it every turn (the "
+               "count of pairs that are not mutual); the \"mutual pairs' count\" rows move the "
+               "messages of this release's mutual pairs instead: the floor pings half the hosts "
+               "every interval and the other half once per refresh, and they it the other way "
+               "round. Its pings sent and answered are the emulated hosts' counts."))
     if cpu.kills_s or cpu.kills_missed:
         out.append(f"- Host kill -> DEAD on the board (an emulated host's sockets closed at a random "
                    f"phase, the others still pinging): {', '.join(f'{x:.2f} s' for x in cpu.kills_s)}"

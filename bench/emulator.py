@@ -23,7 +23,9 @@ peer that predates challenges).
 
 ``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
 moves the same frames as a pinger on the same tick (its default): a prebuilt PING to each
-emulated host every ``S`` seconds, acks received and dropped unread, and one ROUTER
+emulated host every ``S`` seconds (after ``mutual 1`` on its stdin, as the active side
+of the mutual pairs with the even-index hosts and the passive side with the others:
+see ``ping 4``; ``mutual 0`` undoes it), acks received and dropped unread, and one ROUTER
 answering every ping with a prebuilt ACK (no decoding, no state, no board); either one
 DEALER per host (the pinger's socket layout) or one ROUTER connected to all hosts (a
 poll set of two sockets).  The CPU of the real pinger is compared with both.
@@ -31,9 +33,14 @@ poll set of two sockets).  The CPU of the real pinger is compared with both.
 Stdin commands: ``ping 1`` / ``ping 0``; ``ping 2``: ping every interval, as
 ``--no-mutual``; ``ping 3``: as ``ping 1``, but each host's pings name an address the
 real pinger does not follow it by (``10.x.y.1``: behind a NAT, or followed by a name),
-so only its board identity tells the real pinger who it is; ``kill I``: host I (0-based) dies at once (its
+so only its board identity tells the real pinger who it is; ``ping 4``: for a floor,
+the message count of ``ping 1`` without its rules: the hosts of odd index ping every
+interval, the others once per refresh (``LONG_REFRESH`` peer dead-after windows), as
+the two sides of mutual pairs do (a floor's pings count as nobody's evidence, so
+``ping 1`` would make every host ping every turn); ``kill I``: host I (0-based) dies at once (its
 sockets close: it answers and sends nothing more); EOF ends it.  It prints ``ready`` once bound,
-and ``stats PINGS_ANSWERED PINGS_SENT ACKS_RECEIVED`` after each command.  One thread,
+and ``stats PINGS_ANSWERED PINGS_SENT ACKS_RECEIVED`` after each command (``stats``
+asks for just that).  One thread,
 one ``zmq.Poller``; ~10 µs of Python per frame, so 64 hosts at 5 pings/s in both
 directions cost it a few % of a core.
 """
@@ -53,7 +60,7 @@ from shmhb.board.config import AgentConfig
 from shmhb.net.challenge import advertised, echoed, issue, new_challenge, speaks_v2
 from shmhb.net.evidence import counts_as_evidence, passive
 from shmhb.net.exchange import wants_full_digest
-from shmhb.net.plan import DEFAULT_BUDGET_PPS, PingPlan
+from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, PingPlan
 from shmhb.net.protocol import (
     Ack,
     DigestEntry,
@@ -70,6 +77,8 @@ from shmhb.net.transport import recv_routed
 #: The pinger's default peer dead-after (Policy.peer_dead_after_s): its passive side's
 #: refresh period in a mutual pair.
 DEAD_AFTER_NS = 5_000_000_000
+#: ``ping 4`` and a floor's ``mutual 1``: how often the passive side of a pair pings (s)
+REFRESH_S = LONG_REFRESH * DEAD_AFTER_NS / 1e9
 
 
 def address(i: int) -> str:
@@ -100,6 +109,7 @@ class Host:
         self.v2 = False  # the real pinger's acks say it answers v2
         self.answered = True  # our last ping was answered (else the next is plain v1)
         self.named = self.addr  # the address its pings name (``ping 3``: another)
+        self.every = 0.0  # without a plan: its ping period (``ping 2``, ``ping 4``)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                         if not due:
                             continue
                     else:
-                        h.next_ping = max(h.next_ping + a.interval_s, now)
+                        h.next_ping = max(h.next_ping + h.every, now)
                     h.nonce += 1
                     ch = new_challenge()
                     h.issued = issue(h.issued, ch)
@@ -182,14 +192,18 @@ def main(argv: list[str] | None = None) -> int:
                                 sock.close(0)
                         h.dead = True
                         print(f"stats {answered} {sent} {acks}", flush=True)
+                    if cmd == "stats":
+                        print(f"stats {answered} {sent} {acks}", flush=True)
                     if cmd.startswith("ping "):
                         mode = cmd.split()[1]
-                        pinging = mode in ("1", "2", "3")
+                        pinging = mode in ("1", "2", "3", "4")
                         if pinging:
                             t = time.monotonic()
                             for k, h in enumerate(hosts):  # spread the pings over one interval
                                 h.next_ping = t + random.uniform(0, a.interval_s)
                                 h.plan = None
+                                h.every = (REFRESH_S if mode == "4" and k % 2 == 0
+                                           else a.interval_s)
                                 # a new mode starts from no challenge: the pinger may still
                                 # hold one from the last mode, and a v1 pinger that cannot
                                 # tell a NAT'd host's pings apart would echo it for good
@@ -300,6 +314,7 @@ def floor(a: argparse.Namespace) -> int:
     poller.register(stdin, zmq.POLLIN)
     print("ready", flush=True)
     tick = AgentConfig().tick_s
+    every = [a.interval_s] * len(peers)
     next_tick = t0
     while True:
         now = time.monotonic()
@@ -307,12 +322,18 @@ def floor(a: argparse.Namespace) -> int:
             for i in range(len(peers)):
                 if now >= due[i]:
                     send(i)
-                    due[i] = max(due[i] + a.interval_s, now)
+                    due[i] = max(due[i] + every[i], now)
             next_tick = max(next_tick + tick, now)
         for sock, _ in poller.poll(max(0, math.ceil((next_tick - time.monotonic()) * 1000))):
             if sock == stdin:
-                if not os.read(stdin, 256):
+                line = os.read(stdin, 256).decode()
+                if not line:
                     return 0
+                if line.startswith("mutual "):  # the active side with the even hosts
+                    mutual = line.split()[1].strip() == "1"
+                    every = [REFRESH_S if mutual and i % 2 else a.interval_s
+                             for i in range(len(peers))]
+                    print("ok", flush=True)
                 continue
             for _ in range(256):
                 try:
