@@ -29,7 +29,8 @@ frame as the whole pinger does), so the total rate of pings is what is bounded:
   for a host whose pings carry its digest generation (version 2): those pings already
   say when our copy is behind, so the refresh only keeps the watch.  The active side
   never skips, so the pair never waits on each other; if the evidence stops (that host
-  died, or stopped following us) the passive side's next turn pings as usual.
+  died, or stopped following us) the passive side pings it at once, at the first batch
+  after the evidence went stale, and then every turn.
 """
 
 from __future__ import annotations
@@ -193,6 +194,18 @@ class PingPlan:
                 self._pinged_ns[h] = now_ns
             out.append(h)
         self._next_ns = nxt
+        # A passive side whose evidence just went stale pings at once, not at its next
+        # turn: with 3 turns per window, waiting for the turn after the evidence stopped
+        # (up to SKIP_FRESH + 1 intervals) and then for the two missed pings a verdict
+        # needs would put DEAD up to 1.8 s past peer_dead_after.  From here on it pings
+        # every turn, until that host's pings count again.
+        limit = SKIP_FRESH * self.interval_ns
+        stale = [h for h, ev in self._evidence_ns.items() if now_ns - ev >= limit]
+        for h in stale:
+            del self._evidence_ns[h]
+            self._pinged_ns.pop(h, None)
+            if h not in out:
+                out.append(h)
         return out
 
     def _skip(self, host: str, now_ns: int) -> bool:

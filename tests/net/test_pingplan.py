@@ -315,3 +315,45 @@ def test_pings_never_bind_a_source_address() -> None:
         assert ";" not in connect_endpoint(me, "127.0.0.3", 45645)
     assert connect_endpoint("127.0.0.2", "127.0.0.3", 45645) == "tcp://127.0.0.3:45645"
     assert connect_endpoint("::1", "::1", 45645) == "tcp://[::1]:45645"
+
+
+@pytest.mark.parametrize("die_s", [20.0, 20.4, 20.9, 21.3])
+def test_a_dead_host_we_were_passive_to_is_dead_within_dead_after_plus_one_second(die_s: float) -> None:
+    """250 hosts, each the active side of its pair with us: their pings are our evidence
+    and we skip our turns.  When one dies, our pings to it start as soon as its evidence
+    is stale, so DEAD comes within peer_dead_after + 1 s of its last ping (waiting for
+    our next turn instead put it up to 1.8 s past)."""
+    c = FakeClock()
+    start = c.monotonic_ns()
+    p = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD)
+    addrs = hosts(250)
+    p.set_hosts(addrs, start)
+    interval = p.interval_ns
+    susp = Suspicion(TH, late_ns=S // 4)
+    peers = {a: PeerState(a) for a in addrs}
+    for q in peers.values():
+        susp.on_ack(q, start, 1)
+    phase = {a: start + k * interval // len(addrs) for k, a in enumerate(addrs)}
+    victim, last_ev, t_dead = addrs[0], 0, None
+    for _ in range(int((die_s + 10) * S / TICK)):
+        c.advance(TICK / S)
+        now = c.monotonic_ns()
+        dead = now - start >= die_s * S
+        for a in addrs:  # their pings, every interval at their own phase
+            if now >= phase[a]:
+                phase[a] += interval
+                if not (dead and a == victim):
+                    susp.on_evidence(peers[a], now)
+                    p.evidence(a, now, passive=True, tells_gen=True)
+                    if a == victim:
+                        last_ev = now
+        for st, old, new in susp.tick(list(peers.values()), now):
+            assert st.address == victim, (st.address, old, new)  # no live host flaps
+            if new is Status.DEAD and t_dead is None:
+                t_dead = now
+        for a in p.due(now):
+            susp.on_ping(peers[a], now)
+            if not (dead and a == victim):
+                susp.on_evidence(peers[a], now)  # its ack, at once
+    assert t_dead is not None
+    assert DEAD - TICK <= t_dead - last_ev <= DEAD + S, (t_dead - last_ev) / S
