@@ -595,7 +595,7 @@ def _v1_windows(res: CpuResult, st: contextlib.ExitStack, name: str, listen: str
     for mode, cmd in [(m, c) for _ in range(rounds) for m, c in
                       (("v1-follow", "ping 0"), ("v1-both", "ping 1"), ("v1-both-nat", "ping 3"))]:
         command(cmd)
-        time.sleep(1.5)
+        time.sleep(max(1.5, 2 * res.interval_s))
         _cpu_window(res, mode, p.pid, board, window_s, live)
     stop_process(p)
 
@@ -662,7 +662,9 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             for k in range(rounds * 2):
                 mode = (a, b)[k % 2] if (k // 2) % 2 == 0 else (b, a)[k % 2]
                 command(pings.get(mode, "ping 1" if mode == b else "ping 0"))
-                time.sleep(1.5)  # settle: the last mode's frames drained
+                # settle: the last mode's frames drained, and every emulated host's side
+                # of its pair taken (its first evidence comes within two intervals)
+                time.sleep(max(1.5, 2 * res.interval_s))
                 _cpu_window(res, mode, pid, brd, window_s, live if brd else None,
                             counts=None if brd else (lambda: command("stats")))
 
@@ -674,7 +676,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
         # both sides of every pair ping every interval
         for _ in range(rounds):
             command("ping 2")
-            time.sleep(1.5)
+            time.sleep(max(1.5, 2 * res.interval_s))
             _cpu_window(res, "both-plain", pinger.pid, board, window_s, live)
         if kills:
             command("ping 1")
@@ -724,7 +726,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             floor.stdout.readline()
             command("ping 4")
             for _ in range(floor_rounds):
-                time.sleep(1.5)
+                time.sleep(max(1.5, 2 * res.interval_s))
                 _cpu_window(res, f"floor-{kind}-both-v2", floor.pid, None, window_s,
                             counts=lambda: command("stats"))
             stop_process(floor)
