@@ -1097,12 +1097,12 @@ def main(argv: list[str] | None = None) -> int:
         for c in cpu:
             out.append(f"\n{c.hosts}: {c.peers_alive}/{c.hosts} emulated hosts ALIVE; each pings the pinger "
                        f"as a default pinger following the whole cluster would (the passive side of the "
-                       f"mutual pair: once per peer dead-after; with no mutual pairs every "
-                       f"{c.interval_s:g} s); live "
+                       f"mutual pair: once per {LONG_REFRESH} peer dead-after windows; with no mutual "
+                       f"pairs every {c.interval_s:.3g} s); live "
                        f"hosts read other than ALIVE in {c.not_alive} samples"
                        + (f"; host kill -> DEAD {', '.join(f'{x:.2f} s' for x in c.kills_s)}"
                           if c.kills_s else "") + " (bench.cluster.run_cpu_target).")
-        out.append("\nFloors (bare pyzmq moving the same frames) are in bench/results_cluster.md.\n")
+        out.append("\nFloors (bare pyzmq moving the same frames, also at the mutual pairs' message count) are in bench/results_cpu.md (`python -m bench.cluster --only-cpu`).\n")
     out.append(stats.table(["local slots", "board bytes, default capacity (256 peers, 4096 remote slots, "
                             "512 watches)", "board bytes, local slots only"],
                            [[str(n), f"{f:,} ({f / 1024:,.0f} KiB)", f"{loc:,} ({loc / 1024:,.0f} KiB)"]
