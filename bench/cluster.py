@@ -513,6 +513,12 @@ def cpu_label(mode: str, hosts: int) -> str:
     }[mode]
 
 
+def _settle(res: CpuResult) -> None:
+    """Before a CPU window: the last mode's frames drained, and every emulated host's
+    side of its pair taken (its first evidence comes within two intervals)."""
+    time.sleep(max(1.5, 2 * res.interval_s))
+
+
 def _cpu_window(res: CpuResult, mode: str, pid: int, board: shmhb.Board | None, window_s: float,
                 live: set[str] | None = None,
                 counts: Callable[[], tuple[int, int]] | None = None) -> None:
@@ -531,7 +537,7 @@ def _cpu_window(res: CpuResult, mode: str, pid: int, board: shmhb.Board | None, 
     u, s = cpu_delta(c0, c1, [pid])
     sent = (s1["pings_sent"] - s0["pings_sent"]) / dt if s0 and s1 else float("nan")
     ans = (s1["pings_answered"] - s0["pings_answered"]) / dt if s0 and s1 else float("nan")
-    if counts is not None and n0 is not None:
+    if counts is not None and n0 is not None:  # (both or neither: mypy needs the pair)
         n1 = counts()
         sent, ans = (n1[0] - n0[0]) / dt, (n1[1] - n0[1]) / dt
     res.windows[mode].append((100 * u / dt, 100 * s / dt, sent, ans))
@@ -595,7 +601,7 @@ def _v1_windows(res: CpuResult, st: contextlib.ExitStack, name: str, listen: str
     for mode, cmd in [(m, c) for _ in range(rounds) for m, c in
                       (("v1-follow", "ping 0"), ("v1-both", "ping 1"), ("v1-both-nat", "ping 3"))]:
         command(cmd)
-        time.sleep(max(1.5, 2 * res.interval_s))
+        _settle(res)
         _cpu_window(res, mode, p.pid, board, window_s, live)
     stop_process(p)
 
@@ -662,9 +668,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             for k in range(rounds * 2):
                 mode = (a, b)[k % 2] if (k // 2) % 2 == 0 else (b, a)[k % 2]
                 command(pings.get(mode, "ping 1" if mode == b else "ping 0"))
-                # settle: the last mode's frames drained, and every emulated host's side
-                # of its pair taken (its first evidence comes within two intervals)
-                time.sleep(max(1.5, 2 * res.interval_s))
+                _settle(res)
                 _cpu_window(res, mode, pid, brd, window_s, live if brd else None,
                             counts=None if brd else (lambda: command("stats")))
 
@@ -676,7 +680,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
         # both sides of every pair ping every interval
         for _ in range(rounds):
             command("ping 2")
-            time.sleep(max(1.5, 2 * res.interval_s))
+            _settle(res)
             _cpu_window(res, "both-plain", pinger.pid, board, window_s, live)
         if kills:
             command("ping 1")
@@ -726,7 +730,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             floor.stdout.readline()
             command("ping 4")
             for _ in range(floor_rounds):
-                time.sleep(max(1.5, 2 * res.interval_s))
+                _settle(res)
                 _cpu_window(res, f"floor-{kind}-both-v2", floor.pid, None, window_s,
                             counts=lambda: command("stats"))
             stop_process(floor)

@@ -125,7 +125,7 @@ class Suspicion:
         return old
 
     def doubting_self(self, peers: list[PeerState], now_ns: int) -> bool:
-        suspect_ns = units_to_ns(self.th.peer_suspect)
+        suspect_ns = self._suspect_ns
         if self._last_late_ns is not None and now_ns - self._last_late_ns < suspect_ns:
             return True
         active = [p for p in peers if p.status is not Status.LEFT]  # silent by their word
@@ -154,6 +154,7 @@ class Suspicion:
         for p in peers:
             if p.status is left:
                 continue  # it said goodbye: its silence is no evidence (on_evidence ends it)
+            # (the count first: missed never exceeds it, and it spares most hosts a call)
             if p.unanswered >= MISSED_IN_A_ROW and self.missed(p, now_ns) >= MISSED_IN_A_ROW:
                 if doubt is None:
                     doubt = self.doubting_self(peers, now_ns)

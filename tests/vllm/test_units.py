@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from .conftest import require_vllm
+from tests.conftest import wait_until
 
 require_vllm()
 
@@ -109,16 +110,6 @@ def _run_asks(srv: FenceServer, asks: list[tuple[int, str | None, str, list[str]
         asker.close()
 
 
-def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """Whether ``cond()`` held within ``timeout_s`` (polled; never a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def _connect(endpoint: str) -> socket.socket:
     host, port = endpoint.rsplit(":", 1)
     return socket.create_connection((host.strip("[]"), int(port)), timeout=5.0)
@@ -153,11 +144,12 @@ def test_fence_server_grants_only_its_incarnation_and_survives_garbage() -> None
             s = _connect(srv.endpoint)
             socks.append(s)
             s.sendall(raw)
-            assert _until(lambda: _closed_by_peer(s)), raw  # noqa: B023 - used at once
+            wait_until(lambda: _closed_by_peer(s), timeout_s=5,  # noqa: B023 - used at once
+                       what=f"the server to close the connection that sent {raw!r}")
         s = _connect(srv.endpoint)  # the frames of case 8: counted, the connection kept
         socks.append(s)
         s.sendall(pack(b"[" * 20000 + b"]" * 20000) + pack(_ask(reqs=["\ud800"])))
-        assert _until(lambda: srv.bad_frames == 6), srv.bad_frames
+        wait_until(lambda: srv.bad_frames == 6, timeout_s=5, what="6 bad frames counted")
         s.sendall(pack(_ask(inc=77, tok=tok, reqs=["b"])))  # and it still serves asks
         s.settimeout(5.0)
         got, buf = None, bytearray()
@@ -200,7 +192,8 @@ def test_idle_connections_past_the_limit_do_not_crowd_out_a_producer(
             s.sendall(struct.pack(">I", 100) + b"{")  # a frame begun, never finished
         assert _run_asks(srv, [(5, srv.token_for(EP), EP, ["a"])]) == [["a"]]
         # 21 connections were taken, 8 kept: the asker's (the newest) and 7 idle ones
-        assert _until(lambda: sum(map(_closed_by_peer, idle)) == 13)
+        wait_until(lambda: sum(map(_closed_by_peer, idle)) == 13, timeout_s=5,
+                   what="the 13 oldest idle connections closed")
         assert sum(map(_closed_by_peer, idle)) == 13
         assert srv._thread.is_alive()  # noqa: SLF001
     finally:
@@ -474,7 +467,7 @@ def test_a_grant_waiting_when_a_stopped_producer_resumes_is_taken() -> None:
 
         def stopped() -> None:  # the stop itself, not a wait for something: a sleep
             gate.set()
-            assert _until(lambda: srv.asks == 1)
+            wait_until(lambda: srv.asks == 1, timeout_s=5, what="the ask read")
             time.sleep(timeout_s)
         loop.call_later(0.05, stopped)
         return await asker.ask(srv.endpoint, 3, srv.token_for(EP), EP, ["a"], timeout_s)
