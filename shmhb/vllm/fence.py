@@ -1,75 +1,65 @@
 """The go-ahead a producer asks of its consumer before it writes into the consumer's
-blocks, over a small TCP side channel of the consumer worker (length-prefixed frames:
-``shmhb.vllm.fencewire``).
+blocks, over a small TCP side channel of the consumer worker: the consumer's server
+(:class:`FenceServer`) and the producer's asks (:class:`GrantAsker`).
 
-Wire (JSON, one frame each way, at most ``MAX_FRAME`` bytes):
-  ask:   {"v": 3, "n": nonce, "inc": consumer incarnation, "from": "host:port",
-          "tok": capability, "reqs": [id]}
-  reply: {"v": 3, "n": nonce, "ok": [id]}
-``from`` is the producer's side channel (the endpoint the consumer sent its request to);
-``inc`` is the incarnation the consumer put into that request: a consumer that restarted
-since (a new incarnation at the same address) grants nothing.
+The wire is version 4, binary (``shmhb.vllm.grants``): an ask names the consumer
+incarnation the request carried, the token it carried, and request ids; the reply says
+which are granted.  A consumer that restarted since (a new incarnation at the same
+address) grants nothing.  The consumer answers in a C thread that never waits for its
+engine's GIL (``shmhb._fence``; a Python thread where that is not built).
 
-Version 3 is version 2's JSON over plain TCP, each frame a 4-byte big-endian length and
-its bytes (version 2 went over ZMQ, whose own I/O threads cost four thread wake-ups per
-round trip).  The versions do not talk: a version 2 producer's ZMTP greeting starts with
-0xFF, which reads as a length over ``MAX_FRAME``, so its connection is closed as a bad
-frame and its write is not granted (the request is recomputed); a version 3 frame's first
-byte, 0, is a frame ZMTP refuses, so a version 2 consumer closes the connection and
-grants nothing either.  Upgrade both sides together.
+Earlier versions do not talk to this one: version 3 (JSON over the same framing)
+reads as a malformed ask and its connection is closed, so its write is not granted and
+the request is recomputed; a version 3 consumer likewise grants a version 4 ask
+nothing.  Upgrade both sides together.
 
-**Who may take a grant.**  ``from`` is only a claim.  What binds a grant to the
-producer the consumer sent the request to is ``tok``: a keyed digest of that producer's
-endpoint under a random key the consumer process draws at start and never sends
-(:meth:`FenceServer.token_for`).  The consumer puts the token into the requests it sends
-to that producer only, so only a process that received one of them can ask for that
-producer's loads; a third party that knows a request id (or claims another producer's
-``from``) is refused and changes nothing: the load stays WAITING, so the consumer can
-still give it up at once.  The token is per consumer incarnation and per producer, and
-is compared in constant time.  (Where one wants more: the request travels in the clear,
-so anyone who can read that traffic can read the token; that party can also read and
-write the KV itself.)  An ask without a token (a producer of the first fence version) is
-refused: such a producer's write is not granted and the request is recomputed.
+**Who may take a grant.**  What binds a grant to the producer the consumer sent the
+request to is the token: a keyed digest of that producer's endpoint under a random key
+the consumer process draws at start and never sends (``grants.Tokens``).  The consumer
+puts the token into the requests it sends to that producer only, and keys each load by
+it, so only a process that received one of those requests can ask for that producer's
+loads; a third party that knows a request id (or forges a token) finds no load and
+changes nothing: the load stays WAITING, so the consumer can still give it up at once.
+(Where one wants more: the request travels in the clear, so anyone who can read that
+traffic can read the token; that party can also read and write the KV itself.)
 
-Nothing received is trusted: sizes, types, lengths and text are checked (a lone surrogate
-or a nesting too deep for the parser is a bad frame like any other), a bad frame is
-dropped and counted, and nothing a peer sends or does can end the server's thread: a
-bad length, a reset or a connection held open with half a frame costs that peer its
-connection, and at most ``MAX_CONNECTIONS`` are kept (the least recently active goes).
+**When the producer asks.**  As soon as it reads a request whose blocks are already
+computed (``ask_now``), and reads the answer when it is about to write (``result``):
+the round trip then overlaps the producer's own hop from reading the request to
+writing.  Otherwise it asks right before writing (``ask``).  Asks to one consumer share
+one connection and may be in flight together; replies are matched by nonce.
+
+Nothing received is trusted: sizes, kinds and lengths are checked, a bad frame closes
+its connection and is counted, and nothing a peer sends or does can end the server's
+thread.  At most ``MAX_CONNECTIONS`` connections are kept (the least recently active
+goes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import logging
 import os
 import socket
-import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from ..board import address
 from ..errors import InvalidConfig
 from ..ratelog import RateLimitedLog
-from . import fencewire
-from .fencewire import MAX_FRAME
+from . import fencewire, grants
+from .grants import States, Tokens
 
 log = logging.getLogger(__name__)
 
-VERSION = 3
-MAX_REQS = 1024
-MAX_ID_BYTES = 256
-TOKEN_HEX = 32  # a 128-bit token, as hex
+VERSION = grants.VERSION
+TOKEN_HEX = 2 * grants.TOKEN_BYTES  # the token, as hex in a request's params
 #: connections a fence server keeps open at once (past it, the least recently active goes)
 MAX_CONNECTIONS = 1024
 #: consumers a producer keeps a go-ahead connection to (the least recently asked goes)
 MAX_CHANNELS = 256
 #: past an ask's deadline, how long one last look waits for a reply already on its way
-#: (see ``GrantAsker.ask``)
+#: (see ``GrantAsker.result``)
 LAST_LOOK_S = 0.25
 _LOG_EVERY_S = 10.0
 _HEX = frozenset("0123456789abcdef")
@@ -80,157 +70,87 @@ def check_endpoint(ep: object) -> str:
     return address.check_endpoint(ep)
 
 
-def _load(frame: bytes) -> object:
-    """JSON from outside, or None: a parser error, a nesting too deep for it, or text
-    that is not UTF-8 are all just a bad frame."""
-    if len(frame) > MAX_FRAME:
-        return None
-    try:
-        return json.loads(frame)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return None
-
-
-def _text_ok(v: object, max_bytes: int) -> bool:
-    if not isinstance(v, str):
-        return False
-    try:
-        n = len(v.encode())
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON)
-        return False
-    return 0 < n <= max_bytes
-
-
-def _ids(v: object) -> list[str] | None:
-    if not isinstance(v, list) or len(v) > MAX_REQS:
-        return None
-    if not all(_text_ok(r, MAX_ID_BYTES) for r in v):
-        return None
-    return v
-
-
 def _token(v: object) -> str | None:
     if isinstance(v, str) and len(v) == TOKEN_HEX and _HEX.issuperset(v):
         return v
     return None
 
 
-def decode_ask(frame: bytes) -> tuple[int, int, str, str, list[str]] | None:
-    """``(nonce, incarnation, from, token, request ids)`` of a well-formed ask, else None."""
-    m = _load(frame)
-    if not isinstance(m, dict) or m.get("v") != VERSION:
-        return None
-    n, inc, frm, reqs = m.get("n"), m.get("inc"), m.get("from"), _ids(m.get("reqs"))
-    tok = _token(m.get("tok"))
-    if not isinstance(n, int) or not isinstance(inc, int) or reqs is None or tok is None:
-        return None
-    try:
-        frm = check_endpoint(frm)
-    except InvalidConfig:
-        return None
-    return n, inc, frm, tok, reqs
-
-
-def decode_reply(frame: bytes, nonce: int) -> list[str] | None:
-    m = _load(frame)
-    if not isinstance(m, dict) or m.get("v") != VERSION or m.get("n") != nonce:
-        return None
-    return _ids(m.get("ok"))
-
-
 class FenceServer:
-    """The consumer worker's side: answers asks with ``grant(from, reqs)`` when ``inc``
-    is ours and ``tok`` is the one this process gave ``from``.  One thread, one selector
-    over a listening TCP socket and its connections; nothing a peer does ends the
-    thread."""
+    """The consumer worker's side: answers asks for the loads in ``states`` (keyed by
+    ``tokens``) when they name ``incarnation``.  ``counters()``: asks, bad frames,
+    stale asks (another incarnation), loads granted, connections dropped; ``report()``
+    logs what went wrong since it last looked (the server's thread cannot log: it never
+    takes the GIL)."""
 
-    def __init__(self, host: str, incarnation: int,
-                 grant: Callable[[str, list[str]], list[str]]) -> None:
-        self.incarnation = incarnation
-        self._grant = grant
-        self._key = os.urandom(32)  # never leaves this process
-        self.bad_frames = 0
-        self.refused_tokens = 0
-        self.asks = 0
+    def __init__(self, host: str, incarnation: int, states: States, tokens: Tokens) -> None:
+        self._tokens = tokens
+        sock, self.endpoint = fencewire.listen(host)  # "host:port" or "[v6]:port", as bound
+        self._srv = grants.serve(states, sock, incarnation, MAX_CONNECTIONS)
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
-        self._wire = fencewire.FrameServer(host, self._answer_safely, self._bad,
-                                           MAX_CONNECTIONS)
-        self.endpoint = self._wire.endpoint  # "host:port" or "[v6]:port", as bound
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._wire.serve, args=(self._stop,),
-                                        name="shmhb-fence", daemon=True)
-        self._thread.start()
+        self._seen = self._srv.counters()
+
+    def set_incarnation(self, incarnation: int) -> None:
+        self._srv.set_incarnation(incarnation)
 
     def token_for(self, producer: str) -> str:
         """The capability this consumer gives the producer at ``producer`` (its side
-        channel, as the producer names itself in ``from``) with each request."""
-        return hmac.new(self._key, producer.encode(), hashlib.blake2b).hexdigest()[:TOKEN_HEX]
+        channel), as hex, with each request."""
+        return self._tokens.of(producer).hex()
 
-    def answer(self, frame: bytes) -> bytes | None:
-        """The reply to one ask, or None for a bad frame (counted)."""
-        ask = decode_ask(frame)
-        if ask is None:
-            self._bad("malformed ask")
-            return None
-        n, inc, frm, tok, reqs = ask
-        self.asks += 1
-        ok: list[str] = []
-        if inc == self.incarnation:
-            if hmac.compare_digest(tok, self.token_for(frm)):
-                ok = self._grant(frm, reqs)
-            else:
-                self.refused_tokens += 1
-                self._log.warn("token", "fence server %s: refused an ask claiming to be "
-                                  "%s with a token this consumer never gave it (%d so far)",
-                                  self.endpoint, frm, self.refused_tokens)
-        return json.dumps({"v": VERSION, "n": n, "ok": ok}).encode()
+    def counters(self) -> dict[str, int]:
+        return self._srv.counters()
 
-    def _answer_safely(self, frame: bytes) -> bytes | None:
-        try:
-            return self.answer(frame)
-        except Exception as e:  # noqa: BLE001 - no frame may end the go-ahead's thread
-            self.bad_frames += 1
-            self._log.warn("crash", "fence server %s: an ask raised %r; dropped "
-                           "(%d bad so far)", self.endpoint, e, self.bad_frames)
-            return None
-
-    def _bad(self, why: str) -> None:
-        self.bad_frames += 1
-        self._log.warn("bad", "fence server %s: dropped a bad frame (%s; %d so far)",
-                          self.endpoint, why, self.bad_frames)
+    def report(self) -> int:
+        """Loads granted since the last call; bad frames and stale asks since then are
+        logged (rate-limited)."""
+        now, seen = self._srv.counters(), self._seen
+        if now == seen:
+            return 0
+        self._seen = now
+        bad = now["bad_frames"] - seen["bad_frames"]
+        if bad:
+            self._log.warn("bad", "fence server %s: dropped %d bad frame(s) (%d so far)",
+                           self.endpoint, bad, now["bad_frames"])
+        return now["granted"] - seen["granted"]
 
     def close(self) -> None:
-        """The thread stops within one select (0.1 s) and closes every socket on its way
-        out (a grant still running when the wait ends: once it returns)."""
-        self._stop.set()
-        self._thread.join(2.0)
+        """Stops the server's thread and closes every socket."""
+        self._srv.close()
+
+
+class Ask:
+    """One ask sent and not yet settled: ``granted`` is None until its reply is read
+    (or it failed: all False)."""
+
+    __slots__ = ("endpoint", "nonce", "req_ids", "granted", "channel")
+
+    def __init__(self, endpoint: str, nonce: int, req_ids: list[str], ch: _Channel) -> None:
+        self.endpoint, self.nonce, self.req_ids, self.channel = endpoint, nonce, req_ids, ch
+        self.granted: list[bool] | None = None
 
 
 class _Channel:
-    """One connection to one consumer's fence server, used by one ask at a time."""
+    """One connection to one consumer's fence server, on one event loop."""
 
     def __init__(self) -> None:
-        self.sock: socket.socket | None = None  # connected by the first ask
+        self.sock: socket.socket | None = None
         self.buf = bytearray()  # what has been read of the next reply
-        self.lock = asyncio.Lock()
-        self.waiting = 0  # asks waiting for the lock
-        self.evicted = False  # dropped from the table while an ask held it: that ask closes it
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
+        self.pending: dict[int, Ask] = {}  # nonce -> the ask waiting for its reply
+        self.connecting: asyncio.Task[None] | None = None
+        self.readable: asyncio.Future[None] | None = None
+        self.closed = False
 
 
 class GrantAsker:
-    """The producer's side: which requests a consumer still wants, asked just before
-    writing.  One connection per consumer is kept (a new TCP connection per ask costs
-    a handshake), on the event loop that asks; asks to one consumer take turns.  A
-    channel whose ask timed out, failed or was cancelled is closed and made anew by the
-    next ask, so no late reply is ever read as the next ask's (the nonce check stands
-    behind that too)."""
+    """The producer's side: which requests a consumer still wants, asked before writing.
+    One connection per consumer is kept, on the event loop that asks, and asks share
+    it.  Any failure (unreachable, timeout, bad reply, no token) is "none granted": a
+    write the consumer did not confirm is a write into blocks it may have given up."""
 
-    def __init__(self) -> None:
+    def __init__(self, use_native: bool | None = None) -> None:
         self._channels: OrderedDict[tuple[int, str], _Channel] = OrderedDict()
+        self._send, self._recv = grants.sender(use_native)
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
 
     @property
@@ -240,107 +160,188 @@ class GrantAsker:
     def _channel(self, endpoint: str) -> _Channel:
         key = (id(asyncio.get_running_loop()), endpoint)  # a socket serves one loop
         ch = self._channels.get(key)
-        if ch is None:
+        if ch is None or ch.closed:
             ch = self._channels[key] = _Channel()
-            while len(self._channels) > MAX_CHANNELS:
-                _, old = self._channels.popitem(last=False)
-                old.evicted = True
-                if not old.lock.locked():
-                    old.close()  # else the ask holding it closes it on the way out
+            idle = [k for k, c in self._channels.items()
+                    if not c.pending and c.connecting is None and c is not ch]
+            for k in idle[:max(0, len(self._channels) - MAX_CHANNELS)]:
+                self._close(self._channels.pop(k))
         self._channels.move_to_end(key)
         return ch
 
-    def _drop(self, endpoint: str, ch: _Channel) -> None:
-        key = (id(asyncio.get_running_loop()), endpoint)
-        if self._channels.get(key) is ch:
-            del self._channels[key]
-        ch.evicted = True  # closed once its lock is released (waiters see it closed)
+    def ask_now(self, endpoint: str, incarnation: int, token: str | None,
+                req_ids: list[str]) -> Ask | None:
+        """Sends an ask on an open connection without waiting (nor dropping the GIL);
+        None where there is none (the ask is then made when the answer is needed)."""
+        if token is None or not req_ids:
+            return None
+        ch = self._channel(endpoint)
+        if ch.sock is None:
+            return None
+        self._pump(ch)  # a connection the consumer closed while idle is found here
+        return self._post(endpoint, ch, incarnation, token, req_ids)
 
-    async def _take(self, endpoint: str, deadline: float) -> _Channel | None:
-        """The channel to ``endpoint``, its lock held; None if the deadline passed first."""
-        loop = asyncio.get_running_loop()
-        while True:
-            ch = self._channel(endpoint)
-            if ch.waiting or ch.lock.locked():
-                ch.waiting += 1
-                try:
-                    await asyncio.wait_for(ch.lock.acquire(), max(0.0, deadline - loop.time()))
-                except asyncio.TimeoutError:
-                    return None
-                finally:
-                    ch.waiting -= 1
-            else:  # no ask holds it or waits for it: taken at once, without the turn of
-                await ch.lock.acquire()  # the loop that wait_for's task costs
-            if not ch.evicted:
-                return ch
-            ch.lock.release()  # dropped while this ask waited: take the new one
-
-    async def ask(self, endpoint: str, incarnation: int, token: str | None, producer: str,
+    async def ask(self, endpoint: str, incarnation: int, token: str | None,
                   req_ids: list[str], timeout_s: float) -> list[str]:
-        """The subset of ``req_ids`` the consumer at ``endpoint`` grants.  Any failure
-        (unreachable, timeout, bad reply, no token) is "none": a write the consumer did
-        not confirm is a write into blocks it may have given up."""
-        if token is None:
+        """The subset of ``req_ids`` the consumer at ``endpoint`` grants."""
+        if token is None or not req_ids:
             return []  # the consumer gave no capability: it cannot grant
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        ch = await self._take(endpoint, deadline)
-        if ch is None:
+        ch = self._channel(endpoint)
+        if ch.sock is not None:
+            self._pump(ch)
+            if ch.closed:
+                ch = self._channel(endpoint)
+        if ch.sock is None and not await self._connect(ch, endpoint, deadline):
             return self._gave_up(endpoint, timeout_s, req_ids)
-        nonce = int.from_bytes(os.urandom(6), "little")
-        body = json.dumps({"v": VERSION, "n": nonce, "inc": incarnation, "from": producer,
-                           "tok": token, "reqs": req_ids}).encode()
-        ok: list[str] | None = None
-        try:
-            ok = await self._exchange(ch, endpoint, body, nonce, deadline)
-        except asyncio.TimeoutError:
-            pass  # connecting or sending took the whole wait
-        except (OSError, ValueError) as e:  # ValueError: a bad frame length, a bad endpoint
-            self._log.warn("wire", "asking consumer %s for a go-ahead failed: %r", endpoint, e)
+        a = self._post(endpoint, ch, incarnation, token, req_ids)
+        if a is None:
             return []
-        finally:
-            if ok is None:  # timed out, failed or cancelled: no later ask reads this one's reply
-                self._drop(endpoint, ch)
-            ch.lock.release()
-            if ch.evicted:
-                ch.close()
-        if ok is None:
-            return self._gave_up(endpoint, timeout_s, req_ids)
-        asked = set(req_ids)
-        return [r for r in ok if r in asked]
+        return await self.result(a, req_ids, max(0.0, deadline - loop.time()))
 
-    async def _exchange(self, ch: _Channel, endpoint: str, body: bytes, nonce: int,
-                        deadline: float) -> list[str] | None:
-        """The ask sent on ``ch`` (connected first if it is new) and its grant read; None
-        if none came by the deadline and the one last look."""
+    async def result(self, a: Ask, req_ids: list[str], timeout_s: float) -> list[str]:
+        """Of ``req_ids``, those ``a`` was granted, waiting up to ``timeout_s`` for its
+        reply (read at once when it is already in: no turn of the loop)."""
+        ch = a.channel
         loop = asyncio.get_running_loop()
-        if ch.sock is not None and not fencewire.still_open(ch.sock, ch.buf):
-            ch.close()  # the consumer closed it while it sat idle: nothing was asked on it
-            ch.sock, ch.buf = None, bytearray()
-        if ch.sock is None:
-            ch.sock = await asyncio.wait_for(fencewire.connect(endpoint),
-                                             max(0.0, deadline - loop.time()))
-        await fencewire.send_frame(ch.sock, body, deadline - loop.time())
-        looked = False
-        while True:
-            frame = fencewire.next_frame(ch.buf)
-            if frame is not None:
-                ok = decode_reply(frame, nonce)
-                if ok is not None:
-                    return ok
-                continue  # another ask's reply (or a bad one): skipped
+        deadline, looked = loop.time() + timeout_s, False
+        while a.granted is None:
+            self._pump(ch)
+            if a.granted is not None:
+                break
             # A grant is the consumer's promise to hold the load (it never gives up a
             # GRANTED one), so a reply is honoured however late this process reads it:
-            # the deadline only bounds the wait for a consumer that does not answer.  A
-            # producer stopped (SIGSTOP, a long GC) between its ask and the read finds
-            # its deadline passed on resume, with the reply in the kernel's buffer and
-            # not yet read: without one last look it would fail a load its consumer
-            # granted and is waiting for.
+            # the deadline only bounds the wait for a consumer that does not answer.
+            # A producer stopped (SIGSTOP, a long GC) after its ask finds its deadline
+            # passed on resume with the reply in the kernel's buffer: the pump above
+            # reads it, and one last look waits a little for one on its way.
             if loop.time() >= deadline:
                 if looked:
-                    return None
+                    self.forget(a)
+                    return self._gave_up(a.endpoint, timeout_s, req_ids)
                 looked, deadline = True, loop.time() + LAST_LOOK_S
-            await fencewire.recv_into(ch.sock, ch.buf, deadline - loop.time())
+            await self._readable(ch, deadline - loop.time())
+        wanted = set(req_ids)
+        return [r for r, g in zip(a.req_ids, a.granted) if g and r in wanted]
+
+    def forget(self, a: Ask) -> None:
+        """An ask whose answer is no longer wanted: a reply to it is skipped."""
+        if a.granted is None:
+            a.channel.pending.pop(a.nonce, None)
+            a.granted = [False] * len(a.req_ids)
+
+    # -- the connection -------------------------------------------------------------------
+
+    async def _connect(self, ch: _Channel, endpoint: str, deadline: float) -> bool:
+        loop = asyncio.get_running_loop()
+        if ch.connecting is None:
+            ch.connecting = loop.create_task(self._open(ch, endpoint))
+            ch.connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(ch.connecting), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return False
+        except (OSError, ValueError) as e:  # ValueError: a bad endpoint
+            self._log.warn("wire", "connecting to consumer %s for a go-ahead failed: %r",
+                           endpoint, e)
+            return False
+        return ch.sock is not None and not ch.closed
+
+    async def _open(self, ch: _Channel, endpoint: str) -> None:
+        try:
+            sock = await fencewire.connect(endpoint)
+        except BaseException:
+            self._fail(ch)
+            raise
+        if ch.closed:
+            sock.close()
+        else:
+            ch.sock = sock
+
+    def _post(self, endpoint: str, ch: _Channel, incarnation: int, token: str,
+              req_ids: list[str]) -> Ask | None:
+        nonce = int.from_bytes(os.urandom(8), "little")
+        try:
+            data = fencewire.pack(grants.encode_ask(
+                nonce, incarnation, bytes.fromhex(token), [grants.wire_id(r) for r in req_ids]))
+        except ValueError as e:  # over the wire's limits: not asked, not granted
+            self._log.warn("size", "not asking consumer %s for %d request(s): %s",
+                           endpoint, len(req_ids), e)
+            return None
+        assert ch.sock is not None
+        try:
+            sent = self._send(ch.sock, data)
+        except OSError:
+            sent = -1
+        if sent != len(data):  # a consumer that does not read: its connection goes
+            self._fail(ch)
+            return None
+        a = ch.pending[nonce] = Ask(endpoint, nonce, req_ids, ch)
+        return a
+
+    def _pump(self, ch: _Channel) -> None:
+        """Reads what has come on ``ch`` and settles the asks it answers."""
+        while ch.sock is not None and not ch.closed:
+            try:
+                data = self._recv(ch.sock, fencewire.room(ch.buf))
+            except OSError:
+                data = b""
+            if data is None:
+                return
+            if not data:  # the consumer closed it (or reset it)
+                self._fail(ch)
+                return
+            ch.buf += data
+            try:
+                while (frame := fencewire.next_frame(ch.buf)) is not None:
+                    a = ch.pending.get(grants.reply_nonce(frame) or 0)
+                    ok = None if a is None else grants.decode_reply(frame, a.nonce, len(a.req_ids))
+                    if a is not None and ok is not None:  # else: an ask given up, or garbage
+                        del ch.pending[a.nonce]
+                        a.granted = ok
+            except fencewire.BadFrame:
+                self._fail(ch)
+                return
+
+    async def _readable(self, ch: _Channel, timeout_s: float) -> None:
+        if ch.sock is None or ch.closed:
+            return
+        loop = asyncio.get_running_loop()
+        if ch.readable is None:
+            fut = ch.readable = loop.create_future()
+            fd = ch.sock.fileno()
+
+            def wake() -> None:
+                loop.remove_reader(fd)
+                ch.readable = None
+                if not fut.done():
+                    fut.set_result(None)
+            loop.add_reader(fd, wake)
+        await asyncio.wait((ch.readable,), timeout=max(0.0, timeout_s))
+
+    def _fail(self, ch: _Channel) -> None:
+        """The connection goes (the next ask makes a new one); every ask waiting on it
+        is granted nothing."""
+        for a in ch.pending.values():
+            a.granted = [False] * len(a.req_ids)
+        ch.pending.clear()
+        self._close(ch)
+        for k in [k for k, c in self._channels.items() if c is ch]:
+            del self._channels[k]
+
+    def _close(self, ch: _Channel) -> None:
+        ch.closed = True
+        if ch.sock is not None:
+            if ch.readable is not None:
+                fut, ch.readable = ch.readable, None
+                try:
+                    asyncio.get_running_loop().remove_reader(ch.sock.fileno())
+                except RuntimeError:  # close() from another thread: its loop is gone
+                    pass
+                if not fut.done():
+                    fut.set_result(None)
+            ch.sock.close()
 
     def _gave_up(self, endpoint: str, timeout_s: float, req_ids: list[str]) -> list[str]:
         self._log.warn("timeout", "no go-ahead from consumer %s within %.1f s: not "
@@ -352,16 +353,18 @@ class GrantAsker:
         channels = list(self._channels.values())
         self._channels.clear()
         for ch in channels:
-            ch.close()
+            ch.closed = True
+            if ch.sock is not None:
+                ch.sock.close()
 
 
 def parse_extra(v: Any) -> tuple[int, str, str | None] | None:
     """The consumer's incarnation, fence endpoint and the token it gave this producer,
-    as its request carried them (no token: a consumer of the first fence version)."""
+    as its request carried them (no token: a consumer that cannot grant)."""
     if not isinstance(v, dict):
         return None
     inc, fence = v.get("inc"), v.get("fence")
-    if not isinstance(inc, int) or inc <= 0:
+    if not isinstance(inc, int) or not 0 < inc < 1 << 64:
         return None
     try:
         return inc, check_endpoint(fence), _token(v.get("tok"))

@@ -14,14 +14,9 @@ idle or slow peers cannot crowd a producer out.  A reply that does not go out wh
 once closes its connection: replies are small, and a peer that does not read is not
 served.
 
-The producer's side is a few coroutines over one non-blocking socket (:func:`connect`,
-:func:`send_frame`, :func:`recv_into`, and :func:`still_open` before a kept connection
-is used again).  A read never awaits with bytes in hand.  A ``loop.sock_recv`` cancelled
-by a timeout (``wait_for`` cancels the waiting task on Python 3.12+) loses the bytes it
-took off the socket when the data and the timeout are due in one turn of the loop, which
-is just what a stopped producer meets when it resumes past its deadline with the reply
-waiting (the case ``GrantAsker.ask``'s last look is for).  So it awaits readability
-only, and reads without awaiting, into a buffer the channel keeps.
+The producer's side is :func:`connect`; it reads and writes its connection without
+awaiting (``fence.GrantAsker``), a frame at a time through :func:`pack` and
+:func:`next_frame`.
 """
 
 from __future__ import annotations
@@ -48,7 +43,8 @@ _OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOME
 
 
 class BadFrame(ValueError):
-    """A frame length of 0 or over ``MAX_FRAME``: the stream cannot be read further."""
+    """A frame length of 0 or over ``MAX_FRAME``, or a frame its reader refused: the
+    stream cannot be read further."""
 
 
 def pack(body: bytes) -> bytes:
@@ -72,13 +68,13 @@ def next_frame(buf: bytearray) -> bytes | None:
     return frame
 
 
-def _room(buf: bytearray) -> int:
+def room(buf: bytearray) -> int:
     """What one read may add: a buffer holds at most one frame and its length.  (Never
     0: a buffer with no whole frame left in it is shorter than that.)"""
     return _HEADER.size + MAX_FRAME - len(buf)
 
 
-def _listen(host: str) -> tuple[socket.socket, str]:
+def listen(host: str) -> tuple[socket.socket, str]:
     """A non-blocking listening socket on a port of ``host`` the kernel picks, and its
     endpoint as it is bound (an address, "a.b.c.d:port" or "[v6]:port")."""
     family, kind, proto, _, addr = socket.getaddrinfo(
@@ -96,13 +92,15 @@ def _listen(host: str) -> tuple[socket.socket, str]:
 
 
 class FrameServer:
-    """Frames in, replies out, on the thread that runs :meth:`serve`: ``handle(frame)``
-    gives the reply to send back (None: none); ``bad(why)`` hears of a bad frame, whose
-    connection is then closed.  ``endpoint``: where it listens."""
+    """Frames in, replies out, on the thread that runs :meth:`serve`, over the listening
+    socket ``listener`` (from :func:`listen`; closed by ``serve`` on its way out):
+    ``handle(frame)`` gives the reply to send back (None: none), or raises ``BadFrame``;
+    ``bad(why)`` hears of a bad frame (a bad length, or what ``handle`` refused), whose
+    connection is then closed."""
 
-    def __init__(self, host: str, handle: Callable[[bytes], bytes | None],
+    def __init__(self, listener: socket.socket, handle: Callable[[bytes], bytes | None],
                  bad: Callable[[str], None], max_connections: int) -> None:
-        self._listener, self.endpoint = _listen(host)
+        self._listener = listener
         self._handle, self._bad, self._max = handle, bad, max_connections
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
@@ -149,7 +147,7 @@ class FrameServer:
         if buf is None:
             return  # closed earlier in this round
         try:
-            data = sock.recv(_room(buf))
+            data = sock.recv(room(buf))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:  # a reset, or whatever else the peer did: its connection goes
@@ -213,59 +211,3 @@ async def connect(endpoint: str) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-async def send_frame(sock: socket.socket, body: bytes, timeout_s: float) -> None:
-    """``body`` as one frame, within ``timeout_s`` (``asyncio.TimeoutError``)."""
-    data = pack(body)
-    try:
-        sent = sock.send(data)  # the usual case: all of it, without a turn of the loop
-    except (BlockingIOError, InterruptedError):
-        sent = 0
-    if sent < len(data):
-        loop = asyncio.get_running_loop()
-        await asyncio.wait_for(loop.sock_sendall(sock, data[sent:]), max(0.0, timeout_s))
-
-
-async def recv_into(sock: socket.socket, buf: bytearray, timeout_s: float) -> None:
-    """Appends to ``buf`` what has come on ``sock``, waiting up to ``timeout_s`` for
-    something (nothing came: ``buf`` is as it was).  What is taken off the socket is in
-    ``buf`` whatever happens to the caller.  The peer closing is a ``ConnectionError``."""
-    if _recv(sock, buf):
-        return
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-    fd = sock.fileno()
-    loop.add_reader(fd, _wake, ready)
-    try:
-        await asyncio.wait((ready,), timeout=max(0.0, timeout_s))
-    finally:
-        loop.remove_reader(fd)
-    _recv(sock, buf)  # past the timeout too: a reply that came as it ran out is taken
-
-
-def still_open(sock: socket.socket, buf: bytearray) -> bool:
-    """Whether the server kept a connection that sat idle, read without waiting (what
-    came meanwhile goes into ``buf``): it closes connections past its limit, and an ask
-    sent into one it closed would fail where a new connection would be granted."""
-    try:
-        _recv(sock, buf)
-    except OSError:  # closed (EOF) or reset
-        return False
-    return True
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _recv(sock: socket.socket, buf: bytearray) -> bool:
-    try:
-        data = sock.recv(_room(buf))
-    except (BlockingIOError, InterruptedError):
-        return False
-    if not data:
-        raise ConnectionResetError("the fence server closed the connection")
-    buf += data
-    return True

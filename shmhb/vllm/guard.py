@@ -3,8 +3,10 @@ the loads it fails fast and the writes it allows.
 
 Threads: the worker thread (register, poll, shutdown: the LinkReaper's ``on_drop`` runs
 there), the inner connector's receiver loop (``load_started``/``load_ended``), its sender
-loop (``consumer_seen``/``allowed``), and the fence server's thread (grants).  Shared
-state is the ``LoadTable`` (its own lock) and two dicts written under ``_lock``.
+loop (``consumer_seen``/``ask_now``/``allowed``), and the fence server's thread
+(grants, in C without the GIL, or a Python thread).  Shared state is the ``LoadTable``
+(its own lock, and the states table the fence server grants in) and two dicts written
+under ``_lock``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
 from .inner import InnerAdapter
-from .fence import FenceServer, GrantAsker, parse_extra
+from .fence import Ask, FenceServer, GrantAsker, parse_extra
 from .instance import register_engine_instance, role_of
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
@@ -66,11 +68,11 @@ class WorkerGuard:
         if a.consumes() and a.asks_go_ahead:
             # Serves grants only for the incarnation set below: none before that.
             host = eps["engine"].rsplit(":", 1)[0].strip("[]")
-            self.fence_server = FenceServer(host, 0, self._grant)
+            self.fence_server = FenceServer(host, 0, self.loads.states, self.loads.tokens)
             eps["fence"] = self.fence_server.endpoint
         hb = self.board.register(self.key, endpoints=tuple(eps.values()))
         if self.fence_server is not None:
-            self.fence_server.incarnation = hb.incarnation  # one int store: atomic
+            self.fence_server.set_incarnation(hb.incarnation)
         self.hb = hb.start(self.settings.beat_interval_s)
         register_engine_instance(self.board, hb, eps, (dp, tp, pp),
                                  role_of(a.produces(), a.consumes()), self.engine_id,
@@ -97,6 +99,10 @@ class WorkerGuard:
         the fences they need) happen here, so their failures are in this step's report."""
         if self.reaper is not None:
             self.reaper.poll()
+        if self.fence_server is not None:
+            granted = self.fence_server.report()  # a few C counters' loads
+            if granted:
+                self.counts.add("granted_loads", granted)
 
     def _on_drop(self, link: Link, reason: DropReason) -> None:
         kind, what = link.payload
@@ -153,19 +159,15 @@ class WorkerGuard:
         self._track(endpoint, ("producer", engine_id), None)
         return True
 
-    def _grant(self, producer: str, req_ids: list[str]) -> list[str]:
-        """On the fence server's thread: the loads granted (counted: a granted load
-        is never failed early, so the count explains a load that waits)."""
-        ok = self.loads.grant(producer, req_ids)
-        if ok:
-            self.counts.add("granted_loads", len(ok))
-        return ok
-
     def go_ahead(self, endpoint: str, req_ids: list[str]) -> list[str]:
         """A consumer that moves the bytes itself (a pull) is about to start these
         loads from ``endpoint``: the ones still wanted, now GRANTED (never failed
-        early: the transfer cannot be called back once started)."""
-        return self._grant(endpoint, req_ids)
+        early: the transfer cannot be called back once started; counted, so the count
+        explains a load that waits)."""
+        ok = self.loads.grant(endpoint, req_ids)
+        if ok:
+            self.counts.add("granted_loads", len(ok))
+        return ok
 
     def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]:
         return [ld.req_id for ld in self.loads.end(req_ids, endpoint)
@@ -203,21 +205,50 @@ class WorkerGuard:
         x = parse_extra(extra)
         self._track(endpoint, ("consumer", endpoint), x[0] if x else None)
 
-    async def allowed(self, consumer: str, extra: Any, producer: str, req_ids: list[str]) -> list[str]:
-        x = parse_extra(extra)
+    def _consumer_gone(self, consumer: str, x: tuple[int, str, str | None] | None) -> bool:
         with self._lock:
             gone_inc = self._gone_consumers.get(consumer)
         if gone_inc is not None and (x is None or gone_inc in (0, x[0])):
-            return []  # that consumer incarnation was dropped
+            return True  # that consumer incarnation was dropped
         b = self.board
         s = b.remote(consumer) if b is not None else None
         if s is not None and s.status is not Status.UNKNOWN:
             if s.status in _GONE or (x is not None and s.incarnation > x[0]):
-                return []  # dead, left, or restarted since it asked
+                return True  # dead, left, or restarted since it asked
+        return False
+
+    def ask_now(self, consumer: str, extra: Any, req_ids: list[str]) -> Ask | None:
+        """On the sender loop, as a request is read whose blocks are computed: the
+        go-ahead asked now, its answer read by ``allowed`` (None: asked then)."""
+        x = parse_extra(extra)
+        if x is None or self._consumer_gone(consumer, x):
+            return None
+        return self._asker.ask_now(x[1], x[0], x[2], req_ids)
+
+    def forget(self, ask: Ask) -> None:
+        self._asker.forget(ask)
+
+    async def allowed(self, consumer: str, extra: Any, req_ids: list[str],
+                      asked: Ask | None = None) -> list[str]:
+        """Of ``req_ids``, those the producer may write now: the board says the consumer
+        is there, and it granted them (in ``asked``, or in an ask made now)."""
+        x = parse_extra(extra)
+        if self._consumer_gone(consumer, x):
+            if asked is not None:
+                self._asker.forget(asked)
+            return []
         if x is None:
             return req_ids  # a consumer without shmhb: the board is all we can ask
-        return await self._asker.ask(x[1], x[0], x[2], producer, req_ids,
-                                     self.settings.grant_timeout_s)
+        timeout_s = self.settings.grant_timeout_s
+        ok: list[str] = []
+        rest = req_ids
+        if asked is not None:
+            ok = await self._asker.result(asked, req_ids, timeout_s)
+            in_ask = set(asked.req_ids)
+            rest = [r for r in req_ids if r not in in_ask]
+        if rest:
+            ok += await self._asker.ask(x[1], x[0], x[2], rest, timeout_s)
+        return ok
 
     def write_denied(self, consumer: str, n: int) -> None:
         self.counts.add("denied_writes", n)

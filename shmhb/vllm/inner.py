@@ -16,7 +16,9 @@ An adapter answers six things:
 * ``install(hooks)``: put the wrapper in the path of a load (consumer) and of a write
   (producer): the consumer tells ``hooks`` when a load starts and ends and adds its
   incarnation and go-ahead address to the request; where the producer writes
-  (``asks_go_ahead``), it asks ``hooks.allowed`` before every write;
+  (``asks_go_ahead``), it asks ``hooks.allowed`` before every write (and
+  ``hooks.ask_now`` as it reads a request whose blocks are computed, so the answer is
+  in by the time it writes);
 * ``fence(tokens)``: cut what carries the given loads' requests, and return once that is
   done (a future), so a failure is reported only after the fence holds;
 * ``evict_engine(engine_id)`` / ``evict_consumer(endpoint)``: forget what the inner
@@ -51,8 +53,12 @@ class Hooks(Protocol):
 
     def consumer_seen(self, endpoint: str, extra: Any) -> None: ...
 
-    async def allowed(self, consumer: str, extra: Any, producer: str,
-                      req_ids: list[str]) -> list[str]: ...
+    def ask_now(self, consumer: str, extra: Any, req_ids: list[str]) -> Any: ...
+
+    def forget(self, ask: Any) -> None: ...
+
+    async def allowed(self, consumer: str, extra: Any, req_ids: list[str],
+                      asked: Any = None) -> list[str]: ...
 
     def write_denied(self, consumer: str, n: int) -> None: ...
 

@@ -1,23 +1,29 @@
 """The consumer's loads in flight and the one rule that makes failing them fast safe.
 
 A load is one request's KV asked of one producer worker (its side-channel endpoint).
-Its state moves only forward, under one lock:
+Its state moves only forward:
 
     WAITING --grant--> GRANTED --end--> (gone)
        |
        +--abandon--> ABANDONED --end--> (gone)
 
-* ``grant`` is the producer asking, just before it writes, whether the consumer still
+* ``grant`` is the producer asking, before it writes, whether the consumer still
   wants the blocks.  Only a WAITING load is granted, and only to the producer it was
   asked of, for the consumer incarnation that asked.
 * ``abandon`` is the consumer giving the load up (its producer was dropped).  Only a
   WAITING load can be abandoned: a GRANTED one may have a write under way, so its
   blocks stay out of vLLM's hands until the inner connector finishes it (or times out).
 
-Both take the same lock, so of a grant and an abandon for one load exactly one wins:
-after ``abandon`` returned a load, no grant for it is ever given, and a producer that
-honours grants writes nothing into its blocks.  That is the fence (issue: a resumed
-producer must never write into blocks reported failed).
+Both are one move out of WAITING in the states table (``grants.States``: the C table
+under its mutex, or a dict under a lock), so of a grant and an abandon for one load
+exactly one wins: after ``abandon`` returned a load, no grant for it is ever given, and
+a producer that honours grants writes nothing into its blocks.  That is the fence
+(issue: a resumed producer must never write into blocks reported failed).  The states
+table is keyed by the token of the producer the load was asked of and the request id
+(``grants.Tokens``, ``grants.wire_id``): the grant server looks loads up by what an ask
+carries, without the GIL.  This table keeps, under its own lock, what only Python
+needs (the endpoint, engine, blocks and the request's handle); ``Load.state`` is the
+state as of the call that returned it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import enum
 import threading
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+
+from . import grants
+from .grants import States, Tokens
 
 
 class LoadState(str, enum.Enum):
@@ -43,33 +52,53 @@ class Load:
     token: object  # the inner connector's handle on the request (to fence it)
     state: LoadState = LoadState.WAITING
     started_ns: int = field(default=0, compare=False)
+    key: bytes = field(default=b"", compare=False, repr=False)  # in the states table
+
+
+_STATE = {grants.WAITING: LoadState.WAITING, grants.GRANTED: LoadState.GRANTED,
+          grants.ABANDONED: LoadState.ABANDONED}
 
 
 class LoadTable:
-    """Thread-safe: the receiver loop starts and ends loads, the fence server grants,
-    the worker thread abandons."""
+    """Thread-safe: the receiver loop starts and ends loads, the fence server grants
+    (its own thread, through ``states``), the worker thread abandons."""
 
-    def __init__(self) -> None:
+    def __init__(self, states: States | None = None, tokens: Tokens | None = None) -> None:
+        self.states = states if states is not None else grants.new_states()
+        self.tokens = tokens if tokens is not None else Tokens()
         self._lock = threading.Lock()
         self._loads: dict[tuple[str, str], Load] = {}
+
+    def _key(self, req_id: str, endpoint: str) -> bytes:
+        return self.tokens.of(endpoint) + grants.wire_id(req_id)
+
+    def _sync(self, ld: Load, code: int) -> Load:
+        if code in _STATE:
+            ld.state = _STATE[code]
+        return ld
 
     def start(self, loads: Iterable[Load]) -> None:
         with self._lock:
             for ld in loads:
+                ld.key = self._key(ld.req_id, ld.endpoint)
+                ld.state = LoadState.WAITING
                 self._loads[(ld.req_id, ld.endpoint)] = ld
+                self.states.start(ld.key)
 
     def end(self, req_ids: Iterable[str], endpoint: str) -> list[Load]:
         """The inner connector is done with these (finished, failed, or fenced)."""
         with self._lock:
-            return [ld for r in req_ids if (ld := self._loads.pop((r, endpoint), None)) is not None]
+            return [self._sync(ld, self.states.end(ld.key)) for r in req_ids
+                    if (ld := self._loads.pop((r, endpoint), None)) is not None]
 
     def grant(self, endpoint: str, req_ids: Iterable[str]) -> list[str]:
-        """The producer at ``endpoint`` is about to write these: the ones still wanted."""
+        """The producer at ``endpoint`` is about to write these (or a pull is about to
+        read them): the ones still wanted, now GRANTED."""
         out = []
         with self._lock:
             for r in req_ids:
                 ld = self._loads.get((r, endpoint))
-                if ld is not None and ld.state is LoadState.WAITING:
+                if ld is not None and self.states.grant(ld.key):
                     ld.state = LoadState.GRANTED
                     out.append(r)
         return out
@@ -82,18 +111,21 @@ class LoadTable:
         out = []
         with self._lock:
             for ld in self._loads.values():
-                if ld.state is not LoadState.WAITING:
-                    continue
-                if (endpoint is not None and ld.endpoint == endpoint) or (
+                if not ((endpoint is not None and ld.endpoint == endpoint) or (
                         engine_id is not None and ld.engine_id == engine_id) or (
-                        req_ids is not None and ld.req_id in req_ids):
+                        req_ids is not None and ld.req_id in req_ids)):
+                    continue
+                if self.states.abandon(ld.key):
                     ld.state = LoadState.ABANDONED
                     out.append(ld)
+                else:
+                    self._sync(ld, self.states.state(ld.key))
         return out
 
     def by_token(self, token: object) -> list[Load]:
         with self._lock:
-            return [ld for ld in self._loads.values() if ld.token is token]
+            return [self._sync(ld, self.states.state(ld.key))
+                    for ld in self._loads.values() if ld.token is token]
 
     def endpoints(self) -> set[str]:
         with self._lock:

@@ -38,7 +38,8 @@ class MooncakeAdapter(InnerAdapter):
     closes it, which is what stock does at its timeout: the request is withdrawn and the
     connection goes.  That alone does not bind a producer that already read the request
     (it may be stopped holding it), so the producer side asks the consumer's go-ahead
-    just before it writes (``hooks.allowed``), and the consumer grants only loads it has
+    before it writes (``hooks.ask_now`` as it reads the request, ``hooks.allowed`` at
+    the write), and the consumer grants only loads it has
     not given up (``loads.LoadTable``).  A producer that is not wrapped is bound only by
     the socket close.
     """
@@ -62,7 +63,8 @@ class MooncakeAdapter(InnerAdapter):
         super().__init__(connector)
         self.w = connector.connector_worker
         self._pending_extra: dict[int, Any] = {}  # id(decoded request) -> its shmhb field
-        self._active: dict[int, tuple[str, Any]] = {}  # id(request) -> (consumer, extra)
+        #: id(request) -> (consumer, its shmhb field, the go-ahead asked as it was read)
+        self._active: dict[int, tuple[str, Any, Any]] = {}
         self._region_owner: dict[Any, str] = {}  # prepared-regions key -> consumer
         self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
 
@@ -227,13 +229,10 @@ class MooncakeAdapter(InnerAdapter):
         w.receive_kv_from_single_worker = receive_kv_from_single_worker
         w.handle_new_engine_id = handle_new_engine_id
 
-    def _install_producer(self, hooks: Hooks) -> None:
+    def _decoder_keeping_extra(self) -> Any:
+        """The stock request decoder, wrapped: keeps the request's shmhb field aside."""
         import msgspec
-        w = self.w
-        decoder = w._xfer_meta_decoder
-        send = w.send_kv_to_decode
-        build = w._build_transfer_params
-        pending, active = self._pending_extra, self._active
+        decoder, pending = self.w._xfer_meta_decoder, self._pending_extra
 
         class _Extra(msgspec.Struct):
             shmhb: Any = None
@@ -241,8 +240,6 @@ class MooncakeAdapter(InnerAdapter):
         extra_decoder = msgspec.msgpack.Decoder(_Extra)
 
         class Decoder:
-            """The stock decoder; keeps the request's shmhb field aside."""
-
             def decode(self, data: bytes) -> Any:
                 meta = decoder.decode(data)
                 try:
@@ -250,6 +247,25 @@ class MooncakeAdapter(InnerAdapter):
                 except msgspec.ValidationError:
                     pending[id(meta)] = None
                 return meta
+        return Decoder()
+
+    def _ask_now(self, hooks: Hooks, consumer: str, extra: Any, meta: Any) -> Any:
+        """The go-ahead for the requests whose blocks are computed already (the usual
+        case: the decode asks once its prefill is done), asked as the request is read,
+        so the answer is in by the time stock has made its way to the write (a few
+        turns of the sender loop) and is read there without a wait.  Stock's checks
+        may still refuse the request: it then tells the consumer so, which ends the
+        load, granted or not."""
+        need = self.w.reqs_need_send
+        ready = [d for d, (x, _) in meta.req_blocks.items()
+                 if (s := need.get(x)) is not None and s.ready.is_set()]
+        return hooks.ask_now(consumer, extra, ready) if ready else None
+
+    def _install_producer(self, hooks: Hooks) -> None:
+        w = self.w
+        send = w.send_kv_to_decode
+        build = w._build_transfer_params
+        pending, active = self._pending_extra, self._active
 
         async def send_kv_to_decode(identity: bytes, sock: Any, meta: Any) -> None:
             # _sender_worker decodes and calls us with no await in between: the field
@@ -259,20 +275,22 @@ class MooncakeAdapter(InnerAdapter):
             hooks.consumer_seen(consumer, extra)
             self._consumer_xfers.setdefault(consumer, set()).update(
                 x for x, _ in meta.req_blocks.values())
-            active[id(meta)] = (consumer, extra)
+            asked = self._ask_now(hooks, consumer, extra, meta)
+            active[id(meta)] = (consumer, extra, asked)
             try:
                 await send(identity, sock, meta)
             finally:
                 active.pop(id(meta), None)
+                if asked is not None:
+                    hooks.forget(asked)  # an answer not read by a write is dropped
 
         async def _build_transfer_params(ready_reqs: list[Any], meta: Any, local_regions: Any,
                                          remote_regions: Any) -> Any:
-            consumer, extra = active.get(id(meta), (
-                format_hostport(meta.remote_hostname, int(meta.remote_port)), None))
+            consumer, extra, asked = active.get(id(meta), (
+                format_hostport(meta.remote_hostname, int(meta.remote_port)), None, None))
             for k in w._prepared_transfer_regions:
                 self._region_owner.setdefault(k, consumer)
-            producer = format_hostport(w.hostname, int(w.side_channel_port))
-            ok = set(await hooks.allowed(consumer, extra, producer, [d for d, _ in ready_reqs]))
+            ok = set(await hooks.allowed(consumer, extra, [d for d, _ in ready_reqs], asked))
             granted = [(d, s) for d, s in ready_reqs if d in ok]
             denied = [(d, s) for d, s in ready_reqs if d not in ok]
             if granted:
@@ -287,7 +305,7 @@ class MooncakeAdapter(InnerAdapter):
                 msg = msg or "shmhb: the consumer no longer wants these blocks"
             return src, dst, lengths, err, msg
 
-        w._xfer_meta_decoder = Decoder()
+        w._xfer_meta_decoder = self._decoder_keeping_extra()
         w.send_kv_to_decode = send_kv_to_decode
         w._build_transfer_params = _build_transfer_params
 

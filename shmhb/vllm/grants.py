@@ -1,0 +1,312 @@
+"""The consumer's grants: each load's state, and the server that answers a producer's
+ask, in C (``shmhb._fence``) or in Python, on one wire (version 4, below).
+
+Why C.  A grant is a few microseconds of work, but a Python thread that answers it
+first waits for its engine's GIL: up to a switch interval (5 ms) each time the engine's
+main thread runs Python, which on the CPU bench made the go-ahead cost several times its
+round trip (docs/VLLM.md, "Cost").  ``shmhb._fence`` answers in a thread of its own that
+never takes the GIL, over a table of the loads' states guarded by one pthread mutex.
+The pure-Python driver (no compiler at install, or ``SHMHB_PURE_PYTHON=1``) gives the
+same answers on the same wire, from a Python thread (``fencewire.FrameServer``).
+
+**The wire, version 4** (each frame a 4-byte big-endian length, then its body;
+``fencewire``):
+
+  ask:   version 4 (1 byte), kind 1 (1), count (2, 1 to ``MAX_REQS``), nonce (8),
+         consumer incarnation (8), token (16), then ``count`` request ids, each a
+         2-byte length (1 to ``MAX_ID_BYTES``) and its bytes
+  reply: version 4, kind 2, count (as asked), nonce (as asked), then ``count`` bytes:
+         byte ``i`` is 1 when id ``i`` is granted, else 0
+
+All integers are big-endian and unsigned.  An ask is checked whole (sizes, kinds,
+lengths, nothing left over) before any load is looked at; anything else is a bad frame,
+and its connection is closed.  An ask that names another incarnation is answered with
+nothing granted.  The token is the capability of ``fence.py`` (what binds a grant to
+the producer the request was sent to); the table is keyed by it and the request id, so
+an ask with a token this consumer never gave finds no load and is granted nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Protocol
+
+from ..board.native import PURE_ENV
+from . import fencewire
+
+log = logging.getLogger(__name__)
+
+VERSION = 4
+KIND_ASK, KIND_REPLY = 1, 2
+MAX_REQS = 1024
+MAX_ID_BYTES = 256
+TOKEN_BYTES = 16
+WAITING, GRANTED, ABANDONED = 0, 1, 2
+_ASK = struct.Struct(">BBHQQ16s")
+_REPLY = struct.Struct(">BBHQ")
+_LEN = struct.Struct(">H")
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(PURE_ENV, "") == "1":
+        return None
+    try:
+        from .. import _fence  # type: ignore[attr-defined]
+    except ImportError:  # built without a compiler: the Python driver
+        return None
+    return _fence  # type: ignore[no-any-return]
+
+
+_ext = _load()
+#: whether grants are answered in C in this process
+native: bool = _ext is not None
+
+
+# -- the wire -----------------------------------------------------------------------------------
+
+
+def wire_id(req_id: str) -> bytes:
+    """A request id as the wire carries it: its UTF-8 (lone surrogates kept), or, where
+    that is empty or over ``MAX_ID_BYTES``, ``#`` and a 32-hex digest of it (both sides
+    map ids the same way, so such a load can still be granted)."""
+    b = req_id.encode("utf-8", "surrogatepass")
+    if 0 < len(b) <= MAX_ID_BYTES:
+        return b
+    return b"#" + hashlib.blake2b(b, digest_size=16).hexdigest().encode()
+
+
+def encode_ask(nonce: int, incarnation: int, token: bytes, ids: list[bytes]) -> bytes:
+    if not 0 < len(ids) <= MAX_REQS or len(token) != TOKEN_BYTES:
+        raise ValueError(f"an ask carries 1 to {MAX_REQS} ids and a {TOKEN_BYTES}-byte token")
+    parts = [_ASK.pack(VERSION, KIND_ASK, len(ids), nonce, incarnation, token)]
+    for i in ids:
+        parts += (_LEN.pack(len(i)), i)
+    return b"".join(parts)
+
+
+def decode_ask(body: bytes) -> tuple[int, int, bytes, list[bytes]] | None:
+    """``(nonce, incarnation, token, ids)`` of a well-formed ask, else None: the rule
+    ``_fence.c``'s ``answer`` applies, byte for byte."""
+    if not _ASK.size <= len(body) <= fencewire.MAX_FRAME:
+        return None
+    version, kind, count, nonce, inc, token = _ASK.unpack_from(body)
+    if version != VERSION or kind != KIND_ASK or not 0 < count <= MAX_REQS:
+        return None
+    ids, p = [], _ASK.size
+    for _ in range(count):
+        if p + 2 > len(body):
+            return None
+        (n,) = _LEN.unpack_from(body, p)
+        if not 0 < n <= MAX_ID_BYTES or p + 2 + n > len(body):
+            return None
+        ids.append(body[p + 2:p + 2 + n])
+        p += 2 + n
+    return (nonce, inc, token, ids) if p == len(body) else None
+
+
+def encode_reply(nonce: int, granted: list[bool]) -> bytes:
+    return _REPLY.pack(VERSION, KIND_REPLY, len(granted), nonce) + bytes(map(int, granted))
+
+
+def reply_nonce(body: bytes) -> int | None:
+    """The nonce of what looks like a reply (it is checked whole by ``decode_reply``)."""
+    if len(body) < _REPLY.size or body[0] != VERSION or body[1] != KIND_REPLY:
+        return None
+    return int(_REPLY.unpack_from(body)[3])
+
+
+def decode_reply(body: bytes, nonce: int, count: int) -> list[bool] | None:
+    """Which of the ``count`` ids asked under ``nonce`` were granted; None if ``body`` is
+    not exactly that reply."""
+    if len(body) != _REPLY.size + count:
+        return None
+    version, kind, n, got = _REPLY.unpack_from(body)
+    if version != VERSION or kind != KIND_REPLY or n != count or got != nonce:
+        return None
+    flags = body[_REPLY.size:]
+    if not frozenset(flags) <= {0, 1}:
+        return None
+    return [f == 1 for f in flags]
+
+
+# -- the states -------------------------------------------------------------------------------
+
+
+class States(Protocol):
+    """Each load's state, keyed by ``token + wire id``; every move is out of WAITING."""
+
+    def start(self, key: bytes) -> None: ...
+    def grant(self, key: bytes) -> bool: ...
+    def abandon(self, key: bytes) -> bool: ...
+    def state(self, key: bytes) -> int: ...
+    def end(self, key: bytes) -> int: ...
+    def answer(self, incarnation: int, body: bytes) -> bytes | None: ...
+    def __len__(self) -> int: ...
+
+
+class PyStates:
+    """The Python driver of ``States``: a dict under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._s: dict[bytes, int] = {}
+
+    def start(self, key: bytes) -> None:
+        with self._lock:
+            self._s[key] = WAITING
+
+    def _move(self, key: bytes, to: int) -> bool:
+        with self._lock:
+            if self._s.get(key) != WAITING:
+                return False
+            self._s[key] = to
+            return True
+
+    def grant(self, key: bytes) -> bool:
+        return self._move(key, GRANTED)
+
+    def abandon(self, key: bytes) -> bool:
+        return self._move(key, ABANDONED)
+
+    def state(self, key: bytes) -> int:
+        with self._lock:
+            return self._s.get(key, -1)
+
+    def end(self, key: bytes) -> int:
+        with self._lock:
+            return self._s.pop(key, -1)
+
+    def answer(self, incarnation: int, body: bytes) -> bytes | None:
+        ask = decode_ask(body)
+        if ask is None:
+            return None
+        nonce, inc, token, ids = ask
+        if inc != incarnation:
+            return encode_reply(nonce, [False] * len(ids))
+        with self._lock:
+            granted = []
+            for i in ids:
+                ok = self._s.get(token + i) == WAITING
+                if ok:
+                    self._s[token + i] = GRANTED
+                granted.append(ok)
+        return encode_reply(nonce, granted)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._s)
+
+
+def new_states(use_native: bool | None = None) -> States:
+    """The C table where it is built (and ``use_native`` is not False), else Python's."""
+    if _ext is not None and use_native is not False:
+        return _ext.GrantTable(os.urandom(16))  # type: ignore[no-any-return]
+    return PyStates()
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+class Server(Protocol):
+    def set_incarnation(self, incarnation: int) -> None: ...
+    def counters(self) -> dict[str, int]: ...
+    def close(self) -> None: ...
+
+
+class PyServer:
+    """The Python driver of the grant server: ``fencewire.FrameServer`` on a thread."""
+
+    def __init__(self, states: States, sock: socket.socket, incarnation: int,
+                 max_connections: int) -> None:
+        self._states, self._inc = states, incarnation
+        self._c = dict.fromkeys(("asks", "bad_frames", "stale_asks", "granted", "dropped"), 0)
+        self._wire = fencewire.FrameServer(sock, self._answer, self._bad, max_connections)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._wire.serve, args=(self._stop,),
+                                        name="shmhb-fence", daemon=True)
+        self._thread.start()
+
+    def _answer(self, body: bytes) -> bytes | None:
+        inc = self._inc
+        reply = self._states.answer(inc, body)
+        if reply is None:  # counted by _bad; its connection is closed, as in C
+            raise fencewire.BadFrame("a malformed ask")
+        self._c["asks"] += 1
+        ask = decode_ask(body)
+        if ask is not None and ask[1] != inc:
+            self._c["stale_asks"] += 1
+        self._c["granted"] += sum(reply[_REPLY.size:])
+        return reply
+
+    def _bad(self, why: str) -> None:
+        self._c["bad_frames"] += 1
+
+    def set_incarnation(self, incarnation: int) -> None:
+        self._inc = incarnation  # one store: atomic
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._c)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+
+def serve(states: States, sock: socket.socket, incarnation: int, max_connections: int) -> Server:
+    """A grant server on the listening ``sock`` (which it owns from now on): in C when
+    ``states`` is the C table, else on a Python thread."""
+    if _ext is not None and isinstance(states, _ext.GrantTable):
+        try:
+            srv: Server = _ext.GrantServer(states, sock.fileno(), incarnation, max_connections)
+        finally:
+            sock.close()  # the server holds a descriptor of its own
+        return srv
+    return PyServer(states, sock, incarnation, max_connections)
+
+
+#: the producer's non-blocking send and receive: in C they keep the GIL (a Python
+#: socket call drops it, and getting it back can wait a switch interval)
+def _py_send(fd_sock: socket.socket, data: bytes) -> int:
+    try:
+        return fd_sock.send(data, getattr(socket, "MSG_NOSIGNAL", 0))
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
+def _py_recv(fd_sock: socket.socket, n: int) -> bytes | None:
+    try:
+        return fd_sock.recv(n)
+    except (BlockingIOError, InterruptedError):
+        return None
+
+
+def sender(use_native: bool | None = None) -> tuple[Callable[[socket.socket, bytes], int],
+                                                     Callable[[socket.socket, int], bytes | None]]:
+    """``(send, recv)`` on a non-blocking socket: bytes sent (0: its buffer is full), and
+    bytes read (``b""``: closed; None: nothing yet); other failures raise ``OSError``."""
+    ext = _ext if use_native is not False else None
+    if ext is None:
+        return _py_send, _py_recv
+    s, r = ext.send_nowait, ext.recv_nowait
+    return (lambda sock, data: int(s(sock.fileno(), data))), (lambda sock, n: r(sock.fileno(), n))
+
+
+class Tokens:
+    """The capabilities a consumer gives its producers: a keyed BLAKE2b digest of each
+    producer's side-channel endpoint (``TOKEN_BYTES``), under a key this process draws
+    at start and never sends.  Loads are keyed by it, so only a process that received
+    a request carrying its token can ask for that producer's loads."""
+
+    def __init__(self) -> None:
+        self._key = os.urandom(32)
+
+    def of(self, producer: str) -> bytes:
+        return hashlib.blake2b(producer.encode("utf-8", "surrogatepass"), key=self._key,
+                               digest_size=TOKEN_BYTES).digest()
