@@ -236,6 +236,8 @@ def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]
                             "p99": float(np.percentile(ts, 99)), "bad": bad[wrapped],
                             "stages": {k: float(np.percentile(v, 50))
                                        for k, v in stages[wrapped].items()}}
+            if wrapped:
+                out[wrapped]["asks"] = pairs[wrapped][0].request("asks", "asks")["counts"]
             if blocks == SIZES[0][0]:
                 p, d = pairs[wrapped]
                 out[wrapped]["cost"] = d.request("cost", "cost", engine_id=p.engine_id,

@@ -18,11 +18,12 @@
  *               load is looked at, and anything malformed closes its connection and is
  *               counted.  At most max_connections are kept (the least recently active
  *               goes); a buffer grows to one frame at most.
- *   send_nowait, recv_nowait
- *               the producer's non-blocking send and receive, made while holding the
- *               GIL: a socket call from Python drops the GIL around the syscall, and on
- *               a busy engine the thread waits up to a switch interval (5 ms) to get it
- *               back.  A non-blocking call on a socket takes microseconds.
+ *   send_nowait, recv_nowait, wait_readable
+ *               the producer's non-blocking send and receive, and a wait of a few
+ *               milliseconds at most, made while holding the GIL: a socket call from
+ *               Python drops the GIL around the syscall, and on a busy engine the thread
+ *               waits up to a switch interval (5 ms) to get it back.  A non-blocking
+ *               call takes microseconds; the wait is for a reply due in a round trip.
  *
  * Counters are written by the server thread only and read with relaxed atomic loads
  * (aligned 64-bit words: never torn).
@@ -735,7 +736,25 @@ static PyObject *recv_nowait(PyObject *mod, PyObject *args) {
     return PyBytes_FromStringAndSize((const char *)buf, n);
 }
 
+/* wait_readable(fd, timeout_ms) -> bool, without dropping the GIL: a bounded wait for a
+ * reply due within microseconds, where dropping the GIL would cost getting it back. */
+static PyObject *wait_readable(PyObject *mod, PyObject *args) {
+    int fd, ms, r;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "ii:wait_readable", &fd, &ms)) return NULL;
+    if (ms < 0 || ms > 10) {
+        PyErr_SetString(PyExc_ValueError, "wait_readable: 0 to 10 ms (it holds the GIL)");
+        return NULL;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    do r = poll(&p, 1, ms); while (r < 0 && errno == EINTR);
+    if (r < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong(r > 0);
+}
+
 static PyMethodDef module_methods[] = {
+    {"wait_readable", wait_readable, METH_VARARGS,
+     "wait_readable(fd, timeout_ms <= 10) -> bool; the GIL is kept."},
     {"send_nowait", send_nowait, METH_VARARGS,
      "send_nowait(fd, data) -> bytes sent (0: the buffer is full); the GIL is kept."},
     {"recv_nowait", recv_nowait, METH_VARARGS,

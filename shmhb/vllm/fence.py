@@ -41,7 +41,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from ..board import address
@@ -61,6 +61,11 @@ MAX_CHANNELS = 256
 #: past an ask's deadline, how long one last look waits for a reply already on its way
 #: (see ``GrantAsker.result``)
 LAST_LOOK_S = 0.25
+#: how long a producer waits for a reply without dropping the GIL (in C) before it
+#: awaits it on its loop: a consumer answering in C replies within a round trip (about
+#: 0.1 ms on loopback), while a wait that drops the GIL costs up to a switch interval
+#: (5 ms) to get it back on a busy engine.  The engine's other threads wait as long.
+HOLD_MS = 1
 _LOG_EVERY_S = 10.0
 _HEX = frozenset("0123456789abcdef")
 
@@ -150,8 +155,11 @@ class GrantAsker:
 
     def __init__(self, use_native: bool | None = None) -> None:
         self._channels: OrderedDict[tuple[int, str], _Channel] = OrderedDict()
-        self._send, self._recv = grants.sender(use_native)
+        self._io = grants.sender(use_native)
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
+        #: asks sent as the request was read ("early"), and how each answer was read:
+        #: in at once ("in_time"), within the hold ("held"), or awaited ("awaited")
+        self.counts: Counter[str] = Counter()
 
     @property
     def open_channels(self) -> int:
@@ -179,7 +187,10 @@ class GrantAsker:
         if ch.sock is None:
             return None
         self._pump(ch)  # a connection the consumer closed while idle is found here
-        return self._post(endpoint, ch, incarnation, token, req_ids)
+        a = self._post(endpoint, ch, incarnation, token, req_ids)
+        if a is not None:
+            self.counts["early"] += 1
+        return a
 
     async def ask(self, endpoint: str, incarnation: int, token: str | None,
                   req_ids: list[str], timeout_s: float) -> list[str]:
@@ -205,11 +216,16 @@ class GrantAsker:
         reply (read at once when it is already in: no turn of the loop)."""
         ch = a.channel
         loop = asyncio.get_running_loop()
-        deadline, looked = loop.time() + timeout_s, False
+        deadline, looked, how = loop.time() + timeout_s, False, "in_time"
         while a.granted is None:
             self._pump(ch)
             if a.granted is not None:
                 break
+            if how == "in_time" and ch.sock is not None and not ch.closed:
+                how = "held"
+                if self._io.hold(ch.sock, HOLD_MS):
+                    continue
+            how = "awaited"
             # A grant is the consumer's promise to hold the load (it never gives up a
             # GRANTED one), so a reply is honoured however late this process reads it:
             # the deadline only bounds the wait for a consumer that does not answer.
@@ -222,6 +238,7 @@ class GrantAsker:
                     return self._gave_up(a.endpoint, timeout_s, req_ids)
                 looked, deadline = True, loop.time() + LAST_LOOK_S
             await self._readable(ch, deadline - loop.time())
+        self.counts[how] += 1
         wanted = set(req_ids)
         return [r for r, g in zip(a.req_ids, a.granted) if g and r in wanted]
 
@@ -271,7 +288,7 @@ class GrantAsker:
             return None
         assert ch.sock is not None
         try:
-            sent = self._send(ch.sock, data)
+            sent = self._io.send(ch.sock, data)
         except OSError:
             sent = -1
         if sent != len(data):  # a consumer that does not read: its connection goes
@@ -284,7 +301,7 @@ class GrantAsker:
         """Reads what has come on ``ch`` and settles the asks it answers."""
         while ch.sock is not None and not ch.closed:
             try:
-                data = self._recv(ch.sock, fencewire.room(ch.buf))
+                data = self._io.recv(ch.sock, fencewire.room(ch.buf))
             except OSError:
                 data = b""
             if data is None:

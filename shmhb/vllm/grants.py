@@ -34,7 +34,6 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
 from types import ModuleType
 from typing import Protocol
 
@@ -271,6 +270,14 @@ def serve(states: States, sock: socket.socket, incarnation: int, max_connections
     return PyServer(states, sock, incarnation, max_connections)
 
 
+class Io(Protocol):
+    """The producer's socket calls (``sender``)."""
+
+    def send(self, sock: socket.socket, data: bytes) -> int: ...
+    def recv(self, sock: socket.socket, n: int) -> bytes | None: ...
+    def hold(self, sock: socket.socket, ms: int) -> bool: ...
+
+
 #: the producer's non-blocking send and receive: in C they keep the GIL (a Python
 #: socket call drops it, and getting it back can wait a switch interval)
 def _py_send(fd_sock: socket.socket, data: bytes) -> int:
@@ -287,15 +294,37 @@ def _py_recv(fd_sock: socket.socket, n: int) -> bytes | None:
         return None
 
 
-def sender(use_native: bool | None = None) -> tuple[Callable[[socket.socket, bytes], int],
-                                                     Callable[[socket.socket, int], bytes | None]]:
-    """``(send, recv)`` on a non-blocking socket: bytes sent (0: its buffer is full), and
-    bytes read (``b""``: closed; None: nothing yet); other failures raise ``OSError``."""
-    ext = _ext if use_native is not False else None
-    if ext is None:
-        return _py_send, _py_recv
-    s, r = ext.send_nowait, ext.recv_nowait
-    return (lambda sock, data: int(s(sock.fileno(), data))), (lambda sock, n: r(sock.fileno(), n))
+class _PyIo:
+    send = staticmethod(_py_send)
+    recv = staticmethod(_py_recv)
+
+    @staticmethod
+    def hold(sock: socket.socket, ms: int) -> bool:
+        return False  # a wait in Python drops the GIL: the caller awaits instead
+
+
+class _CIo:
+    def __init__(self, ext: ModuleType) -> None:
+        self._s, self._r, self._w = ext.send_nowait, ext.recv_nowait, ext.wait_readable
+
+    def send(self, sock: socket.socket, data: bytes) -> int:
+        return int(self._s(sock.fileno(), data))
+
+    def recv(self, sock: socket.socket, n: int) -> bytes | None:
+        return self._r(sock.fileno(), n)  # type: ignore[no-any-return]
+
+    def hold(self, sock: socket.socket, ms: int) -> bool:
+        return bool(self._w(sock.fileno(), ms))
+
+
+def sender(use_native: bool | None = None) -> Io:
+    """The producer's calls on a non-blocking socket: ``send`` (bytes sent, 0: its
+    buffer is full), ``recv`` (bytes read; ``b""``: closed; None: nothing yet), other
+    failures raising ``OSError``; and ``hold(sock, ms)``: wait up to ``ms`` for it to be
+    readable without dropping the GIL (False at once where that cannot be done)."""
+    if _ext is not None and use_native is not False:
+        return _CIo(_ext)
+    return _PyIo()
 
 
 class Tokens:

@@ -228,6 +228,10 @@ class WorkerGuard:
     def forget(self, ask: Ask) -> None:
         self._asker.forget(ask)
 
+    def ask_counts(self) -> dict[str, int]:
+        """How this producer's go-ahead answers were read (``GrantAsker.counts``)."""
+        return dict(self._asker.counts)
+
     async def allowed(self, consumer: str, extra: Any, req_ids: list[str],
                       asked: Ask | None = None) -> list[str]:
         """Of ``req_ids``, those the producer may write now: the board says the consumer

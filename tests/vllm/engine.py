@@ -439,6 +439,9 @@ class Engine:
             emit(ev="stats", data=None if s is None else s.to_dict())
         elif op == "cost":
             emit(ev="cost", **self.cost(cmd["engine_id"], cmd["bootstrap"], cmd.get("n", 2000)))
+        elif op == "asks":  # producer: how its go-ahead answers were read
+            guard = getattr(self.worker, "guard", None)
+            emit(ev="asks", counts=guard.ask_counts() if guard is not None else {})
         elif op == "hold_writes":
             self.hold_writes = True
             emit(ev="holding")
