@@ -38,6 +38,7 @@ goes).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import socket
@@ -160,6 +161,10 @@ class GrantAsker:
         #: asks sent as the request was read ("early"), and how each answer was read:
         #: in at once ("in_time"), within the hold ("held"), or awaited ("awaited")
         self.counts: Counter[str] = Counter()
+        # Nonces match replies to asks on a connection, so they only need to differ:
+        # a count from a random start.  (os.urandom per ask would drop the GIL around
+        # getrandom(), which costs a switch interval on a busy engine.)
+        self._nonces = itertools.count(int.from_bytes(os.urandom(7), "little"))
 
     @property
     def open_channels(self) -> int:
@@ -278,7 +283,7 @@ class GrantAsker:
 
     def _post(self, endpoint: str, ch: _Channel, incarnation: int, token: str,
               req_ids: list[str]) -> Ask | None:
-        nonce = int.from_bytes(os.urandom(8), "little")
+        nonce = next(self._nonces)  # below 2**56 + the asks made: a u64 for ever
         try:
             data = fencewire.pack(grants.encode_ask(
                 nonce, incarnation, bytes.fromhex(token), [grants.wire_id(r) for r in req_ids]))
