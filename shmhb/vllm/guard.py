@@ -21,7 +21,7 @@ from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
 from .inner import InnerAdapter
-from .fence import Ask, FenceServer, GrantAsker, parse_extra
+from .fence import Ask, Extra, FenceServer, GrantAsker, parse_extra
 from .instance import register_engine_instance, role_of
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
@@ -201,11 +201,14 @@ class WorkerGuard:
 
     # -- hooks: producer --------------------------------------------------------------------------
 
-    def consumer_seen(self, endpoint: str, extra: Any) -> None:
+    def consumer_seen(self, endpoint: str, extra: Any) -> Extra | None:
+        """A request from the consumer at ``endpoint`` was read: it is tracked, and what
+        its shmhb field says is returned, checked (for ``ask_now`` and ``allowed``)."""
         x = parse_extra(extra)
         self._track(endpoint, ("consumer", endpoint), x[0] if x else None)
+        return x
 
-    def _consumer_gone(self, consumer: str, x: tuple[int, str, str | None] | None) -> bool:
+    def _consumer_gone(self, consumer: str, x: Extra | None) -> bool:
         with self._lock:
             gone_inc = self._gone_consumers.get(consumer)
         if gone_inc is not None and (x is None or gone_inc in (0, x[0])):
@@ -217,10 +220,9 @@ class WorkerGuard:
                 return True  # dead, left, or restarted since it asked
         return False
 
-    def ask_now(self, consumer: str, extra: Any, req_ids: list[str]) -> Ask | None:
+    def ask_now(self, consumer: str, x: Extra | None, req_ids: list[str]) -> Ask | None:
         """On the sender loop, as a request is read whose blocks are computed: the
         go-ahead asked now, its answer read by ``allowed`` (None: asked then)."""
-        x = parse_extra(extra)
         if x is None or self._consumer_gone(consumer, x):
             return None
         return self._asker.ask_now(x[1], x[0], x[2], req_ids)
@@ -232,27 +234,28 @@ class WorkerGuard:
         """How this producer's go-ahead answers were read (``GrantAsker.counts``)."""
         return dict(self._asker.counts)
 
-    async def allowed(self, consumer: str, extra: Any, req_ids: list[str],
+    async def allowed(self, consumer: str, x: Extra | None, req_ids: list[str],
                       asked: Ask | None = None) -> list[str]:
-        """Of ``req_ids``, those the producer may write now: the board says the consumer
-        is there, and it granted them (in ``asked``, or in an ask made now)."""
-        x = parse_extra(extra)
-        if self._consumer_gone(consumer, x):
-            if asked is not None:
-                self._asker.forget(asked)
-            return []
-        if x is None:
-            return req_ids  # a consumer without shmhb: the board is all we can ask
+        """Of ``req_ids``, those the producer may write now: those the consumer granted
+        (in ``asked``: a grant is its promise to hold the blocks, so nothing else is
+        looked at), and of the rest, those it grants now if the board says it is there."""
         timeout_s = self.settings.grant_timeout_s
         ok: list[str] = []
         rest = req_ids
         if asked is not None:
+            if not self._asker.settled(asked) and self._consumer_gone(consumer, x):
+                self._asker.forget(asked)  # no answer yet, and none is coming
             ok = await self._asker.result(asked, req_ids, timeout_s)
-            in_ask = set(asked.req_ids)
-            rest = [r for r in req_ids if r not in in_ask]
-        if rest:
-            ok += await self._asker.ask(x[1], x[0], x[2], rest, timeout_s)
-        return ok
+            if asked.req_ids != req_ids:
+                in_ask = set(asked.req_ids)
+                rest = [r for r in req_ids if r not in in_ask]
+            else:
+                rest = []
+        if not rest or self._consumer_gone(consumer, x):
+            return ok
+        if x is None:
+            return req_ids  # a consumer without shmhb: the board is all we can ask
+        return ok + await self._asker.ask(x[1], x[0], x[2], rest, timeout_s)
 
     def write_denied(self, consumer: str, n: int) -> None:
         self.counts.add("denied_writes", n)

@@ -63,7 +63,7 @@ class MooncakeAdapter(InnerAdapter):
         super().__init__(connector)
         self.w = connector.connector_worker
         self._pending_extra: dict[int, Any] = {}  # id(decoded request) -> its shmhb field
-        #: id(request) -> (consumer, its shmhb field, the go-ahead asked as it was read)
+        #: id(request) -> (consumer, its shmhb field checked, the go-ahead asked as it was read)
         self._active: dict[int, tuple[str, Any, Any]] = {}
         self._region_owner: dict[Any, str] = {}  # prepared-regions key -> consumer
         self._consumer_xfers: dict[str, set[str]] = {}  # consumer -> transfer ids asked
@@ -249,7 +249,7 @@ class MooncakeAdapter(InnerAdapter):
                 return meta
         return Decoder()
 
-    def _ask_now(self, hooks: Hooks, consumer: str, extra: Any, meta: Any) -> Any:
+    def _ask_now(self, hooks: Hooks, consumer: str, seen: Any, meta: Any) -> Any:
         """The go-ahead for the requests whose blocks are computed already (the usual
         case: the decode asks once its prefill is done), asked as the request is read,
         so the answer is in by the time stock has made its way to the write (a few
@@ -259,7 +259,7 @@ class MooncakeAdapter(InnerAdapter):
         need = self.w.reqs_need_send
         ready = [d for d, (x, _) in meta.req_blocks.items()
                  if (s := need.get(x)) is not None and s.ready.is_set()]
-        return hooks.ask_now(consumer, extra, ready) if ready else None
+        return hooks.ask_now(consumer, seen, ready) if ready else None
 
     def _install_producer(self, hooks: Hooks) -> None:
         w = self.w
@@ -272,11 +272,11 @@ class MooncakeAdapter(InnerAdapter):
             # kept aside is this request's.
             extra = pending.pop(id(meta), None)
             consumer = format_hostport(meta.remote_hostname, int(meta.remote_port))
-            hooks.consumer_seen(consumer, extra)
+            seen = hooks.consumer_seen(consumer, extra)  # checked once per request
             self._consumer_xfers.setdefault(consumer, set()).update(
                 x for x, _ in meta.req_blocks.values())
-            asked = self._ask_now(hooks, consumer, extra, meta)
-            active[id(meta)] = (consumer, extra, asked)
+            asked = self._ask_now(hooks, consumer, seen, meta)
+            active[id(meta)] = (consumer, seen, asked)
             try:
                 await send(identity, sock, meta)
             finally:
@@ -286,11 +286,11 @@ class MooncakeAdapter(InnerAdapter):
 
         async def _build_transfer_params(ready_reqs: list[Any], meta: Any, local_regions: Any,
                                          remote_regions: Any) -> Any:
-            consumer, extra, asked = active.get(id(meta), (
+            consumer, seen, asked = active.get(id(meta), (
                 format_hostport(meta.remote_hostname, int(meta.remote_port)), None, None))
             for k in w._prepared_transfer_regions:
                 self._region_owner.setdefault(k, consumer)
-            ok = set(await hooks.allowed(consumer, extra, [d for d, _ in ready_reqs], asked))
+            ok = set(await hooks.allowed(consumer, seen, [d for d, _ in ready_reqs], asked))
             granted = [(d, s) for d, s in ready_reqs if d in ok]
             denied = [(d, s) for d, s in ready_reqs if d not in ok]
             if granted:
