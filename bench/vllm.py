@@ -284,7 +284,8 @@ def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -
         f"`python -m bench.vllm --only transfer --samples {samples}`: a load's start to its "
         "blocks landing, stock and wrapped side by side in one stack, samples interleaved "
         "ABBA (the wrapped producer asks its consumer's go-ahead before every write: one "
-        "round trip).  *Added* is the difference of the p50s; *paired* is the p50 of the "
+        "round trip, asked as it reads a request whose blocks are computed, answered in C "
+        "by the consumer).  *Added* is the difference of the p50s; *paired* is the p50 of the "
         "differences of neighbouring samples.  Target: at most 5 % or 200 µs added to the "
         "p50, whichever is larger.", "",
         "| KV per request | stock p50 / p99 | wrapped p50 / p99 | added to p50 | paired | target | bad transfers |",
@@ -307,6 +308,14 @@ def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -
         lines.append(f"| {label} | " + " | ".join(
             f"{rows[(False, b)]['stages'][k] * 1e3:.2f} / {rows[(True, b)]['stages'][k] * 1e3:.2f}"
             for b, _ in SIZES) + " |")
+    lines += ["", "How the wrapped producer read its go-ahead answers (asks made as the request "
+              "was read; answers in at the write, within the 1 ms hold, or awaited on its "
+              "loop):", "", "| KV per request | asked early | in at once | held | awaited |",
+              "| --- | --- | --- | --- | --- |"]
+    for b, label in SIZES:
+        a = rows[(True, b)].get("asks", {})
+        lines.append(f"| {label} | {a.get('early', 0)} | {a.get('in_time', 0)} | "
+                     f"{a.get('held', 0)} | {a.get('awaited', 0)} |")
     c, sc = rows[(True, SIZES[0][0])]["cost"], rows[(False, SIZES[0][0])]["cost"]
     lines += [
         "", "Per call, ns (2,000 calls; wrapped calls interleaved with the inner connector's "
