@@ -257,10 +257,16 @@ def _cell(r: dict[str, Any], base: float) -> str:
     return f"**{r['outcome']}** after {r['s']:.2f} s"
 
 
+def _vllm_version() -> str:
+    import vllm
+    return str(vllm.__version__)
+
+
 def client_lines(rows: dict[str, dict[str, Any]], abort_s: int) -> list[str]:
     lines = [
         "## What a client sees", "",
-        f"`python -m bench.vllm --only client --abort-timeout-s {abort_s}`: the decode engine "
+        f"`python -m bench.vllm --only client --abort-timeout-s {abort_s}` (vLLM "
+        f"{_vllm_version()}): the decode engine "
         "runs vLLM's real Scheduler and KVCacheManager with the stand-in model; a request "
         "completes only with the tokens of an undisturbed run.  Per cell: the outcome, "
         "and how much later than an undisturbed request it finished (undisturbed: "
@@ -281,7 +287,8 @@ def client_lines(rows: dict[str, dict[str, Any]], abort_s: int) -> list[str]:
 def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -> list[str]:
     lines = [
         "## What the happy path costs", "",
-        f"`python -m bench.vllm --only transfer --samples {samples}`: a load's start to its "
+        f"`python -m bench.vllm --only transfer --samples {samples}` (vLLM {_vllm_version()}): "
+        "a load's start to its "
         "blocks landing, stock and wrapped side by side in one stack, samples interleaved "
         "ABBA (the wrapped producer asks its consumer's go-ahead before every write: one "
         "round trip, asked as it reads a request whose blocks are computed, answered in C "
@@ -366,7 +373,7 @@ def main() -> None:
     old = _old_sections()
     old.update(sections)
     head = ["# vLLM: stock MooncakeConnector vs ShmhbConnector around it", "",
-            f"vLLM {vllm.__version__}, Mooncake TCP, CPU; shmhb policy suspect-after "
+            "Mooncake TCP, CPU (the vLLM release each section ran on is named in it); shmhb policy suspect-after "
             f"{POLICY.suspect_after_s} s, dead-after {POLICY.dead_after_s} s; a shared 2-core "
             "machine.  Each section is rewritten by the run named in it.", ""]
     text = "\n".join(head + old.get("client", []) + old.get("transfer", [])) + "\n"
