@@ -234,30 +234,26 @@ class GrantAsker:
         if self.settled(a):  # the usual case: the answer is in, and read here
             self.counts["in_time"] += 1
             return self._granted(a, req_ids)
+        if ch.sock is not None and not ch.closed and self._io.hold(ch.sock, HOLD_MS) \
+                and self.settled(a):
+            self.counts["held"] += 1
+            return self._granted(a, req_ids)
         loop = asyncio.get_running_loop()
-        deadline, looked, how = loop.time() + timeout_s, False, "in_time"
-        while a.granted is None:
-            self._pump(ch)
-            if a.granted is not None:
-                break
-            if how == "in_time" and ch.sock is not None and not ch.closed:
-                how = "held"
-                if self._io.hold(ch.sock, HOLD_MS):
-                    continue
-            how = "awaited"
+        deadline, looked = loop.time() + timeout_s, False
+        while not self.settled(a):
             # A grant is the consumer's promise to hold the load (it never gives up a
             # GRANTED one), so a reply is honoured however late this process reads it:
             # the deadline only bounds the wait for a consumer that does not answer.
             # A producer stopped (SIGSTOP, a long GC) after its ask finds its deadline
-            # passed on resume with the reply in the kernel's buffer: the pump above
-            # reads it, and one last look waits a little for one on its way.
+            # passed on resume with the reply in the kernel's buffer: ``settled`` reads
+            # it before the deadline is looked at, and one last look waits a little for one on its way.
             if loop.time() >= deadline:
                 if looked:
                     self.forget(a)
                     return self._gave_up(a.endpoint, timeout_s, req_ids)
                 looked, deadline = True, loop.time() + LAST_LOOK_S
             await self._readable(ch, deadline - loop.time())
-        self.counts[how] += 1
+        self.counts["awaited"] += 1
         return self._granted(a, req_ids)
 
     @staticmethod
@@ -344,7 +340,8 @@ class GrantAsker:
             ch.buf += data
             try:
                 while (frame := fencewire.next_frame(ch.buf)) is not None:
-                    a = ch.pending.get(grants.reply_nonce(frame) or 0)
+                    nonce = grants.reply_nonce(frame)
+                    a = None if nonce is None else ch.pending.get(nonce)
                     ok = None if a is None else grants.decode_reply(frame, a.nonce, len(a.req_ids))
                     if a is not None and ok is not None:  # else: an ask given up, or garbage
                         del ch.pending[a.nonce]
@@ -380,14 +377,12 @@ class GrantAsker:
             del self._channels[k]
 
     def _close(self, ch: _Channel) -> None:
+        """On the channel's loop (``close()`` is the one from any thread)."""
         ch.closed = True
         if ch.sock is not None:
             if ch.readable is not None:
                 fut, ch.readable = ch.readable, None
-                try:
-                    asyncio.get_running_loop().remove_reader(ch.sock.fileno())
-                except RuntimeError:  # close() from another thread: its loop is gone
-                    pass
+                asyncio.get_running_loop().remove_reader(ch.sock.fileno())
                 if not fut.done():
                     fut.set_result(None)
             ch.sock.close()

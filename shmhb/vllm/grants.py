@@ -238,8 +238,7 @@ class PyServer:
         if reply is None:  # counted by _bad; its connection is closed, as in C
             raise fencewire.BadFrame("a malformed ask")
         self._c["asks"] += 1
-        ask = decode_ask(body)
-        if ask is not None and ask[1] != inc:
+        if _ASK.unpack_from(body)[4] != inc:  # a reply: the ask was well-formed
             self._c["stale_asks"] += 1
         self._c["granted"] += sum(reply[_REPLY.size:])
         return reply

@@ -250,6 +250,7 @@ class WorkerGuard:
         if asked is not None:
             if not self._asker.settled(asked) and self._consumer_gone(consumer, x):
                 self._asker.forget(asked)  # no answer yet, and none is coming
+                return []
             ok = await self._asker.result(asked, req_ids, timeout_s)
             if asked.req_ids != req_ids:
                 in_ask = set(asked.req_ids)

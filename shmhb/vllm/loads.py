@@ -118,8 +118,6 @@ class LoadTable:
                 if self.states.abandon(ld.key):
                     ld.state = LoadState.ABANDONED
                     out.append(ld)
-                else:
-                    self._sync(ld, self.states.state(ld.key))
         return out
 
     def by_token(self, token: object) -> list[Load]:
