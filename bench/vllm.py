@@ -202,10 +202,13 @@ def _sample(p: EngineProc, d: EngineProc, seed: int) -> tuple[float, bool, dict[
     return b["t"] - t0, b["ev"] != "loaded" or b["digest"] != a["digest"], stages
 
 
-def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]]:
+def happy_path(blocks: int, samples: int, tmp: str,
+               control: bool = False) -> dict[bool, dict[str, Any]]:
     """Stock and wrapped side by side in one stack (one board and pinger per host, a
     stock pair and a wrapped pair of engines, each pair on its own bootstrap port),
-    samples interleaved ABBA so that a drift in the machine's load falls on both."""
+    samples interleaved ABBA so that a drift in the machine's load falls on both.
+    ``control``: both pairs stock (an A/A run), so the "added" it reports is what this
+    bench reads as a difference where there is none: its resolution on this machine."""
     # Engines step every 0.2 ms while a transfer is under way and every 5 ms otherwise:
     # four engines spinning on two cores would time the OS scheduler, not the wrapper.
     env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": "0.0002",
@@ -216,9 +219,11 @@ def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]
         for wrapped in (False, True):
             port = stack.new_port([PREFILL_IP])
             p = stack.start("prefill", f"happy-{blocks}-{'w' if wrapped else 's'}",
-                            wrapped=wrapped, bootstrap_port=port)
-            pairs[wrapped] = (p, stack.start("decode", wrapped=wrapped, bootstrap_port=port))
-        _wait_known(stack, pairs[True][0])
+                            wrapped=wrapped and not control, bootstrap_port=port)
+            pairs[wrapped] = (p, stack.start("decode", wrapped=wrapped and not control,
+                                             bootstrap_port=port))
+        if not control:
+            _wait_known(stack, pairs[True][0])
         times: dict[bool, list[float]] = {False: [], True: []}
         bad = {False: 0, True: 0}
         stages: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
@@ -236,9 +241,9 @@ def happy_path(blocks: int, samples: int, tmp: str) -> dict[bool, dict[str, Any]
                             "p99": float(np.percentile(ts, 99)), "bad": bad[wrapped],
                             "stages": {k: float(np.percentile(v, 50))
                                        for k, v in stages[wrapped].items()}}
-            if wrapped:
+            if wrapped and not control:
                 out[wrapped]["asks"] = pairs[wrapped][0].request("asks", "asks")["counts"]
-            if blocks == SIZES[0][0]:
+            if blocks == SIZES[0][0] and not control:
                 p, d = pairs[wrapped]
                 out[wrapped]["cost"] = d.request("cost", "cost", engine_id=p.engine_id,
                                                  bootstrap=p.bootstrap, n=2000, timeout_s=180)
@@ -345,11 +350,49 @@ def transfer_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -
     return lines + [""]
 
 
+def control_lines(rows: dict[tuple[bool, int], dict[str, Any]], samples: int) -> list[str]:
+    lines = [
+        "## The bench's resolution (A/A)", "",
+        f"`python -m bench.vllm --only control --samples {samples}` (vLLM {_vllm_version()}): "
+        "the happy-path run above with both pairs stock, so any difference it reads is "
+        "the machine's, not the wrapper's.  Compare the wrapped row above against it.", "",
+        "| KV per request | pair A p50 / p99 | pair B p50 / p99 | B - A, p50s | paired |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for blocks, label in SIZES:
+        s, w = rows[(False, blocks)], rows[(True, blocks)]
+        lines.append(f"| {label} | {s['p50'] * 1e3:.2f} / {s['p99'] * 1e3:.2f} ms | "
+                     f"{w['p50'] * 1e3:.2f} / {w['p99'] * 1e3:.2f} ms | "
+                     f"{(w['p50'] - s['p50']) * 1e6:+.0f} µs | {w['added_p50'] * 1e6:+.0f} µs |")
+    lines += ["", "Stages, p50, ms (A / B):", "",
+              "| stage | " + " | ".join(label for _, label in SIZES) + " |",
+              "| --- |" + " --- |" * len(SIZES)]
+    for k, label in STAGES:
+        lines.append(f"| {label} | " + " | ".join(
+            f"{rows[(False, b)]['stages'][k] * 1e3:.2f} / {rows[(True, b)]['stages'][k] * 1e3:.2f}"
+            for b, _ in SIZES) + " |")
+    return lines + [""]
+
+
+def _happy_rows(samples: int, tmp: str, control: bool) -> dict[tuple[bool, int], dict[str, Any]]:
+    trows = {}
+    for blocks, label in SIZES:
+        what = "two stock pairs (A/A)" if control else "stock and wrapped"
+        print(f"happy path {label}, {what} interleaved ...", flush=True)
+        both = happy_path(blocks, samples, os.path.join(tmp, f"t{blocks}{'c' * control}"),
+                          control)
+        for wrapped, row in both.items():
+            trows[(wrapped, blocks)] = row
+        print(both, flush=True)
+    return trows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--abort-timeout-s", type=int, default=10)
     ap.add_argument("--samples", type=int, default=40)
-    ap.add_argument("--only", choices=("client", "transfer"))
+    ap.add_argument("--only", choices=("client", "transfer", "control"),
+                    help="control: the happy path with both pairs stock (not in a full run)")
     a = ap.parse_args()
     import vllm
     sections: dict[str, list[str]] = {}
@@ -362,21 +405,17 @@ def main() -> None:
                 print(rows[v], flush=True)
             sections["client"] = client_lines(rows, a.abort_timeout_s)
         if a.only in (None, "transfer"):
-            trows = {}
-            for blocks, label in SIZES:
-                print(f"happy path {label}, stock and wrapped interleaved ...", flush=True)
-                both = happy_path(blocks, a.samples, os.path.join(tmp, f"t{blocks}"))
-                for wrapped, row in both.items():
-                    trows[(wrapped, blocks)] = row
-                print(both, flush=True)
-            sections["transfer"] = transfer_lines(trows, a.samples)
+            sections["transfer"] = transfer_lines(_happy_rows(a.samples, tmp, False), a.samples)
+        if a.only == "control":
+            sections["control"] = control_lines(_happy_rows(a.samples, tmp, True), a.samples)
     old = _old_sections()
     old.update(sections)
     head = ["# vLLM: stock MooncakeConnector vs ShmhbConnector around it", "",
             "Mooncake TCP, CPU (the vLLM release each section ran on is named in it); shmhb policy suspect-after "
             f"{POLICY.suspect_after_s} s, dead-after {POLICY.dead_after_s} s; a shared 2-core "
             "machine.  Each section is rewritten by the run named in it.", ""]
-    text = "\n".join(head + old.get("client", []) + old.get("transfer", [])) + "\n"
+    text = "\n".join(head + old.get("client", []) + old.get("transfer", [])
+                     + old.get("control", [])) + "\n"
     OUT.write_text(text)
     print(text)
 
@@ -392,6 +431,8 @@ def _old_sections() -> dict[str, list[str]]:
             cur = out.setdefault("client", [])
         elif line.startswith("## What the happy path costs"):
             cur = out.setdefault("transfer", [])
+        elif line.startswith("## The bench's resolution"):
+            cur = out.setdefault("control", [])
         if cur is not None:
             cur.append(line)
     return out
