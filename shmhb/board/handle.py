@@ -113,7 +113,7 @@ class Board(LocalReads):
         self._remotereads = RemoteReads(
             self.peer_table, self.remote_table, self.sizes, now_ns=self.now_ns,
             agent_ok=self.agent_ok_at, changes=self.changes, word_memo=self.word_memo,
-            agent_hb_index=header_index("agent_hb"))
+            agent_hb_index=header_index("agent_hb"), words=self.words)
         # remote() is a connector's hot path too: bound here, like slot(), so that the
         # delegate below adds no call to it (the method is what the class documents)
         self.remote = self._remotereads.remote  # type: ignore[method-assign]

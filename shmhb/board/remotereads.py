@@ -20,11 +20,18 @@ import numpy as np
 from .config import UNIT_S, parse_address
 from .judge import beat_age, combine_remote, judge_row
 from .layout import (
-    PEER_ROW_DTYPE, PEER_STRIDE, REMOTE_ROW_DTYPE, REMOTE_STRIDE, Sizes, peer_checksum,
-    remote_checksum, row_ts, rtt_us, ts_units, unpack_auth, word_index,
+    PEER_ROW_DTYPE, PEER_STRIDE, REMOTE_BEAT_WORD, REMOTE_ROW_DTYPE, REMOTE_STRIDE, Sizes,
+    field_word, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units, unpack_auth,
+    word_index,
 )
 from .records import RETRIES, stored_address, stored_endpoints, stored_key
 from ..status import PeerStatus, SlotStatus, Status
+
+
+#: words of a row read alone by ``RemoteReads._rejudge``
+REMOTE_GEN_WORD = field_word(REMOTE_ROW_DTYPE, "gen")
+REMOTE_CHECKSUM_WORD = field_word(REMOTE_ROW_DTYPE, "checksum")
+PEER_CHECKSUM_WORD = field_word(PEER_ROW_DTYPE, "checksum")
 
 
 class PeerRow(NamedTuple):
@@ -36,19 +43,34 @@ class PeerRow(NamedTuple):
     rtt_ms: float | None
     age_s: float | None  # since its host's last ack; None before the first
     auth: tuple[bool, int]  # (authentication failing, frames that failed it)
+    checksum: int  # of the record fields read (``layout.peer_checksum``)
 
 
 class RemoteChoice(NamedTuple):
     """What ``RemoteReads.remote`` memoises per endpoint: the remote row it chose, that
-    row's generation, its peer row, ``changes()`` when it was chosen, and the memo of
-    the words judged (``native.WordMemo``).  ``remote()`` reads it by position: it is
-    its hot path."""
+    row's generation, its peer row, ``changes()`` when it was chosen, the memo of
+    the words judged (``native.WordMemo``), the peer row's generation the remote row
+    names, and the answer read whole from that row generation (its record fields, each
+    checked by the row's checksum, are what ``RemoteReads._rejudge`` reuses).
+    ``remote()`` reads it by position: it is its hot path."""
 
     row: int
     gen: int
     peer: int
     changes: int
     memo: Any
+    read: RowRead
+
+
+class RowRead(NamedTuple):
+    """A remote row read whole (``RemoteReads._remote_at``): what it says, its peer
+    row, the peer row's generation, and the checksums of both records as read."""
+
+    status: SlotStatus
+    peer: int
+    peer_gen: int
+    checksum: int
+    peer_checksum: int
 
 
 class RemoteReads:
@@ -57,12 +79,13 @@ class RemoteReads:
     def __init__(self, peers: np.ndarray, remotes: np.ndarray, sizes: Sizes, *,
                  now_ns: Callable[[], int], agent_ok: Callable[[int], bool],
                  changes: Callable[[], int], word_memo: Callable[[int, int, int], Any],
-                 agent_hb_index: int) -> None:
+                 agent_hb_index: int, words: memoryview) -> None:
         """``peers``, ``remotes``: the board's peer and remote tables; ``now_ns``: its
         clock; ``agent_ok(now in units)``: whether its agent is observing;
         ``changes``: its change counter; ``word_memo(i, j, k)``: a memo of an answer
         judged from words ``i``, ``j``, ``k``; ``agent_hb_index``: the agent's heartbeat
-        word, one of the words every answer depends on."""
+        word, one of the words every answer depends on; ``words``: the board as 64-bit
+        words (``Board.words``), for the status words read alone."""
         self._peers = peers
         self._remotes = remotes
         self._now_ns = now_ns
@@ -70,6 +93,7 @@ class RemoteReads:
         self._changes = changes
         self._word_memo = word_memo
         self._agent_hb_i = agent_hb_index
+        self._q = words
         self._remote_base = word_index(sizes.remote_off)
         self._peer_base = word_index(sizes.peer_off)
         self._cache: dict[str, RemoteChoice] = {}  # endpoint -> its choice
@@ -105,7 +129,7 @@ class RemoteReads:
             if addr is None:
                 return None
             return PeerRow(addr, gen, st, rtt_ms, age * UNIT_S if last else None,
-                           unpack_auth(int(row["auth"]), gen))
+                           unpack_auth(int(row["auth"]), gen), ck)
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
@@ -178,35 +202,73 @@ class RemoteReads:
                 return got  # type: ignore[no-any-return]
         ok = self._agent_ok(now)
         if c is not None:
-            at = self._remote_at(c[0], c[1], endpoint, now, ok)  # c.row, c.gen
+            got = self._rejudge(c, now, ok)
             # A dead or left row stays valid until its slot is reused, but another key
             # may serve the endpoint now: look again, once per board change (so such an
             # answer, which depends on changes() too, is never memoised).
-            if at is not None and at[1] == c[2]:  # c.peer
-                if at[0].status not in (Status.DEAD, Status.LEFT):
-                    return c[4].put(now, at[0])  # type: ignore[no-any-return]
+            if got is not None:
+                if got.status is not Status.DEAD and got.status is not Status.LEFT:
+                    return c[4].put(now, got)  # type: ignore[no-any-return]
                 if c[3] == self._changes():  # c.changes
-                    return at[0]
+                    return got
         changes = self._changes()
         r = self._remotes
         live = np.flatnonzero(r["checksum"] != 0)
-        best: tuple[int, int, int, SlotStatus] | None = None
+        best: tuple[int, int, RowRead] | None = None
         for row in live:
             i = int(row)
             gen = int(r[i]["gen"])
             at = self._remote_at(i, gen, endpoint, now, ok)
-            if at is not None and (best is None or at[0].incarnation > best[3].incarnation):
-                best = (i, gen, at[1], at[0])
+            if at is not None and (best is None or
+                                   at.status.incarnation > best[2].status.incarnation):
+                best = (i, gen, at)
         if best is None:
             return None
-        ri, gen, p, got = best
-        self._cache[endpoint] = RemoteChoice(ri, gen, p, changes, self._word_memo(
+        ri, gen, at = best
+        self._cache[endpoint] = RemoteChoice(ri, gen, at.peer, changes, self._word_memo(
             self._agent_hb_i, self._remote_base + ri * REMOTE_STRIDE,
-            self._peer_base + p * PEER_STRIDE))
-        return got
+            self._peer_base + at.peer * PEER_STRIDE), at)
+        return at.status
+
+    def _rejudge(self, c: RemoteChoice, now: int, ok: bool) -> SlotStatus | None:
+        """``c``'s row judged again from its words alone, or None where they no longer
+        belong to the row generation ``c`` read whole (then the row is read whole again).
+
+        Why the words suffice: ``c.read`` holds the row's record fields (key, pid,
+        incarnation, endpoints, peer) and its peer row's as read whole, each record
+        checked by its checksum.  Every writer of a record first zeroes its checksum
+        word (a rewrite, a takeover's drop of a torn row: ``rowwriter``), and a
+        rewritten record has another checksum, so while both checksum words still read
+        what ``c.read`` checked, and the gen word the generation it was read at, the
+        records are the ones ``c.read`` holds.  The status and beat words each name
+        the generation they belong to (``judge_row``, ``beat_age`` refuse another), the
+        peer row's against the peer generation the remote row names.  Each is one
+        aligned 64-bit load that needs no order against any other: a rewrite that
+        begins after a word was loaded leaves this answer the one the old records gave
+        at that moment, never a mix.  The memo missed because the clock moved (or a
+        status word changed): a miss's common case, for a few word loads instead of the
+        copies and hashes of a whole read."""
+        q, rd = self._q, c[5]  # c.read
+        base = self._remote_base + c[0] * REMOTE_STRIDE  # c.row
+        pbase = self._peer_base + c[2] * PEER_STRIDE  # c.peer
+        gen = c[1]
+        if (q[base + REMOTE_CHECKSUM_WORD] != rd[3] or q[pbase + PEER_CHECKSUM_WORD] != rd[4]
+                or q[base + REMOTE_GEN_WORD] != gen):
+            return None
+        j = judge_row(q[base], gen, ok, now)
+        pw = q[pbase]
+        pj = judge_row(pw, rd[2], ok, now)  # rd.peer_gen
+        if j is None or pj is None:
+            return None
+        host_age_s = pj[1] * UNIT_S if row_ts(pw) else None
+        units = beat_age(q[base + REMOTE_BEAT_WORD], gen, j[0], now)
+        return rd[0]._replace(status=combine_remote(j[0], pj[0]),  # rd.status
+                              age_s=_remote_age(j[1], host_age_s),
+                              beat_age_s=None if units is None else units * UNIT_S)
 
     def _remote_at(self, i: int, gen: int, endpoint: str, now: int, ok: bool
-                   ) -> tuple[SlotStatus, int] | None:
+                   ) -> RowRead | None:
+        """Row ``i`` read whole at generation ``gen``, if it advertises ``endpoint``."""
         row = self._remotes[i].copy()
         if int(row["gen"]) != gen or int(row["checksum"]) != remote_checksum(row):
             return None
@@ -223,9 +285,10 @@ class RemoteReads:
         key = stored_key(bytes(row["key"]), "remote row", i)
         if key is None:
             return None
-        return SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
-                          combine_remote(j[0], pr.status), _remote_age(j[1], pr.age_s), eps,
-                          _beat_age_s(row, j[0], now)), p
+        return RowRead(SlotStatus(key, int(row["pid"]), int(row["incarnation"]),
+                                  combine_remote(j[0], pr.status), _remote_age(j[1], pr.age_s),
+                                  eps, _beat_age_s(row, j[0], now)),
+                       p, pr.gen, int(row["checksum"]), pr.checksum)
 
 
 def _beat_age_s(row: np.void, reported: Status, now: int) -> float | None:

@@ -31,6 +31,7 @@ vllm-ascend adapter would be the same shape (see docs/VLLM.md).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
@@ -148,8 +149,11 @@ def check_release(adapter: str) -> None:
             "shmhb written for this vLLM")
 
 
+@functools.lru_cache(maxsize=1024)
 def zmq_hostport(addr: str) -> str:
-    """"tcp://host:port" -> "host:port" (as the board spells endpoints)."""
+    """"tcp://host:port" -> "host:port" (as the board spells endpoints).  Memoised: it
+    runs per load on a transfer's path, over the few addresses of an engine's peers
+    (a malformed one raises ``ValueError`` each time: errors are not kept)."""
     rest = addr.split("://", 1)[-1]
     host, port = parse_hostport(rest)
     return format_hostport(host, port)
