@@ -207,18 +207,21 @@ def _sample(p: EngineProc, d: EngineProc, seed: int) -> tuple[float, bool, dict[
 #: the happy path's pairs of engines: two stock pairs (their difference is what the
 #: bench reads where there is none: its resolution on this machine) and a wrapped one
 PAIRS = ("stock", "stock2", "wrapped")
+#: how often the happy path's engines step while a transfer is under way
+STEP_S = 0.0002
 #: every order of the three, in turn: each pair is timed first, second and third
 #: equally often, so a drift in the machine's load or a cost of coming first falls on all
 ORDERS = tuple(itertools.permutations(range(len(PAIRS))))
 
 
-def happy_path(blocks: int, samples: int, tmp: str) -> dict[str, dict[str, Any]]:
+def happy_path(blocks: int, samples: int, tmp: str,
+               step_s: float = STEP_S) -> dict[str, dict[str, Any]]:
     """Two stock pairs and a wrapped pair side by side in one stack (one board and
     pinger per host, each pair of engines on its own bootstrap port), each round timing
     one transfer of each pair in the next of the six orders."""
-    # Engines step every 0.2 ms while a transfer is under way and every 5 ms otherwise:
-    # six engines spinning on two cores would time the OS scheduler, not the wrapper.
-    env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": "0.0002",
+    # Engines step every ``step_s`` (0.2 ms) while a transfer is under way and every
+    # 5 ms otherwise: six engines spinning on two cores would time the OS scheduler.
+    env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": str(step_s),
            "SHMHB_VLLM_IDLE_STEP_S": "0.005", "SHMHB_VLLM_TRACE": "1"}
     procs, cluster, stack = _stack(tmp, True, env)
     try:
@@ -303,10 +306,14 @@ def client_lines(rows: dict[str, dict[str, Any]], abort_s: int) -> list[str]:
     return lines
 
 
-def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int) -> list[str]:
+def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int,
+                   step_s: float) -> list[str]:
+    step = f" --step-s {step_s:g}" if step_s != STEP_S else ""
     lines = [
         "## What the happy path costs", "",
-        f"`python -m bench.vllm --only transfer --samples {samples}` (vLLM {_vllm_version()}): "
+        f"`python -m bench.vllm --only transfer --samples {samples}{step}` "
+        f"(vLLM {_vllm_version()}, engines stepping every {step_s * 1e3:g} ms while a "
+        "transfer is under way): "
         "a load's start to its blocks landing, for two stock pairs of engines and a wrapped "
         "pair side by side in one stack, one transfer of each per round, the rounds taking "
         "the six orders of the three in turn (the wrapped producer asks its consumer's "
@@ -375,6 +382,9 @@ def main() -> None:
     ap.add_argument("--abort-timeout-s", type=int, default=10)
     ap.add_argument("--samples", type=int, default=40)
     ap.add_argument("--only", choices=("client", "transfer"))
+    ap.add_argument("--step-s", type=float, default=STEP_S,
+                    help="happy path: how often an engine steps while a transfer is under "
+                         "way (a GPU engine: every 10 ms or more)")
     a = ap.parse_args()
     import vllm
     sections: dict[str, list[str]] = {}
@@ -390,11 +400,11 @@ def main() -> None:
             trows = {}
             for blocks, label in SIZES:
                 print(f"happy path {label}, two stock pairs and a wrapped one ...", flush=True)
-                rows = happy_path(blocks, a.samples, os.path.join(tmp, f"t{blocks}"))
+                rows = happy_path(blocks, a.samples, os.path.join(tmp, f"t{blocks}"), a.step_s)
                 for name, row in rows.items():
                     trows[(name, blocks)] = row
                 print(rows, flush=True)
-            sections["transfer"] = transfer_lines(trows, a.samples)
+            sections["transfer"] = transfer_lines(trows, a.samples, a.step_s)
     old = _old_sections()
     old.update(sections)
     head = ["# vLLM: stock MooncakeConnector vs ShmhbConnector around it", "",
