@@ -129,6 +129,11 @@ class FenceServer:
         if bad:
             self._log.warn("bad", "fence server %s: dropped %d bad frame(s) (%d so far)",
                            self.endpoint, bad, now["bad_frames"])
+        room = now["dropped"] - seen["dropped"]
+        if room:
+            self._log.warn("room", "fence server %s: closed %d connection(s) to make room "
+                           "(over %d open, or no descriptor left; %d so far)",
+                           self.endpoint, room, MAX_CONNECTIONS, now["dropped"])
         return now["granted"] - seen["granted"]
 
     def close(self) -> None:

@@ -10,7 +10,9 @@ listening socket and the connections it accepted, all non-blocking.  A peer gets
 nothing but its own connection closed for anything it sends or does (a bad length, a
 reset, a half-close, a partial frame held open), each connection's buffer is bounded by
 one frame, and past ``max_connections`` the least recently active connection goes, so
-idle or slow peers cannot crowd a producer out.  A reply that does not go out whole at
+idle or slow peers cannot crowd a producer out (counted: ``FrameServer.dropped``).  Out
+of descriptors, the oldest connection goes too; with none to close, accepting rests
+``PAUSE_S`` (the listener stays readable, and accepting at once again would spin).  A reply that does not go out whole at
 once closes its connection: replies are small, and a peer that does not read is not
 served.
 
@@ -27,6 +29,7 @@ import selectors
 import socket
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +39,9 @@ from ..board import address
 MAX_FRAME = 64 * 1024
 #: how long the server's thread waits in one select: what bounds ``close()``
 SELECT_S = 0.1
+#: how long accept() rests when no descriptor is left and no connection can make room
+#: (the listener stays readable: accepting again at once would spin)
+PAUSE_S = 0.1
 _HEADER = struct.Struct(">I")
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 #: accept() failures that a free descriptor cures: the oldest connection makes room
@@ -106,11 +112,18 @@ class FrameServer:
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         #: open connections and their read buffers, the least recently active first
         self._conns: OrderedDict[socket.socket, bytearray] = OrderedDict()
+        self._paused_until: float | None = None  # accept() rests until then
+        #: connections closed to make room (past ``max_connections``, or out of
+        #: descriptors); written by the serving thread only
+        self.dropped = 0
 
     def serve(self, stop: threading.Event) -> None:
         """Until ``stop`` is set (seen within ``SELECT_S``); then every socket is closed."""
         try:
             while not stop.is_set():
+                if self._paused_until is not None and time.monotonic() >= self._paused_until:
+                    self._paused_until = None
+                    self._sel.register(self._listener, selectors.EVENT_READ, None)
                 for key, _ in self._sel.select(SELECT_S):
                     if key.data is None:
                         self._accept()
@@ -129,7 +142,11 @@ class FrameServer:
             return
         except OSError as e:  # aborted before it was taken, or no descriptor left
             if e.errno in _OUT_OF_ROOM:
-                self._drop_oldest()
+                if self._conns:
+                    self._drop_oldest()
+                else:  # nothing to close: rest, as the C server does
+                    self._sel.unregister(self._listener)
+                    self._paused_until = time.monotonic() + PAUSE_S
             return
         try:
             sock.setblocking(False)
@@ -180,6 +197,7 @@ class FrameServer:
     def _drop_oldest(self) -> None:
         if self._conns:
             self._drop(next(iter(self._conns)))
+            self.dropped += 1
 
     def _drop(self, sock: socket.socket) -> None:
         if self._conns.pop(sock, None) is None:

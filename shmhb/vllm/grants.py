@@ -225,7 +225,7 @@ class PyServer:
     def __init__(self, states: States, sock: socket.socket, incarnation: int,
                  max_connections: int) -> None:
         self._states, self._inc = states, incarnation
-        self._c = dict.fromkeys(("asks", "bad_frames", "stale_asks", "granted", "dropped"), 0)
+        self._c = dict.fromkeys(("asks", "bad_frames", "stale_asks", "granted"), 0)
         self._wire = fencewire.FrameServer(sock, self._answer, self._bad, max_connections)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._wire.serve, args=(self._stop,),
@@ -250,7 +250,7 @@ class PyServer:
         self._inc = incarnation  # one store: atomic
 
     def counters(self) -> dict[str, int]:
-        return dict(self._c)
+        return {**self._c, "dropped": self._wire.dropped}
 
     def close(self) -> None:
         self._stop.set()

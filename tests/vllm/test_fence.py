@@ -9,6 +9,9 @@ import random
 import select
 import socket
 import struct
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 
 from .conftest import require_vllm
+from shmhb.testing.loopback import child_env
 from tests.conftest import wait_until
 
 require_vllm()
@@ -317,9 +321,78 @@ def test_idle_connections_past_the_limit_do_not_crowd_out_a_producer(
         wait_until(lambda: sum(map(_closed_by_peer, idle)) == 13, timeout_s=5,
                    what="the 13 oldest idle connections closed")
         assert sum(map(_closed_by_peer, idle)) == 13
+        assert srv.counters()["dropped"] == 13
     finally:
         for s in idle:
             s.close()
+
+
+#: a consumer's grant server in a process with no descriptor left: prints its endpoint
+#: and token, then "full"; on stdin, "cpu" prints its CPU seconds, "free" frees the
+#: descriptors it holds
+NO_FDS = textwrap.dedent('''
+    import os, resource, sys
+    from shmhb.vllm import grants
+    from shmhb.vllm.fence import FenceServer
+    from shmhb.vllm.loads import Load, LoadTable
+    t = LoadTable(grants.new_states(sys.argv[1] == "1"))
+    t.start([Load("a", "127.0.0.2:4000", "e1", frozenset({1}), token=object())])
+    srv = FenceServer("127.0.0.1", 5, t.states, t.tokens)
+    print(srv.endpoint, srv.token_for("127.0.0.2:4000"), flush=True)
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    print("full", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "cpu":
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            print(r.ru_utime + r.ru_stime, flush=True)
+        elif line.strip() == "free":
+            for fd in held:
+                os.close(fd)
+            print("freed", flush=True)
+''')
+
+
+def test_a_server_with_no_descriptor_left_rests_and_recovers(native: bool) -> None:
+    """A consumer process out of descriptors cannot accept a producer's connection,
+    and has none to close to make room: its grant server rests (it does not spin on a
+    listener that stays readable), and once descriptors are free, serves the producer
+    that waited."""
+    p = subprocess.Popen([sys.executable, "-c", NO_FDS, "1" if native else "0"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=child_env())
+    assert p.stdin is not None and p.stdout is not None
+    conns: list[socket.socket] = []
+    try:
+        ep, tok = p.stdout.readline().split()
+        assert p.stdout.readline().strip() == "full"
+        conns = [_connect(ep) for _ in range(3)]  # taken by the kernel, not accepted
+
+        def cpu_s() -> float:
+            p.stdin.write("cpu\n")  # type: ignore[union-attr]
+            p.stdin.flush()  # type: ignore[union-attr]
+            return float(p.stdout.readline())  # type: ignore[union-attr]
+
+        c0, t0 = cpu_s(), time.monotonic()
+        time.sleep(1.5)  # a window to measure the server's CPU over, not a wait
+        used, wall = cpu_s() - c0, time.monotonic() - t0
+        assert used < 0.2 * wall, f"{used:.2f} s of CPU in {wall:.2f} s: accept() spins"
+        p.stdin.write("free\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "freed"
+        conns[0].sendall(pack(encode_ask(1, 5, bytes.fromhex(tok), [b"a"])))
+        assert grants.decode_reply(_read_frame(conns[0]), 1, 1) == [True]
+    finally:
+        for s in conns:
+            s.close()
+        p.kill()
+        p.wait()
 
 
 def test_asks_over_ipv6(native: bool, server_of: Callable[..., FenceServer]) -> None:
