@@ -19,7 +19,7 @@ import shmhb
 from shmhb.board import layout as L
 from shmhb.clock import FakeClock
 from shmhb.net.protocol import DigestEntry
-from shmhb.net.rowwriter import RowWriter
+from shmhb.net.rowwriter import RemoteRow, RowWriter
 from shmhb.status import Status
 
 EP = "10.0.0.2:30003"
@@ -48,6 +48,16 @@ class Rows:
     def entry(self, key: str, inc: int, status: Status) -> DigestEntry:
         return DigestEntry(key, inc, status.code, 40 + inc, 0, (EP,))
 
+    def follow(self) -> tuple[int, int, RemoteRow]:
+        """An observing agent, a followed host ALIVE and its worker "r0" at ``EP``:
+        the peer row, its generation, and the worker's remote row."""
+        self.agent_beat()
+        p, pgen = self.w.new_peer("10.0.0.2:45645")  # type: ignore[misc]
+        self.w.peer_status(p, pgen, Status.ALIVE, self.now_ns())
+        held = self.w.put_remote(p, pgen, None, self.entry("r0", 11, Status.ALIVE), self.now_ns())
+        assert held is not None
+        return p, pgen, held
+
     def check(self) -> Any:
         """The kept handle reads what a fresh one reads, floats bit for bit."""
         kept = self.kept.remote(EP)
@@ -75,11 +85,7 @@ def rows(board_name: str) -> Iterator[Rows]:
 
 def test_a_kept_reader_reads_what_a_whole_read_reads(rows: Rows) -> None:
     w = rows.w
-    rows.agent_beat()
-    p, pgen = w.new_peer("10.0.0.2:45645")  # type: ignore[misc]
-    w.peer_status(p, pgen, Status.ALIVE, rows.now_ns())
-    held = w.put_remote(p, pgen, None, rows.entry("r0", 11, Status.ALIVE), rows.now_ns())
-    assert held is not None
+    p, pgen, held = rows.follow()
     first = rows.check()
     assert first.key == "r0" and first.status is Status.ALIVE
     rows.clock.advance(0.004)  # the clock moves: the memo misses, the words do not
@@ -112,10 +118,7 @@ def test_a_kept_reader_reads_what_a_whole_read_reads(rows: Rows) -> None:
 
 def test_a_reused_peer_row_is_never_read_as_the_old_host(rows: Rows) -> None:
     w = rows.w
-    rows.agent_beat()
-    p, pgen = w.new_peer("10.0.0.2:45645")  # type: ignore[misc]
-    w.peer_status(p, pgen, Status.ALIVE, rows.now_ns())
-    w.put_remote(p, pgen, None, rows.entry("r0", 11, Status.ALIVE), rows.now_ns())
+    p, pgen, _ = rows.follow()
     assert rows.check().status is Status.ALIVE
     w.free_peer(p)
     p2, pgen2 = w.new_peer("10.0.0.9:45645")  # type: ignore[misc]
@@ -126,12 +129,8 @@ def test_a_reused_peer_row_is_never_read_as_the_old_host(rows: Rows) -> None:
 
 
 def test_a_row_caught_mid_rewrite_reads_as_its_old_record_or_not_at_all(rows: Rows) -> None:
-    w, b = rows.w, rows.b
-    rows.agent_beat()
-    p, pgen = w.new_peer("10.0.0.2:45645")  # type: ignore[misc]
-    w.peer_status(p, pgen, Status.ALIVE, rows.now_ns())
-    held = w.put_remote(p, pgen, None, rows.entry("r0", 11, Status.ALIVE), rows.now_ns())
-    assert held is not None
+    b = rows.b
+    _, _, held = rows.follow()
     old = rows.check()
     # the writer's steps for a new generation, stopped after each (rowwriter.put_remote):
     # the reader sees the old record whole, or nothing; never the new key under the old
