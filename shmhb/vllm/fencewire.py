@@ -12,9 +12,9 @@ reset, a half-close, a partial frame held open), each connection's buffer is bou
 one frame, and past ``max_connections`` the least recently active connection goes, so
 idle or slow peers cannot crowd a producer out (counted: ``FrameServer.dropped``).  Out
 of descriptors, the oldest connection goes too; with none to close, accepting rests
-``PAUSE_S`` (the listener stays readable, and accepting at once again would spin).  A reply that does not go out whole at
-once closes its connection: replies are small, and a peer that does not read is not
-served.
+``PAUSE_S`` (the listener stays readable, and accepting at once again would spin).  A
+reply that does not go out whole at once closes its connection: replies are small, and
+a peer that does not read is not served.
 
 The producer's side is :func:`connect`; it reads and writes its connection without
 awaiting (``fence.GrantAsker``), a frame at a time through :func:`pack` and
