@@ -6,7 +6,9 @@ Four figures, each beside the floor it cannot beat, measured in one run:
    pure-Python path side by side, against CPython's own floor for the same work: one
    ``time.monotonic_ns()`` plus one store into a prepared 0-d numpy view of shared memory;
 2. a reader's hot path, ``board.slot(key)`` and ``board.status(key)``, on both paths,
-   against the same floor and a plain one-word read of shared memory;
+   against the same floor and a plain one-word read of shared memory, and a
+   connector's read of a remote worker, ``board.remote(endpoint)``, when the clock has
+   moved since its last read (its memo misses; the row is judged again from its words);
 3. a scan of a full 1024-slot board: ``snapshot()`` + ``judge_local_array`` (the
    vectorised path) and ``board.slots()`` (the Python-object path);
 4. the time from SIGKILL of a worker to a reader seeing DEAD, with the host agent
@@ -152,6 +154,41 @@ def path_boards(stack: contextlib.ExitStack, tag: str, key: str, native: bool
     return board, hb, stepping
 
 
+#: the endpoint of the remote worker ``remote_board`` writes
+REMOTE_EP = "10.0.0.2:30003"
+
+
+def remote_board(stack: contextlib.ExitStack, tag: str, native: bool) -> shmhb.Board:
+    """A board whose clock steps one unit per read, holding what a pinger writes for a
+    followed host and its worker at ``REMOTE_EP`` (ALIVE, its agent fresh for good), read
+    once: ``board.remote(REMOTE_EP)`` then misses its memo at every call, as a
+    connector's read does when a millisecond passed since the last."""
+    from shmhb.board.layout import header_index, pack_hb
+    from shmhb.net.protocol import DigestEntry
+    from shmhb.net.rowwriter import RowWriter
+    sel = importlib.import_module("shmhb.board.native")
+    saved = sel._ext
+    if not native:
+        sel._ext = None
+    try:
+        clock = SteppingClock()
+        b = new_board(stack, f"remote-{tag}", 8, clock=clock, policy=shmhb.Policy(
+            suspect_after_s=1e6, dead_after_s=2e6, agent_stale_s=1e6))
+    finally:
+        sel._ext = saved
+    now = clock.monotonic_ns()
+    b.words[header_index("agent_hb")] = pack_hb(1, now >> TS_SHIFT)
+    w = RowWriter(b)
+    peer = w.new_peer("10.0.0.2:45645")
+    assert peer is not None
+    w.peer_status(peer[0], peer[1], Status.ALIVE, now)
+    w.put_remote(peer[0], peer[1], None,
+                 DigestEntry("remote-worker", 1, Status.ALIVE.code, 4242, 0, (REMOTE_EP,)), now)
+    got = b.remote(REMOTE_EP)
+    assert got is not None and got.status is Status.ALIVE and b.native is native
+    return b
+
+
 def bench_hot_paths(stack: contextlib.ExitStack, samples: int) -> list[Row]:
     """``beat``, ``slot`` and ``status`` on both paths (the C one only where it was
     built), interleaved with the floors they are made of."""
@@ -166,6 +203,8 @@ def bench_hot_paths(stack: contextlib.ExitStack, samples: int) -> list[Row]:
     }
     for p in paths:
         ns[f"BOARD_{p}"], ns[f"HB_{p}"], ns[f"STEP_{p}"] = path_boards(stack, p.lower(), key, p == "C")
+        ns[f"REMOTE_{p}"] = remote_board(stack, p.lower(), p == "C")
+    ns["EP"] = REMOTE_EP
     vs = [
         Variant("loop overhead (empty statement)", "pass", ns),
         Variant("time.monotonic_ns()", "mono()", ns, setup="mono = MONO"),
@@ -185,6 +224,8 @@ def bench_hot_paths(stack: contextlib.ExitStack, samples: int) -> list[Row]:
                   setup=f"board, key = BOARD_{p}, KEY") for p in paths],
         *[Variant(f"board.slot(key), clock moves every call [{p}]", "board.slot(key)", ns,
                   setup=f"board, key = STEP_{p}, KEY") for p in paths],
+        *[Variant(f"board.remote(endpoint), clock moves every call [{p}]",
+                  "board.remote(ep)", ns, setup=f"board, ep = REMOTE_{p}, EP") for p in paths],
     ]
     got = stats.interleaved(vs, samples)
     rows = [Row(v.name, Summary.of(got[v.name], samples * v.batch), "ns") for v in vs]
