@@ -205,20 +205,24 @@ def _sample(p: EngineProc, d: EngineProc, seed: int) -> tuple[float, bool, dict[
 
 
 #: the happy path's pairs of engines: two stock pairs (their difference is what the
-#: bench reads where there is none: its resolution on this machine) and a wrapped one
+#: bench reads where there is none: its resolution on this machine) and a wrapped one;
+#: with ``--no-goahead-pair`` also a wrapped pair whose consumer sends no shmhb field
+#: (no go-ahead: unsafe, to tell the go-ahead's share of the cost from the rest's)
 PAIRS = ("stock", "stock2", "wrapped")
+NO_GOAHEAD = "wrapped, no go-ahead"
 #: how often the happy path's engines step while a transfer is under way
 STEP_S = 0.0002
-#: every order of the three, in turn: each pair is timed first, second and third
-#: equally often, so a drift in the machine's load or a cost of coming first falls on all
-ORDERS = tuple(itertools.permutations(range(len(PAIRS))))
 
 
-def happy_path(blocks: int, samples: int, tmp: str,
-               step_s: float = STEP_S) -> dict[str, dict[str, Any]]:
+def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
+               no_goahead: bool = False) -> dict[str, dict[str, Any]]:
     """Two stock pairs and a wrapped pair side by side in one stack (one board and
     pinger per host, each pair of engines on its own bootstrap port), each round timing
-    one transfer of each pair in the next of the six orders."""
+    one transfer of each pair in the next of their orders: each pair is timed first,
+    second, third (...) equally often, so a drift in the machine's load or a cost of
+    coming first falls on all."""
+    names = PAIRS + ((NO_GOAHEAD,) if no_goahead else ())
+    orders = list(itertools.permutations(range(len(names))))
     # Engines step every ``step_s`` (0.2 ms) while a transfer is under way and every
     # 5 ms otherwise: six engines spinning on two cores would time the OS scheduler.
     env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": str(step_s),
@@ -226,19 +230,21 @@ def happy_path(blocks: int, samples: int, tmp: str,
     procs, cluster, stack = _stack(tmp, True, env)
     try:
         pairs = {}
-        for name in PAIRS:
-            wrapped = name == "wrapped"
+        for k, name in enumerate(names):
+            wrapped = name.startswith("wrapped")
             port = stack.new_port([PREFILL_IP])
-            p = stack.start("prefill", f"happy-{blocks}-{name}", wrapped=wrapped,
+            off = {"SHMHB_VLLM_NO_GOAHEAD": "1"} if name == NO_GOAHEAD else {}
+            p = stack.start("prefill", f"happy-{blocks}-{k}", wrapped=wrapped,
                             bootstrap_port=port)
-            pairs[name] = (p, stack.start("decode", wrapped=wrapped, bootstrap_port=port))
+            pairs[name] = (p, stack.start("decode", wrapped=wrapped, bootstrap_port=port,
+                                          env=off))
         _wait_known(stack, pairs["wrapped"][0])
-        times: dict[str, list[float]] = {n: [] for n in PAIRS}
-        bad = dict.fromkeys(PAIRS, 0)
-        stages: dict[str, dict[str, list[float]]] = {n: {} for n in PAIRS}
+        times: dict[str, list[float]] = {n: [] for n in names}
+        bad = dict.fromkeys(names, 0)
+        stages: dict[str, dict[str, list[float]]] = {n: {} for n in names}
         for i in range(samples + 2):
-            for k in ORDERS[i % len(ORDERS)]:
-                name = PAIRS[k]
+            for k in orders[i % len(orders)]:
+                name = names[k]
                 dt, wrong, st = _sample(*pairs[name], seed=i)
                 bad[name] += wrong
                 if i >= 2:  # the first two make the handshake
@@ -254,9 +260,11 @@ def happy_path(blocks: int, samples: int, tmp: str,
         stock = times["stock"] + times["stock2"]
         out["both"] = {"p50": float(np.percentile(stock, 50)),
                        "p99": float(np.percentile(stock, 99))}
-        # per round: the wrapped transfer against the two stock ones of that round
-        out["wrapped"]["paired"] = float(np.percentile(
-            [w - (a + b) / 2 for a, b, w in zip(*times.values())], 50))
+        # per round: a wrapped transfer against the two stock ones of that round
+        for name in names[2:]:
+            out[name]["paired"] = float(np.percentile(
+                [w - (a + b) / 2 for a, b, w in zip(times["stock"], times["stock2"],
+                                                     times[name])], 50))
         out["stock2"]["paired"] = float(np.percentile(
             [b - a for a, b in zip(times["stock"], times["stock2"])], 50))
         p = pairs["wrapped"][0]
@@ -309,6 +317,8 @@ def client_lines(rows: dict[str, dict[str, Any]], abort_s: int) -> list[str]:
 def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int,
                    step_s: float) -> list[str]:
     step = f" --step-s {step_s:g}" if step_s != STEP_S else ""
+    if (NO_GOAHEAD, SIZES[0][0]) in rows:
+        step += " --no-goahead-pair"
     lines = [
         "## What the happy path costs", "",
         f"`python -m bench.vllm --only transfer --samples {samples}{step}` "
@@ -339,13 +349,24 @@ def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int,
                      f"{'met' if added <= bound else 'missed'} (≤ {bound * 1e6:.0f} µs) | "
                      f"{(b['p50'] - a['p50']) * 1e6:+.0f} / {b['paired'] * 1e6:+.0f} µs | "
                      f"{a['bad'] + b['bad']} / {w['bad']} |")
-    lines += ["", "Where the time goes, p50 of each stage, ms (stock A / stock B / wrapped; "
-              "the stages need not add up to the total's p50):", "",
+    names = PAIRS + ((NO_GOAHEAD,) if (NO_GOAHEAD, SIZES[0][0]) in rows else ())
+    if len(names) > len(PAIRS):
+        lines += ["", "The wrapper with its go-ahead switched off (the consumer sends no "
+                  "shmhb field, so the producer writes on the board's word alone: unsafe, "
+                  "a measurement only), against the same stock pairs:", "",
+                  "| KV per request | p50 / p99 | added to p50 | paired |", "| --- | --- | --- | --- |"]
+        for blocks, label in SIZES:
+            s, n = rows[("both", blocks)], rows[(NO_GOAHEAD, blocks)]
+            lines.append(f"| {label} | {n['p50'] * 1e3:.2f} / {n['p99'] * 1e3:.2f} ms | "
+                         f"{(n['p50'] - s['p50']) * 1e6:+.0f} µs | {n['paired'] * 1e6:+.0f} µs |")
+    lines += ["", "Where the time goes, p50 of each stage, ms (" + " / ".join(
+              ["stock A", "stock B", *names[2:]]) + "; the stages need not add up to the "
+              "total's p50):", "",
               "| stage | " + " | ".join(label for _, label in SIZES) + " |",
               "| --- |" + " --- |" * len(SIZES)]
     for k, label in STAGES:
         lines.append(f"| {label} | " + " | ".join(
-            " / ".join(f"{rows[(n, b)]['stages'][k] * 1e3:.2f}" for n in PAIRS)
+            " / ".join(f"{rows[(n, b)]['stages'][k] * 1e3:.2f}" for n in names)
             for b, _ in SIZES) + " |")
     lines += ["", "How the wrapped producer read its go-ahead answers (asks made as the request "
               "was read; answers in at the write, within the 1 ms hold, or awaited on its "
@@ -385,6 +406,9 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=STEP_S,
                     help="happy path: how often an engine steps while a transfer is under "
                          "way (a GPU engine: every 10 ms or more)")
+    ap.add_argument("--no-goahead-pair", action="store_true",
+                    help="happy path: also a wrapped pair with the go-ahead switched off "
+                         "(unsafe: a measurement of the go-ahead's share only)")
     a = ap.parse_args()
     import vllm
     sections: dict[str, list[str]] = {}
@@ -400,7 +424,8 @@ def main() -> None:
             trows = {}
             for blocks, label in SIZES:
                 print(f"happy path {label}, two stock pairs and a wrapped one ...", flush=True)
-                rows = happy_path(blocks, a.samples, os.path.join(tmp, f"t{blocks}"), a.step_s)
+                rows = happy_path(blocks, a.samples, os.path.join(tmp, f"t{blocks}"), a.step_s,
+                                  a.no_goahead_pair)
                 for name, row in rows.items():
                     trows[(name, blocks)] = row
                 print(rows, flush=True)

@@ -42,6 +42,9 @@ STEP_S = float(os.environ.get("SHMHB_VLLM_STEP_S", "0.005"))
 IDLE_STEP_S = float(os.environ.get("SHMHB_VLLM_IDLE_STEP_S", str(STEP_S)))
 #: a producer stamps each write ("wrote": its start and end), for the bench's stages
 TRACE = os.environ.get("SHMHB_VLLM_TRACE") == "1"
+#: a wrapped consumer that sends its producers no shmhb field, so they write on the
+#: board's word alone, with no go-ahead: unsafe, for the bench's measurement only
+NO_GOAHEAD = os.environ.get("SHMHB_VLLM_NO_GOAHEAD") == "1"
 
 __all__ = ["BLOCK_SIZE", "HEAD_SIZE", "NUM_BLOCKS", "NUM_KV_HEADS", "PROMPT_BLOCKS", "Engine", "build"]
 LAYER = "model.layers.0.self_attn.attn"
@@ -123,6 +126,9 @@ def layout_of(a: argparse.Namespace) -> str:
 
 
 def build(a: argparse.Namespace) -> Any:
+    if NO_GOAHEAD:
+        from shmhb.vllm.guard import WorkerGuard
+        WorkerGuard.request_extra = lambda self, producer: None  # type: ignore[method-assign]
     import torch
     from vllm.config import (
         CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
