@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,15 +130,24 @@ class SteppingClock:
         self.monotonic_ns = itertools.count(time.monotonic_ns(), 1 << TS_SHIFT).__next__
 
 
-def path_boards(stack: contextlib.ExitStack, tag: str, key: str, native: bool
-                ) -> tuple[shmhb.Board, shmhb.Heartbeat, shmhb.Board]:
-    """A board on the C (``native``) or the pure-Python hot path, with ``key`` registered
-    and read once, and a board whose clock steps one unit per read."""
+@contextlib.contextmanager
+def hot_path(native: bool) -> Iterator[None]:
+    """Boards attached inside take the C (``native``) or the pure-Python hot path."""
     sel = importlib.import_module("shmhb.board.native")  # the module; ``shmhb.native`` is its bool
     saved = sel._ext
     if not native:
         sel._ext = None
     try:
+        yield
+    finally:
+        sel._ext = saved
+
+
+def path_boards(stack: contextlib.ExitStack, tag: str, key: str, native: bool
+                ) -> tuple[shmhb.Board, shmhb.Heartbeat, shmhb.Board]:
+    """A board on the C (``native``) or the pure-Python hot path, with ``key`` registered
+    and read once, and a board whose clock steps one unit per read."""
+    with hot_path(native):
         board = new_board(stack, f"hot-{tag}", 64, **LONG_POLICY)
         hb = board.register(key, agent=False)
         stack.callback(hb.close)
@@ -148,8 +158,6 @@ def path_boards(stack: contextlib.ExitStack, tag: str, key: str, native: bool
                              suspect_after_s=1e6, dead_after_s=2e6)
         stack.callback(stepping.register(key, agent=False).close)
         assert stepping.status(key) is Status.ALIVE
-    finally:
-        sel._ext = saved
     assert board.native is native and stepping.native is native
     return board, hb, stepping
 
@@ -166,16 +174,10 @@ def remote_board(stack: contextlib.ExitStack, tag: str, native: bool) -> shmhb.B
     from shmhb.board.layout import header_index, pack_hb
     from shmhb.net.protocol import DigestEntry
     from shmhb.net.rowwriter import RowWriter
-    sel = importlib.import_module("shmhb.board.native")
-    saved = sel._ext
-    if not native:
-        sel._ext = None
-    try:
-        clock = SteppingClock()
+    clock = SteppingClock()
+    with hot_path(native):
         b = new_board(stack, f"remote-{tag}", 8, clock=clock, policy=shmhb.Policy(
             suspect_after_s=1e6, dead_after_s=2e6, agent_stale_s=1e6))
-    finally:
-        sel._ext = saved
     now = clock.monotonic_ns()
     b.words[header_index("agent_hb")] = pack_hb(1, now >> TS_SHIFT)
     w = RowWriter(b)

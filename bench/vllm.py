@@ -224,7 +224,8 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
     names = PAIRS + ((NO_GOAHEAD,) if no_goahead else ())
     orders = list(itertools.permutations(range(len(names))))
     # Engines step every ``step_s`` (0.2 ms) while a transfer is under way and every
-    # 5 ms otherwise: six engines spinning on two cores would time the OS scheduler.
+    # 5 ms otherwise: six or eight engines spinning on two cores would time the OS
+    # scheduler, not the wrapper.
     env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": str(step_s),
            "SHMHB_VLLM_IDLE_STEP_S": "0.005", "SHMHB_VLLM_TRACE": "1"}
     procs, cluster, stack = _stack(tmp, True, env)

@@ -251,7 +251,8 @@ class GrantAsker:
             # the deadline only bounds the wait for a consumer that does not answer.
             # A producer stopped (SIGSTOP, a long GC) after its ask finds its deadline
             # passed on resume with the reply in the kernel's buffer: ``settled`` reads
-            # it before the deadline is looked at, and one last look waits a little for one on its way.
+            # it before the deadline is looked at, and one last look waits a little for
+            # one on its way.
             if loop.time() >= deadline:
                 if looked:
                     self.forget(a)
