@@ -243,18 +243,31 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
         times: dict[str, list[float]] = {n: [] for n in names}
         bad = dict.fromkeys(names, 0)
         stages: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+        cpu0: dict[str, list[tuple[int, int]]] = {}
         for i in range(samples + 2):
+            if i == 2:  # the first two make the handshake
+                cpu0 = _cpu(pairs)
             for k in orders[i % len(orders)]:
                 name = names[k]
                 dt, wrong, st = _sample(*pairs[name], seed=i)
                 bad[name] += wrong
-                if i >= 2:  # the first two make the handshake
+                if i >= 2:
                     times[name].append(dt)
                     for stage, v in st.items():
                         stages[name].setdefault(stage, []).append(v)
+        cpu1 = _cpu(pairs)
         out: dict[str, dict[str, Any]] = {}
         for name, ts in times.items():
+            # CPU per transfer off the engines' main threads (the inner's loops and
+            # threads, the wrapper's hooks on them, its C go-ahead thread), producer +
+            # consumer; and on the main threads (the steps: more of them the longer a
+            # transfer takes)
+            c0, c1 = cpu0[name], cpu1[name]
+            off_main = sum((p1 - m1) - (p0 - m0) for (p0, m0), (p1, m1) in zip(c0, c1))
+            on_main = sum(m1 - m0 for (_, m0), (_, m1) in zip(c0, c1))
             out[name] = {"p50": float(np.percentile(ts, 50)),
+                         "cpu_off_main": off_main / samples * 1e-9,
+                         "cpu_main": on_main / samples * 1e-9,
                          "p99": float(np.percentile(ts, 99)), "bad": bad[name],
                          "stages": {k: float(np.percentile(v, 50))
                                     for k, v in stages[name].items()}}
@@ -278,6 +291,15 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
         return out
     finally:
         _close(procs, cluster, stack)
+
+
+def _cpu(pairs: dict[str, tuple[EngineProc, EngineProc]]) -> dict[str, list[tuple[int, int]]]:
+    """Per pair, each engine's CPU so far (ns): its whole process's, its main thread's."""
+    out = {}
+    for name, engines in pairs.items():
+        evs = [e.request("cpu", "cpu") for e in engines]
+        out[name] = [(int(ev["process_ns"]), int(ev["main_ns"])) for ev in evs]
+    return out
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -370,6 +392,24 @@ def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int,
         lines.append(f"| {label} | " + " | ".join(
             " / ".join(f"{rows[(n, b)]['stages'][k] * 1e3:.2f}" for n in names)
             for b, _ in SIZES) + " |")
+    lines += ["", "CPU per transfer, µs, producer and consumer together (" + " / ".join(
+              ["stock A", "stock B", *names[2:]]) + "), from the processes' and their main "
+              "threads' CPU clocks over the timed rounds.  *Off the main threads*: the inner "
+              "connector's loops and threads, with the wrapper's hooks on them and its C "
+              "go-ahead thread: what the wrapper adds there is its own work on a transfer's "
+              "path, and what it would add to a transfer on a host with a core to spare "
+              "(the go-ahead's round trip is asked early and overlaps stock's own hops).  "
+              "*On the main threads*: the steps, more of them the longer a transfer takes:", "",
+              "| CPU per transfer | " + " | ".join(label for _, label in SIZES) + " |",
+              "| --- |" + " --- |" * len(SIZES)]
+    for key, what in (("cpu_off_main", "off the main threads"), ("cpu_main", "on the main threads")):
+        cells = []
+        for blk, _ in SIZES:
+            base = (rows[("stock", blk)][key] + rows[("stock2", blk)][key]) / 2
+            cells.append(" / ".join(f"{rows[(n, blk)][key] * 1e6:.0f}" for n in names) + " ("
+                         + ", ".join(f"{n} {(rows[(n, blk)][key] - base) * 1e6:+.0f}"
+                                     for n in names[2:]) + ")")
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
     lines += ["", "How the wrapped producer read its go-ahead answers (asks made as the request "
               "was read; answers in at the write, within the 1 ms hold, or awaited on its "
               "loop):", "", "| KV per request | asked early | in at once | held | awaited |",

@@ -445,6 +445,8 @@ class Engine:
             emit(ev="stats", data=None if s is None else s.to_dict())
         elif op == "cost":
             emit(ev="cost", **self.cost(cmd["engine_id"], cmd["bootstrap"], cmd.get("n", 2000)))
+        elif op == "cpu":  # from the main thread: its CPU, and the whole process's
+            emit(ev="cpu", process_ns=time.process_time_ns(), main_ns=time.thread_time_ns())
         elif op == "asks":  # producer: how its go-ahead answers were read
             guard = getattr(self.worker, "guard", None)
             emit(ev="asks", counts=guard.ask_counts() if guard is not None else {})
