@@ -243,7 +243,7 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
         times: dict[str, list[float]] = {n: [] for n in names}
         bad = dict.fromkeys(names, 0)
         stages: dict[str, dict[str, list[float]]] = {n: {} for n in names}
-        cpu0: dict[str, list[tuple[int, int]]] = {}
+        cpu0: dict[str, list[dict[str, Any]]] = {}
         for i in range(samples + 2):
             if i == 2:  # the first two make the handshake
                 cpu0 = _cpu(pairs)
@@ -258,16 +258,8 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
         cpu1 = _cpu(pairs)
         out: dict[str, dict[str, Any]] = {}
         for name, ts in times.items():
-            # CPU per transfer off the engines' main threads (the inner's loops and
-            # threads, the wrapper's hooks on them, its C go-ahead thread), producer +
-            # consumer; and on the main threads (the steps: more of them the longer a
-            # transfer takes)
-            c0, c1 = cpu0[name], cpu1[name]
-            off_main = sum((p1 - m1) - (p0 - m0) for (p0, m0), (p1, m1) in zip(c0, c1))
-            on_main = sum(m1 - m0 for (_, m0), (_, m1) in zip(c0, c1))
-            out[name] = {"p50": float(np.percentile(ts, 50)),
-                         "cpu_off_main": off_main / samples * 1e-9,
-                         "cpu_main": on_main / samples * 1e-9,
+            out[name] = {**_per_transfer(cpu0[name], cpu1[name], samples),
+                         "p50": float(np.percentile(ts, 50)),
                          "p99": float(np.percentile(ts, 99)), "bad": bad[name],
                          "stages": {k: float(np.percentile(v, 50))
                                     for k, v in stages[name].items()}}
@@ -293,13 +285,23 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
         _close(procs, cluster, stack)
 
 
-def _cpu(pairs: dict[str, tuple[EngineProc, EngineProc]]) -> dict[str, list[tuple[int, int]]]:
-    """Per pair, each engine's CPU so far (ns): its whole process's, its main thread's."""
-    out = {}
-    for name, engines in pairs.items():
-        evs = [e.request("cpu", "cpu") for e in engines]
-        out[name] = [(int(ev["process_ns"]), int(ev["main_ns"])) for ev in evs]
-    return out
+def _cpu(pairs: dict[str, tuple[EngineProc, EngineProc]]) -> dict[str, list[dict[str, Any]]]:
+    """Per pair, each engine's CPU so far (its whole process's, its main thread's, each
+    thread's by name, ns) and its steps."""
+    return {name: [e.request("cpu", "cpu") for e in engines] for name, engines in pairs.items()}
+
+
+def _per_transfer(c0: list[dict[str, Any]], c1: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """What a pair's engines spent per transfer between two ``_cpu`` looks: CPU off and on
+    their main threads (s), steps, and each role's threads (µs) by name."""
+    off = sum((b["process_ns"] - b["main_ns"]) - (a["process_ns"] - a["main_ns"])
+              for a, b in zip(c0, c1))
+    on = sum(b["main_ns"] - a["main_ns"] for a, b in zip(c0, c1))
+    threads = {role: {k: round((v - a["threads"].get(k, 0)) / n / 1e3)
+                      for k, v in b["threads"].items() if v - a["threads"].get(k, 0) > 0}
+               for role, a, b in zip(("prefill", "decode"), c0, c1)}
+    return {"cpu_off_main": off / n * 1e-9, "cpu_main": on / n * 1e-9, "threads": threads,
+            "steps": [(b["steps"] - a["steps"]) / n for a, b in zip(c0, c1)]}
 
 
 # -- the report -------------------------------------------------------------------------------
