@@ -291,17 +291,38 @@ def _cpu(pairs: dict[str, tuple[EngineProc, EngineProc]]) -> dict[str, list[dict
     return {name: [e.request("cpu", "cpu") for e in engines] for name, engines in pairs.items()}
 
 
+#: the threads an engine's CPU is told by: the inner's event loop (the wrapper's hooks run
+#: on it), the main thread (the steps), the threads of no Python name (Mooncake's transfer
+#: engine; a wrapped consumer's C go-ahead thread), shmhb's own (beat, embedded agent)
+THREAD_GROUPS = (("loop", "the inner's event loop (the wrapper's hooks)"),
+                 ("main", "the main thread (the steps)"),
+                 ("native", "threads of no Python name (Mooncake's; the C go-ahead thread)"),
+                 ("shmhb", "shmhb's own threads (beat, embedded agent)"),
+                 ("all", "all threads"))
+
+
+def _group(thread: str) -> str:
+    if thread == "MainThread":
+        return "main"
+    if thread.endswith("(_async_loop)"):
+        return "loop"
+    if thread.startswith("shmhb-"):
+        return "shmhb"
+    return "native" if thread == "python" else "other"
+
+
 def _per_transfer(c0: list[dict[str, Any]], c1: list[dict[str, Any]], n: int) -> dict[str, Any]:
-    """What a pair's engines spent per transfer between two ``_cpu`` looks: CPU off and on
-    their main threads (s), steps, and each role's threads (µs) by name."""
-    off = sum((b["process_ns"] - b["main_ns"]) - (a["process_ns"] - a["main_ns"])
-              for a, b in zip(c0, c1))
-    on = sum(b["main_ns"] - a["main_ns"] for a, b in zip(c0, c1))
-    threads = {role: {k: round((v - a["threads"].get(k, 0)) / n / 1e3)
-                      for k, v in b["threads"].items() if v - a["threads"].get(k, 0) > 0}
-               for role, a, b in zip(("prefill", "decode"), c0, c1)}
-    return {"cpu_off_main": off / n * 1e-9, "cpu_main": on / n * 1e-9, "threads": threads,
-            "steps": [(b["steps"] - a["steps"]) / n for a, b in zip(c0, c1)]}
+    """What a pair's engines spent per transfer between two ``_cpu`` looks (µs of CPU, by
+    role and thread group; over whole rounds, so what a thread spends between transfers
+    counts too), and their steps."""
+    cpu: dict[str, dict[str, float]] = {}
+    for role, a, b in zip(("prefill", "decode"), c0, c1):
+        groups = cpu[role] = dict.fromkeys([g for g, _ in THREAD_GROUPS] + ["other"], 0.0)
+        for k, v in b["threads"].items():
+            us = (v - a["threads"].get(k, 0)) / n / 1e3
+            groups[_group(k)] += us
+            groups["all"] += us
+    return {"cpu": cpu, "steps": [(b["steps"] - a["steps"]) / n for a, b in zip(c0, c1)]}
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -394,24 +415,7 @@ def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int,
         lines.append(f"| {label} | " + " | ".join(
             " / ".join(f"{rows[(n, b)]['stages'][k] * 1e3:.2f}" for n in names)
             for b, _ in SIZES) + " |")
-    lines += ["", "CPU per transfer, µs, producer and consumer together (" + " / ".join(
-              ["stock A", "stock B", *names[2:]]) + "), from the processes' and their main "
-              "threads' CPU clocks over the timed rounds.  *Off the main threads*: the inner "
-              "connector's loops and threads, with the wrapper's hooks on them and its C "
-              "go-ahead thread: what the wrapper adds there is its own work on a transfer's "
-              "path, and what it would add to a transfer on a host with a core to spare "
-              "(the go-ahead's round trip is asked early and overlaps stock's own hops).  "
-              "*On the main threads*: the steps, more of them the longer a transfer takes:", "",
-              "| CPU per transfer | " + " | ".join(label for _, label in SIZES) + " |",
-              "| --- |" + " --- |" * len(SIZES)]
-    for key, what in (("cpu_off_main", "off the main threads"), ("cpu_main", "on the main threads")):
-        cells = []
-        for blk, _ in SIZES:
-            base = (rows[("stock", blk)][key] + rows[("stock2", blk)][key]) / 2
-            cells.append(" / ".join(f"{rows[(n, blk)][key] * 1e6:.0f}" for n in names) + " ("
-                         + ", ".join(f"{n} {(rows[(n, blk)][key] - base) * 1e6:+.0f}"
-                                     for n in names[2:]) + ")")
-        lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    lines += _cpu_lines(rows, names)
     lines += ["", "How the wrapped producer read its go-ahead answers (asks made as the request "
               "was read; answers in at the write, within the 1 ms hold, or awaited on its "
               "loop):", "", "| KV per request | asked early | in at once | held | awaited |",
@@ -440,6 +444,31 @@ def transfer_lines(rows: dict[tuple[str, int], dict[str, Any]], samples: int,
     lines.append(f"| the wrapper's board read (in the scheduler call) | - | "
                  f"{c['wrapper_veto_read']:.0f} / {c['wrapper_veto_read_p99']:.0f} | - | - |")
     return lines + [""]
+
+
+def _cpu_lines(rows: dict[tuple[str, int], dict[str, Any]], names: tuple[str, ...]) -> list[str]:
+    blk, label = SIZES[0]
+    stock = (rows[("stock", blk)]["cpu"], rows[("stock2", blk)]["cpu"])
+    cols = [f"{n}: prefill / decode" for n in names[2:]] + ["stock B - A: prefill / decode"]
+    lines = ["", f"CPU per transfer at {label}, µs, over the stock pairs' mean: what the "
+             "wrapper adds on each thread of the producer's and the consumer's engine, from "
+             "each thread's CPU clock over the timed rounds (so a thread's cost between "
+             "transfers counts too); the last column is the same for the second stock pair "
+             "against the first (the figure's resolution).  Stock spent "
+             + " / ".join(f"{(stock[0][r]['all'] + stock[1][r]['all']) / 2 / 1e3:.1f}"
+                          for r in ("prefill", "decode"))
+             + " ms per transfer in all (prefill / decode), much of it between transfers "
+             "transfers:", "",
+             "| thread | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
+    for g, what in THREAD_GROUPS:
+        cells = []
+        for n in names[2:]:
+            c = rows[(n, blk)]["cpu"]
+            cells.append(" / ".join(
+                f"{c[r][g] - (stock[0][r][g] + stock[1][r][g]) / 2:+.0f}" for r in ("prefill", "decode")))
+        cells.append(" / ".join(f"{stock[1][r][g] - stock[0][r][g]:+.0f}" for r in ("prefill", "decode")))
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> None:
