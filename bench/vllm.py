@@ -457,7 +457,7 @@ def _cpu_lines(rows: dict[tuple[str, int], dict[str, Any]], names: tuple[str, ..
              "against the first (the figure's resolution).  Stock spent "
              + " / ".join(f"{(stock[0][r]['all'] + stock[1][r]['all']) / 2 / 1e3:.1f}"
                           for r in ("prefill", "decode"))
-             + " ms per transfer in all (prefill / decode), much of it between transfers "
+             + " ms per transfer in all (prefill / decode), much of it between "
              "transfers:", "",
              "| thread | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
     for g, what in THREAD_GROUPS:
