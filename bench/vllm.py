@@ -322,7 +322,9 @@ def _per_transfer(c0: list[dict[str, Any]], c1: list[dict[str, Any]], n: int) ->
             us = (v - a["threads"].get(k, 0)) / n / 1e3
             groups[_group(k)] += us
             groups["all"] += us
-    return {"cpu": cpu, "steps": [(b["steps"] - a["steps"]) / n for a, b in zip(c0, c1)]}
+    return {"cpu": cpu, "steps": [(b["steps"] - a["steps"]) / n for a, b in zip(c0, c1)],
+            "step_us": [(b["step_ns"] - a["step_ns"]) / max(1, b["steps"] - a["steps"]) / 1e3
+                        for a, b in zip(c0, c1)]}
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -468,6 +470,11 @@ def _cpu_lines(rows: dict[tuple[str, int], dict[str, Any]], names: tuple[str, ..
                 f"{c[r][g] - (stock[0][r][g] + stock[1][r][g]) / 2:+.0f}" for r in ("prefill", "decode")))
         cells.append(" / ".join(f"{stock[1][r][g] - stock[0][r][g]:+.0f}" for r in ("prefill", "decode")))
         lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    per = [rows[(n, blk)]["step_us"] for n in names]  # [prefill, decode] per pair
+    cells = [" / ".join(f"{p[r] - (per[0][r] + per[1][r]) / 2:+.1f}" for r in (0, 1)) for p in per[2:]]
+    cells.append(" / ".join(f"{per[1][r] - per[0][r]:+.1f}" for r in (0, 1)))
+    lines.append("| one step of the main thread (each; stock: " + " / ".join(
+        f"{(per[0][r] + per[1][r]) / 2:.0f}" for r in (0, 1)) + ") | " + " | ".join(cells) + " |")
     return lines
 
 

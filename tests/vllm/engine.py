@@ -227,6 +227,7 @@ class Engine:
         self.waiting: set[str] = set()  # decode: loads not finished yet
         self.sending: set[str] = set()  # prefill: finished, their send not reported yet
         self.step_n = 0
+        self.step_cpu_ns = 0  # the steps' CPU, all told (the bench's per-thread view)
         self.hold_writes = False  # prefill: cut the next write in the middle (op "hold_writes")
         self.nixl = getattr(a, "inner", "mooncake") == "nixl"
         self.layout = layout_of(a)
@@ -448,7 +449,7 @@ class Engine:
             emit(ev="cost", **self.cost(cmd["engine_id"], cmd["bootstrap"], cmd.get("n", 2000)))
         elif op == "cpu":  # from the main thread: its CPU, the whole process's, each thread's
             emit(ev="cpu", process_ns=time.process_time_ns(), main_ns=time.thread_time_ns(),
-                 steps=self.step_n, threads=thread_cpu())
+                 steps=self.step_n, step_ns=self.step_cpu_ns, threads=thread_cpu())
         elif op == "asks":  # producer: how its go-ahead answers were read
             guard = getattr(self.worker, "guard", None)
             emit(ev="asks", counts=guard.ask_counts() if guard is not None else {})
@@ -479,7 +480,9 @@ class Engine:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip() and not self.handle(json.loads(line)):
                         return
+            t = time.thread_time_ns()
             self.step()
+            self.step_cpu_ns += time.thread_time_ns() - t
 
 
 def thread_cpu() -> dict[str, int]:
