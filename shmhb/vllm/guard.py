@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 #: how long a poll waits for a fence to hold before it reports (the fence is a task
 #: cancellation on the inner's loop: milliseconds)
 FENCE_WAIT_S = 1.0
-#: how often the step's look at the board and the fence server runs at most: an engine
-#: stepping faster than this (a CPU engine, or one with nothing to do) looks every
-#: POLL_EVERY_NS, so a drop is acted on within this of its verdict plus one step
-POLL_EVERY_NS = 1_000_000
 _GONE = (Status.DEAD, Status.LEFT)
 
 
@@ -56,7 +52,6 @@ class WorkerGuard:
         self.fence_server: FenceServer | None = None
         self.reaper: LinkReaper | None = None
         self._asker = GrantAsker()
-        self._polled_ns = -POLL_EVERY_NS
         self.key = ""
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -100,19 +95,8 @@ class WorkerGuard:
     # -- the step -----------------------------------------------------------------------------
 
     def poll(self) -> None:
-        """In each step, before the inner connector reports what finished: drops (and
-        the fences they need) happen here, so their failures are in this step's report.
-        At most once per ``POLL_EVERY_NS``: the step calls it twice (as loads start and
-        before the report), and a CPU engine steps every few hundred microseconds,
-        where the look (a few microseconds, more with a cold cache) would be a step's
-        largest share of the wrapper.  Skipping is safe: a drop seen a millisecond later
-        is failed a millisecond later, and nothing else waits on this look (a load to a
-        producer the board reports gone is vetoed at its start by its own board read;
-        a grant is the fence server's, in its own thread)."""
-        now = time.monotonic_ns()  # a vDSO read: no syscall
-        if now - self._polled_ns < POLL_EVERY_NS:
-            return
-        self._polled_ns = now
+        """Once per step, before the inner connector reports what finished: drops (and
+        the fences they need) happen here, so their failures are in this step's report."""
         if self.reaper is not None:
             self.reaper.poll()
         if self.fence_server is not None:
