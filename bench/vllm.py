@@ -325,8 +325,6 @@ def _per_transfer(c0: list[dict[str, Any]], c1: list[dict[str, Any]], n: int) ->
     return {"cpu": cpu, "steps": [(b["steps"] - a["steps"]) / n for a, b in zip(c0, c1)],
             "step_us": [(b["step_ns"] - a["step_ns"]) / max(1, b["steps"] - a["steps"]) / 1e3
                         for a, b in zip(c0, c1)],
-            "poll_us": [(b["poll_ns"] - a["poll_ns"]) / max(1, b["steps"] - a["steps"]) / 1e3
-                        for a, b in zip(c0, c1)],
             "judges": [(b["judges"] - a["judges"]) / n for a, b in zip(c0, c1)]}
 
 
@@ -478,10 +476,9 @@ def _cpu_lines(rows: dict[tuple[str, int], dict[str, Any]], names: tuple[str, ..
     cells.append(" / ".join(f"{per[1][r] - per[0][r]:+.1f}" for r in (0, 1)))
     lines.append("| one step of the main thread (each; stock: " + " / ".join(
         f"{(per[0][r] + per[1][r]) / 2:.0f}" for r in (0, 1)) + ") | " + " | ".join(cells) + " |")
-    cells = [" / ".join(f"{rows[(n, blk)]['poll_us'][r]:.1f} ({rows[(n, blk)]['judges'][r]:.1f})"
-                        for r in (0, 1)) for n in names[2:]]
-    lines.append("| of a step, the wrapper's `poll()` (each, absolute; in brackets its reaper's "
-                 "full looks per transfer) | " + " | ".join(cells) + " | - |")
+    cells = [" / ".join(f"{rows[(n, blk)]['judges'][r]:.2f}" for r in (0, 1)) for n in names[2:]]
+    lines.append("| the wrapper's reaper: full looks at the board per transfer (absolute) | "
+                 + " | ".join(cells) + " | - |")
     return lines
 
 
