@@ -18,7 +18,9 @@ of ``tests/vllm``; needs the vLLM venv, see tests/vllm/conftest.py).  Two parts:
   pair side by side in one stack, samples interleaved in every order: the time from a
   load's start to its blocks landing (the decode side's ``loading`` to ``loaded``), for
   1 MiB and 16 MiB of KV per request, p50 and p99, with the second stock pair against
-  the first as the bench's own resolution; and the wrapper's own cost per step, timed
+  the first as the bench's own resolution; each thread's CPU per transfer, wrapped
+  against stock (``--samples``, default 300: the timed rounds are seconds of a run
+  whose minutes go to starting engines); and the wrapper's own cost per call, timed
   against the inner connector alone in the same process.
 
 Writes ``bench/results_vllm.md``.
@@ -485,7 +487,8 @@ def _cpu_lines(rows: dict[tuple[str, int], dict[str, Any]], names: tuple[str, ..
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--abort-timeout-s", type=int, default=10)
-    ap.add_argument("--samples", type=int, default=40)
+    ap.add_argument("--samples", type=int, default=300,
+                    help="happy path: transfers timed per pair and size")
     ap.add_argument("--only", choices=("client", "transfer"))
     ap.add_argument("--step-s", type=float, default=STEP_S,
                     help="happy path: how often an engine steps while a transfer is under "
