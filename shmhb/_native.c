@@ -7,6 +7,8 @@
  *               shmhb_judge_local() and a new SlotStatus.
  *   Words       acquire loads of single words for Board.changes(), the reaper's
  *               staleness check, and WordMemo (the memo of board.remote()).
+ *   judge_local_array(...)  a whole snapshot() judged in one pass, into arrays the
+ *               caller made (its numpy twin takes a dozen whole-array operations).
  *
  * Every object holds a buffer export of the board's mapping, so the mapping cannot go
  * away under it (mmap.close() refuses while exports exist; Segment.close tolerates
@@ -788,6 +790,67 @@ static PyObject *py_combine_remote(PyObject *mod, PyObject *args) {
     return PyLong_FromLong(shmhb_combine_remote(reported, host));
 }
 
+/* --- judging a whole board's words (judge.judge_local_array) ------------------------- */
+
+/* A 1-D C-contiguous buffer of n items of `size` bytes with an unsigned integer format
+ * (numpy's uint64 exports "L" on LP64, a memoryview "Q"; uint8 "B"). */
+static int get_array(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t size,
+                     const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=') f++;
+    int ok = view->ndim == 1 && view->itemsize == size && f[1] == '\0' &&
+             (size == 1 ? *f == 'B' : (*f == 'L' || *f == 'Q'));
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s: pass a 1-D array of %s", what,
+                     size == 1 ? "uint8" : "uint64");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* judge_local_array(hb, verdict, codes, ages, now, suspect, dead): shmhb_judge_local()
+ * for every slot, writing each slot's status code (0 for an empty slot: hb == 0) into
+ * codes and its age in units into ages.  The words are the caller's copies (snapshot()),
+ * so nothing here is shared memory. */
+static PyObject *py_judge_local_array(PyObject *mod, PyObject *args) {
+    PyObject *o[4];
+    unsigned long long now, suspect, dead;
+    Py_buffer b[4];
+    static const char *what[4] = {"hb", "verdict", "codes", "ages"};
+    static const Py_ssize_t size[4] = {8, 8, 1, 8};
+    int k;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOKKK:judge_local_array", &o[0], &o[1], &o[2], &o[3],
+                          &now, &suspect, &dead))
+        return NULL;
+    for (k = 0; k < 4; k++) {
+        if (get_array(o[k], &b[k], k >= 2, size[k], what[k]) < 0) {
+            while (k--) PyBuffer_Release(&b[k]);
+            return NULL;
+        }
+    }
+    Py_ssize_t n = b[0].shape[0];
+    if (b[1].shape[0] != n || b[2].shape[0] != n || b[3].shape[0] != n) {
+        for (k = 0; k < 4; k++) PyBuffer_Release(&b[k]);
+        PyErr_SetString(PyExc_ValueError, "judge_local_array: arrays of unequal length");
+        return NULL;
+    }
+    const uint64_t *hb = b[0].buf, *v = b[1].buf;
+    uint8_t *codes = b[2].buf;
+    uint64_t *ages = b[3].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t w = hb[i], age;
+        int code = shmhb_judge_local(w, v[i], now, suspect, dead, &age);
+        codes[i] = w == 0 ? 0 : (uint8_t)code;
+        ages[i] = age;
+    }
+    for (k = 0; k < 4; k++) PyBuffer_Release(&b[k]);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_record_checksum(PyObject *mod, PyObject *arg) {
     Py_buffer b;
     (void)mod;
@@ -809,6 +872,9 @@ static PyMethodDef module_methods[] = {
      "judge_row(word, gen, agent_ok, now) -> (code, age) or None: shmhb.h's rule."},
     {"agent_fresh", py_agent_fresh, METH_VARARGS, "agent_fresh(agent_hb, now, stale)."},
     {"combine_remote", py_combine_remote, METH_VARARGS, "combine_remote(reported, host)."},
+    {"judge_local_array", py_judge_local_array, METH_VARARGS,
+     "judge_local_array(hb, verdict, codes, ages, now, suspect, dead): each slot's code "
+     "(0: empty) and age, into codes (uint8) and ages (uint64)."},
     {"record_checksum", py_record_checksum, METH_O, "record_checksum(384 bytes)."},
     {NULL}};
 

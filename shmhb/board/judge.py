@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import native
 from .layout import (
     CODE_MASK, CODE_SHIFT, GEN_MASK, GEN_SHIFT, INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK,
     TS40_MASK,
@@ -145,10 +146,24 @@ _USHIFT = np.uint64(INC_SHIFT)
 
 def judge_local_array(hb: np.ndarray, verdict: np.ndarray, now: int, th: Thresholds
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """``judge_local`` over whole arrays of words: status codes (``Status.code``, 0 for
-    an empty slot) and ages in units.  Same rules, element by element (tested so);
-    written as few whole-array operations as possible, since each costs about as much
-    as its data on a board of a thousand slots."""
+    """``judge_local`` over whole arrays of words (1-D uint64, contiguous, one length:
+    what ``snapshot()`` returns): status codes (``Status.code``, 0 for an empty slot)
+    and ages in units.  Same rules, element by element (tested so): in one C pass
+    (``shmhb.h``'s ``shmhb_judge_local``) on the native path, else in numpy."""
+    ext = native.extension()
+    if ext is None:
+        return judge_local_array_numpy(hb, verdict, now, th)
+    codes = np.empty(len(hb), np.uint8)
+    age = np.empty(len(hb), np.uint64)
+    ext.judge_local_array(hb, verdict, codes, age, int(now), th.suspect, th.dead)
+    return codes, age
+
+
+def judge_local_array_numpy(hb: np.ndarray, verdict: np.ndarray, now: int, th: Thresholds
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """``judge_local_array`` on the pure-Python path: as few whole-array operations as
+    possible, since each costs about as much as its data on a board of a thousand
+    slots."""
     now_u = np.uint64(now)
     age = hb & _U39
     np.minimum(age, now_u, out=age)

@@ -6,7 +6,8 @@ and judge them by the same rule (``shmhb/include/shmhb.h`` mirrors ``shmhb.board
 tests check they agree bit for bit), so processes on either path share a board.
 
 The factories below are the one place that chooses: ``Heartbeat`` asks for its beat
-callable, ``Board`` for its word loader, slot reader and per-endpoint memos.
+callable, ``Board`` for its word loader, slot reader and per-endpoint memos,
+``judge.judge_local_array`` for the extension itself (its whole-board judge).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ import pytest
 from shmhb import FakeClock, Status
 from shmhb.board import layout as L
 from shmhb.board.judge import (
-    Thresholds, combine_remote, judge_agent, judge_local, judge_local_array, judge_row,
-    peer_verdict,
+    Thresholds, combine_remote, judge_agent, judge_local, judge_local_array,
+    judge_local_array_numpy, judge_row, peer_verdict,
 )
 
 pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
@@ -70,7 +70,7 @@ def test_beat_after_the_readers_clock_reading_is_age_zero() -> None:
     assert judge_local(L.pack_hb(1, now(c)), 0, t, TH) == (Status.ALIVE, 0)
 
 
-def test_array_judging_matches_scalar_judging() -> None:
+def test_array_judging_matches_scalar_judging(hot_path: str) -> None:
     rng = np.random.default_rng(1)
     c = FakeClock(start_ns=10**13)
     t = now(c)
@@ -81,11 +81,37 @@ def test_array_judging_matches_scalar_judging() -> None:
         hbs.append(L.pack_hb(inc, ts, left=bool(rng.random() < 0.1)))
         r = rng.random()
         vs.append(L.pack_verdict(inc if r < 0.2 else inc ^ 1, ts) if r < 0.4 else 0)
+    # the edges: a beat stamped after the clock read, the largest timestamp and
+    # incarnation, a verdict on the largest incarnation, an empty slot among full ones
+    hbs += [L.pack_hb(1, t + 5), L.pack_hb(L.INC_MASK, L.TS39_MASK), 0]
+    vs += [0, L.pack_verdict(L.INC_MASK, 0), L.pack_verdict(7, t)]
     codes, ages = judge_local_array(np.array(hbs, np.uint64), np.array(vs, np.uint64), t, TH)
-    assert codes[0] == 0
-    for k in range(1, len(hbs)):
+    assert codes.dtype == np.uint8 and ages.dtype == np.uint64 and len(codes) == len(hbs)
+    seen = set()
+    for k in range(len(hbs)):
+        if hbs[k] == 0:
+            assert codes[k] == 0
+            continue
         st, age = judge_local(hbs[k], vs[k], t, TH)
-        assert codes[k] == st.code and ages[k] == age
+        assert (codes[k], ages[k]) == (st.code, age), k
+        seen.add(st)
+    assert seen == {Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT}
+    # both paths give the same arrays
+    hb_a, v_a = np.array(hbs, np.uint64), np.array(vs, np.uint64)
+    py_codes, py_ages = judge_local_array_numpy(hb_a, v_a, t, TH)
+    assert (py_codes == codes).all() and (py_ages == ages).all()
+
+
+def test_array_judging_refuses_arrays_it_cannot_read(hot_path: str) -> None:
+    hb = np.array([L.pack_hb(1, 5)] * 4, np.uint64)
+    v = np.zeros(4, np.uint64)
+    if hot_path == "native":  # the C pass reads raw buffers: it checks them first
+        for bad_hb, bad_v in ((hb.astype(np.int64), v), (hb, v[:3]), (hb[::2], v[::2]),
+                              (hb.reshape(2, 2), v.reshape(2, 2)), (hb, v.astype(np.uint32))):
+            with pytest.raises(ValueError):
+                judge_local_array(bad_hb, bad_v, 10, TH)
+    codes, ages = judge_local_array(hb, v, 10, TH)
+    assert list(codes) == [Status.ALIVE.code] * 4 and list(ages) == [5] * 4
 
 
 def test_agent_judging() -> None:
