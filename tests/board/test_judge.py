@@ -96,10 +96,11 @@ def test_array_judging_matches_scalar_judging(hot_path: str) -> None:
         assert (codes[k], ages[k]) == (st.code, age), k
         seen.add(st)
     assert seen == {Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT}
-    # both paths give the same arrays
-    hb_a, v_a = np.array(hbs, np.uint64), np.array(vs, np.uint64)
-    py_codes, py_ages = judge_local_array_numpy(hb_a, v_a, t, TH)
-    assert (py_codes == codes).all() and (py_ages == ages).all()
+    if hot_path == "native":  # the C pass gives the numpy twin's arrays (on the pure
+        # path judge_local_array *is* the twin: nothing to compare)
+        hb_a, v_a = np.array(hbs, np.uint64), np.array(vs, np.uint64)
+        py_codes, py_ages = judge_local_array_numpy(hb_a, v_a, t, TH)
+        assert (py_codes == codes).all() and (py_ages == ages).all()
 
 
 def test_array_judging_refuses_arrays_it_cannot_read(hot_path: str) -> None:
