@@ -23,6 +23,11 @@ restart whether and when the restarted instance served again.  With shmhb the ti
 the feeder's call to the router (kill -> remove) is reported too.  ``--repeats N``
 runs each setup N times; cells give the median and the worst.  Writes its section of
 bench/RESULTS.md (between the ``routers`` markers; nothing else in the file changes).
+
+Run as root, the bench first moves itself into a network namespace with nothing but
+loopback (``shmhb.testing.loopback.private_network``), so no router it starts can reach
+past the host; every process it starts runs with the model hubs' offline switches, and
+fails if any router's log shows an attempt to reach one.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import shmhb
+from shmhb.testing.loopback import private_network
 from tests.routers.stack import TUNED, Client, PdStack, Result, router_binary, wait_for
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
@@ -100,9 +106,12 @@ def run_setup(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
             rm2 = [a["t_ns"] for a in acts if a.get("event") == "remove" and a["url"] == p3.url
                    and a["t_ns"] > t_stop]
             out["stop"]["feed_ms"] = (rm2[0] - t_stop) / 1e6 if rm2 else None
-            return out
         finally:
             s.close()
+        tried = s.hub_lookups()
+        if tried:
+            raise SystemExit(f"a router tried to reach a model hub: {tried}")
+        return out
 
 
 def feeder_cpu(seconds: float = 10.0) -> float:
@@ -273,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         if router_binary(k) is None:
             print(f"{k}-router not installed: pip install '.[routers]'", file=sys.stderr)
             return 2
+    if not private_network() and os.geteuid() == 0:
+        print("as root, yet not in a network namespace of loopback only", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k in a.kinds:

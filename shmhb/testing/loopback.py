@@ -6,20 +6,25 @@ Linux).  By default host ``i`` is 127.0.0.(2+i); ``$SHMHB_LOOPBACK_BASE`` (or a
 e.g. to 127.0.5.1 when 127.0.0.2-6 are taken on a shared machine.  Anything outside
 127.0.0.0/8 is refused: these tools must never send traffic off the host.
 
-This is also the one home of the two other things every simulated cluster needs: a port
-free on all of its hosts at once (:func:`free_port`) and the environment its child
-processes run in (:func:`child_env`).  It lives in the package, not in tests/ or bench/,
+This is also the one home of the other things every simulated cluster needs: a port
+free on all of its hosts at once (:func:`free_port`), the environment its child
+processes run in (:func:`child_env`, offline for every model hub: :data:`OFFLINE_ENV`)
+and, where it runs as root, a network namespace of its own that has nothing but
+loopback (:func:`private_network`).  It lives in the package, not in tests/ or bench/,
 because ``shmhb demo`` (shipped with the library) needs the port too, and tests/, bench/
 and examples/ all import the package already: one copy, one behaviour.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import ipaddress
 import os
 import random
 import socket
+import struct
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -94,9 +99,65 @@ def free_port(addrs: Sequence[str], span: int = 1, rng: random.Random | None = N
                                     f"${LOOPBACK_ENV}")
 
 
+#: What a simulated cluster's processes run with, so that nothing they start looks a model
+#: up on a hub or reports home: the Hugging Face libraries' offline switches (Python's ``huggingface_hub``
+#: and ``transformers``; the routers' Rust hub clients read ``HF_HUB_OFFLINE`` and
+#: ``HF_ENDPOINT``), and the hub's address on a loopback port where nothing listens
+#: (port 9, discard), for a client that ignores the offline switch: its request is refused
+#: on this host instead of leaving it.  vLLM's usage report (sent to its authors from every
+#: engine) is switched off the two ways vLLM reads.
+OFFLINE_ENV: dict[str, str] = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_ENDPOINT": "http://127.0.0.1:9",
+}
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """This process's environment with the directory that holds this package first on
     ``PYTHONPATH`` (so a child process imports this very checkout, and its tests/ and
-    bench/), plus ``extra``: for the subprocesses of tests, benchmarks and the demo."""
+    bench/), the hubs' offline switches (:data:`OFFLINE_ENV`), plus ``extra``: for the
+    subprocesses of tests, benchmarks and the demo."""
     path = os.pathsep.join(filter(None, [str(_CHECKOUT), os.environ.get("PYTHONPATH")]))
-    return dict(os.environ, PYTHONPATH=path, **extra)
+    return {**os.environ, **OFFLINE_ENV, "PYTHONPATH": path, **extra}
+
+
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the union (40 bytes)
+
+
+def only_loopback() -> bool:
+    """Whether this thread's network namespace has no interface but ``lo``."""
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def private_network() -> bool:
+    """Move this process into a network namespace of its own whose only interface is
+    ``lo``, brought up, so that nothing it or its children start can send a packet off
+    the host, whatever they try.  Only root may (``unshare(CLONE_NEWNET)``): returns
+    False, changing nothing, for any other user; True once isolated (at once if already).
+
+    Call it from the main thread before any other thread starts: a namespace belongs to
+    the thread that made it and to what that thread starts later, so a thread started
+    earlier stays outside.  Loopback traffic between the process's own hosts (127.0.0.x)
+    and its children works as before; shared memory is not a network resource and is
+    shared as before."""
+    if only_loopback():
+        return True
+    if os.geteuid() != 0:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (a container "
+                           f"without CAP_SYS_ADMIN? run the tests as an unprivileged user, or "
+                           f"in `unshare -n` yourself)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+    return only_loopback()

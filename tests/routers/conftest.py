@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from shmhb.testing.loopback import only_loopback, private_network
+
 from .stack import PdStack, router_binary
 
 HOW = ("router packages not installed: run tests/routers in their own venv "
@@ -32,13 +34,29 @@ def require_router(kind: str) -> None:
         pytest.skip(HOW)
 
 
+def isolate() -> None:
+    """As root, move this test process (and so every router, stand-in and pinger it
+    starts) into a network namespace with nothing but loopback, so nothing can leave the
+    host even if a router tries; any other user runs with the hubs' offline switches
+    alone (``shmhb.testing.loopback``).  The namespace lasts as long as the process: the
+    tests after these run in it too, and need nothing but loopback either."""
+    if private_network():
+        assert only_loopback()
+    elif os.geteuid() == 0:
+        pytest.fail("running as root, yet not in a network namespace of loopback only")
+
+
 @pytest.fixture
 def stack(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[PdStack]:
-    """Hosts with boards and agents; skips first when the test's router is absent."""
+    """Hosts with boards and agents, in a private network namespace where the test runs as
+    root; skips first when the test's router is absent.  At the end, every router's log
+    must show no attempt to reach a model hub."""
     callspec = getattr(request.node, "callspec", None)
     require_router(callspec.params.get("kind", "vllm") if callspec else "vllm")
+    isolate()
     s = PdStack(str(tmp_path))
     try:
         yield s
     finally:
         s.close()
+    assert s.hub_lookups() == {}, f"a router tried to reach a model hub: {s.hub_lookups()}"

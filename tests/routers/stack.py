@@ -9,9 +9,11 @@ ended and every board removed by ``close()``.  Waits are conditions with deadlin
 
 from __future__ import annotations
 
+import glob
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +30,20 @@ from shmhb.testing.loopback import child_env, free_port
 #: the tightest health check the routers take (the issue's "tuned" column)
 TUNED = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
          "--health-check-timeout-secs", "1"]
+
+
+#: What a router writes when it tries to reach a model hub: a download, a tokenizer load
+#: or fetch (sglang-router: "Loading tokenizer 'M' from source: M", "Failed to download
+#: tokenizer from HuggingFace ..."), the hub by name.  Its "No tokenizer_path or
+#: model_path found" is the absence of an attempt and does not match.
+HUB_LOOKUP = re.compile(r"download|hugging ?face|hf[_-]?hub|\bhub\b|(?:loading|fetching|fetch) tokenizer",
+                        re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def hub_lookups(log: str) -> list[str]:
+    """The lines of a router's log that show an attempt to reach a model hub."""
+    return [ln for ln in _ANSI.sub("", log).splitlines() if HUB_LOOKUP.search(ln)]
 
 
 def router_binary(kind: str) -> str | None:
@@ -297,6 +313,16 @@ class PdStack:
                 out.append(json.loads(ln))
             except ValueError:
                 pass
+        return out
+
+    def hub_lookups(self) -> dict[str, list[str]]:
+        """Each router log's lines that show an attempt to reach a model hub (none may)."""
+        out = {}
+        for path in sorted(glob.glob(os.path.join(self.tmp, "router-*.log"))):
+            with open(path, errors="replace") as f:
+                lines = hub_lookups(f.read())
+            if lines:
+                out[os.path.basename(path)] = lines
         return out
 
     def close(self) -> None:

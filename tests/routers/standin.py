@@ -3,9 +3,16 @@ serve on a CPU-only machine).  ``python -m tests.routers.standin --role prefill 
 
 It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
 
-- ``GET /health`` (200), ``/metrics``, ``/v1/models``, ``/get_server_info``,
-  ``/server_info``, ``/model_info``; ``POST /v1/completions`` (and ``/render``, which
-  vllm-router's cache-aware policy asks first).
+- ``GET /health`` (200), ``/metrics``, ``/v1/models``, ``/server_info`` and
+  ``/model_info``; ``POST /v1/completions`` (and ``/render``, which vllm-router's
+  cache-aware policy asks first).  That is all the two routers ask at registration
+  (vllm-router: ``/health``, ``/metrics``; sglang-router: those and ``/server_info``,
+  ``/model_info``, falling back to ``/get_server_info``, ``/get_model_info`` on a 404).
+  sglang-router turns the two info documents into the worker's labels and loads the
+  tokenizer a ``tokenizer_path`` or ``model_path`` label names, from the model hub when
+  it is no local directory: a stand-in serves no model, so its info documents are empty
+  and nothing is looked up (``tests/routers/stack.py``'s ``hub_lookups`` checks the
+  routers' logs for any attempt).
 - A **prefill** also serves its KV bootstrap address (``--bootstrap-port``): ``GET
   /query`` answers ``{dp_rank: {engine_id, worker_addr}}`` as vLLM's
   ``MooncakeBootstrapServer`` does (vllm-router reads engine ids from it at startup), and
@@ -112,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 self.wfile.write(out)
             elif path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
-            elif path in ("/health", "/get_server_info", "/server_info", "/model_info"):
-                self.reply(200, {"model_path": "standin", "role": a.role, "engine_id": engine})
+            elif path == "/health":
+                self.reply(200, {"role": a.role, "engine_id": engine})
+            elif path in ("/server_info", "/model_info"):
+                self.reply(200, {})  # no model_path, no tokenizer_path: see the docstring
             else:
                 self.reply(404, {"error": path})
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from .conftest import require_router
-from .stack import Client, PdStack, wait_for
+from .stack import Client, PdStack, hub_lookups, wait_for
 
 KINDS = ("vllm", "sglang")
 
@@ -95,3 +95,19 @@ def test_vllm_router_workers_are_matched_by_bootstrap_port(stack: PdStack) -> No
     stack.kill("p1")
     wait_for(lambda: not stack.listed(p1.url, healthy_only=False), 10, "p1 out of the router")
     assert stack.listed(p2.url)
+
+
+def test_a_hub_lookup_in_a_routers_log_is_caught() -> None:
+    """The check every routers test ends with: the lines sglang-router wrote when a
+    stand-in reported a model path (colours and all) are caught; its line for a worker
+    that names no model, and vllm-router's usual lines, are not."""
+    tried = ("\x1b[2m2026-12-07 04:02:19\x1b[0m \x1b[32m INFO\x1b[0m smg::tokenizer::registry: "
+             "Loading tokenizer 'standin' from source: standin\n"
+             "WARN smg::core::steps::worker::local::register_tokenizer: Failed to load tokenizer "
+             "for model standin from standin: Failed to download tokenizer from HuggingFace\n")
+    quiet = ("WARN smg::core::steps::worker::local::register_tokenizer: No tokenizer_path or "
+             "model_path found for model unknown\n"
+             "INFO vllm_router_rs::server: Started health checker for workers with 60s interval\n"
+             "INFO smg::workflow::event: Step succeeded step_id=register_tokenizer duration_ms=0\n")
+    assert len(hub_lookups(tried)) == 2
+    assert hub_lookups(quiet) == []

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from tests.conftest import ROOT, wait_until
-from shmhb.testing.loopback import free_port
+from shmhb.testing.loopback import child_env, free_port
 from tests.hosts import Cluster
 
 import shmhb
@@ -46,8 +46,7 @@ class EngineProc:
         self.inner = inner
         self.tp_rank = tp_rank
         self.bootstrap = f"http://{ip}:{bootstrap_port}"
-        e = dict(os.environ)
-        e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+        e = child_env()  # this checkout first on PYTHONPATH; offline for every model hub
         e["VLLM_TARGET_DEVICE"] = "cpu"
         e["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
         e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
