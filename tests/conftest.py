@@ -6,13 +6,16 @@ from __future__ import annotations
 import importlib
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import posix_ipc
@@ -22,7 +25,7 @@ import shmhb
 from shmhb import Status
 from shmhb.cli import units
 from shmhb.board.instances import Instance
-from shmhb.testing.loopback import child_env
+from shmhb.testing.loopback import OFFLINE_ENV, child_env
 
 if TYPE_CHECKING:
     from .hosts import Cluster, FakePeer
@@ -51,16 +54,39 @@ def unlink_quietly(name: str) -> None:
         pass
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Everything the tests start runs offline for every model hub (``OFFLINE_ENV``),
+    whether or not it is started through ``child_env``."""
+    os.environ.update(OFFLINE_ENV)
+
+
+def native_extension() -> ModuleType:
+    """``shmhb._native`` as the tests import it (from this checkout); where it is missing,
+    skip with the true reason, or fail where a run must test the C path
+    (``SHMHB_REQUIRE_NATIVE=1``, as CI sets)."""
+    try:
+        return importlib.import_module("shmhb._native")
+    except ImportError as e:
+        why = str(e)
+    here = os.path.dirname(shmhb.__file__)
+    reason = (f"shmhb._native is not built in {here}, the shmhb these tests import "
+              f"({why}): build it there with `pip install -e .` (the README's test command) "
+              f"or `python setup.py build_ext --inplace`")
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        reason += f"; no C compiler ({cc}) is on PATH, so install one first"
+    if os.environ.get("SHMHB_REQUIRE_NATIVE") == "1":
+        pytest.fail(reason + " (SHMHB_REQUIRE_NATIVE=1: the C path must be tested)")
+    pytest.skip(reason)
+
+
 def use_hot_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """Make Boards created from now on in this test use the C ("native") or the
-    pure-Python ("pure") hot path; skip "native" where the extension was not built."""
+    pure-Python ("pure") hot path; "native" where the extension is missing: see
+    ``native_extension``."""
     sel = importlib.import_module("shmhb.board.native")  # the module (shmhb.native is the bool)
     if path == "native":
-        try:
-            ext = importlib.import_module("shmhb._native")
-        except ImportError:
-            pytest.skip("shmhb._native was not built (no C compiler at install)")
-        monkeypatch.setattr(sel, "_ext", ext)
+        monkeypatch.setattr(sel, "_ext", native_extension())
     else:
         monkeypatch.setattr(sel, "_ext", None)
 

@@ -83,13 +83,19 @@ def _check_commit() -> None:
 
 
 def _deps_path() -> list[str]:
-    """This interpreter's site-packages (its third-party packages), not the checkout."""
+    """This interpreter's site-packages (its third-party packages), wherever they are: a
+    venv inside the checkout (the README's ``./.venv``) included.  Their ``shmhb``, if
+    any, is this release's, but it cannot shadow the old one: the old venv's own
+    site-packages comes first on its path (``build_old_release`` checks which it
+    imports), and the directories listed in a ``.pth`` file are added as they are,
+    their own ``.pth`` files (an editable install's) unread.  Only the checkout itself
+    is left out: its ``shmhb/`` is this release."""
     dirs = list(site.getsitepackages())
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
     root = os.path.realpath(ROOT)
     return [d for d in dict.fromkeys(dirs)
-            if os.path.isdir(d) and not os.path.realpath(d).startswith(root + os.sep)]
+            if os.path.isdir(d) and os.path.realpath(d) != root]
 
 
 def _extract(src: str) -> None:

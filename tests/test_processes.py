@@ -14,7 +14,7 @@ import shmhb
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 
-from .conftest import Procs, pids_with_cmdline, wait_until
+from .conftest import Procs, native_extension, pids_with_cmdline, wait_until
 
 
 def status_of(board: shmhb.Board, key: str) -> Status | None:
@@ -220,7 +220,7 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
     from shmhb.board.layout import INC_MASK, INC_SHIFT, LEFT_BIT, TS39_MASK
 
     if path == "native":
-        ext = pytest.importorskip("shmhb._native", reason="shmhb._native was not built")
+        ext = native_extension()
         words = ext.Words(board._seg.mm, 0, 0, board._hb0, board.sizes.nslots)
         load = words.load
     else:

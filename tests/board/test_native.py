@@ -29,17 +29,14 @@ from shmhb.net.protocol import DigestEntry
 from shmhb.net.rowwriter import RowWriter
 from shmhb.status import Status
 
-from ..conftest import ROOT, Procs, use_hot_path, wait_until
+from ..conftest import ROOT, Procs, native_extension, use_hot_path, wait_until
 
 HEADER = os.path.join(shmhb.get_include(), "shmhb.h")
 EXAMPLE_C = os.path.join(ROOT, "examples", "board_status.c")
 
 
 def _ext() -> ModuleType:
-    try:
-        return importlib.import_module("shmhb._native")
-    except ImportError:
-        pytest.skip("shmhb._native was not built (no C compiler at install)")
+    return native_extension()
 
 
 def _defines() -> dict[str, int]:
