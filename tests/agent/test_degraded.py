@@ -277,7 +277,7 @@ def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluste
     wait_until(lambda: a.board.agent().status is Status.LEFT, what="the agent left")
     rc, doc = status(a)
     assert rc == 0, doc["health"]
-    # no pinger settings were ever stored: as the README says, whether anyone holds the role
+    # no pinger settings were ever stored: as docs/PINGER.md says, whether anyone holds the role
     assert doc["network"]["state"] == "not configured", doc["network"]
     text = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", a.name],
                           capture_output=True, text=True, timeout=60, env=child_env())
@@ -289,10 +289,10 @@ def test_status_help_documents_every_exit_code() -> None:
                          text=True, timeout=30, env=child_env())
     for code in ("0", "1", "2", "3", "4"):
         assert f"\n  {code}  " in out.stdout, code
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "OPERATIONS.md")) as f:
+        doc = f.read()
     for code in ("0", "1", "2", "3", "4"):
-        assert f"  | {code} |" in readme, code
+        assert f"  | {code} |" in doc, code
 
 
 # -- bad stored settings and rows -------------------------------------------------------------

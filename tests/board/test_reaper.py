@@ -565,7 +565,7 @@ def test_link_without_incarnation_unnamed_is_dropped_when_its_host_dies(make_sit
     site.wait_seen(site.ep(1), inc_of(w))
     rec = Recorder()
     reaper = LinkReaper(site.board, on_drop=rec)
-    reaper.track(site.ep(7))  # as the README shows: no incarnation
+    reaper.track(site.ep(7))  # as docs/LIBRARY.md shows: no incarnation
     assert reaper.poll() == [] and reaper.pending
     # Pending, but no poll judges every link again until the board changes.
     assert quiet_polls(reaper) == 0
