@@ -1,4 +1,4 @@
-"""The ``big_digest`` fault kind's actor (issue 23 case 4):
+"""The ``big_digest`` fault kind's actor (a host of more than 256 workers):
 ``python -m tests.chaos.bigdigest IP_A IP_B``.
 
 Two throwaway hosts next to the cluster, each with its own board and pinger: A's board

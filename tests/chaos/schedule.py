@@ -138,7 +138,7 @@ WEIGHTS: dict[str, float] = {
     "long_endpoint": 1.5,
     "bad_config": 1.5,
     "big_digest": 0.5,
-    # host-side faults of issue 23 (localfaults.py), each on a throwaway board
+    # host-side faults (localfaults.py), each on a throwaway board
     "embedded_stall": 1,
     "registry_attach": 1,
     "torn_settings": 1,

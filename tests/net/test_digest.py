@@ -82,7 +82,7 @@ def test_the_digest_looks_again_at_once_on_a_change_and_within_its_period_on_age
         b.close()
 
 
-# -- past 256 entries (issue 23 case 4) -------------------------------------------------------
+# -- past 256 entries (a host of more than 256 workers) ----------------------------------------
 
 def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(procs: Procs,
                                                                cluster: Cluster) -> None:
