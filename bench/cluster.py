@@ -944,7 +944,7 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
 
     for cpu in cpus:
         out.append(cpu_section(cpu))
-    out.append("## Pushes: remote kill -> DEAD, ping interval 1 s (issue 8)\n")
+    out.append("## Pushes: remote kill -> DEAD, ping interval 1 s\n")
     out.append(stats.table(push_bench.HEADERS, push_bench.rows(pr)))
     out.append(f"\n- pings only: the watcher follows the victim's host through a relay that drops "
                f"PUSH frames ({pr.relay_dropped} dropped; that watcher received "
