@@ -25,7 +25,7 @@ from theirs.  Then, separately:
   the hosts emulated by one light process (``bench.emulator``) answering with valid
   acks on 64 loopback addresses; windows alternate "follow only" and "follow + answer
   64 hosts' pings"; then two bare pyzmq "floors" moving the same frames take its place.
-* **pushes** (issue 8, ``bench.push``): remote kill -> DEAD with pushes and pings only,
+* **pushes** (``bench.push``): remote kill -> DEAD with pushes and pings only,
   ping interval 1 s.
 
 What is measured and what is computed is said in each table and in
@@ -450,8 +450,8 @@ def run_shape(H: int, R: int, *, window_s: float, subwindows: int, sh_kills: int
 
 # -- pinger CPU with N followed hosts ------------------------------------------------------------
 
-#: the targets of issues 17 and 27: (followed hosts, mode) -> % of a core, median of the windows
-CPU_TARGETS = {(64, "follow"): 2.0, (250, "both"): 3.0, (250, "both-nat"): 5.0}  # issues 17, 27
+#: the pinger CPU targets: (followed hosts, mode) -> % of a core, median of the windows
+CPU_TARGETS = {(64, "follow"): 2.0, (250, "both"): 3.0, (250, "both-nat"): 5.0}
 CPU_HOSTS = 64  # the default host count of run_cpu_target
 CPU_KILL_HOSTS = 250  # host kill -> DEAD is measured at this count
 TARGET_KILL_SLACK_S = 1.0  # host kill -> DEAD <= peer_dead_after + this
@@ -944,7 +944,7 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
 
     for cpu in cpus:
         out.append(cpu_section(cpu))
-    out.append("## Pushes: remote kill -> DEAD, ping interval 1 s (issue 8)\n")
+    out.append("## Pushes: remote kill -> DEAD, ping interval 1 s\n")
     out.append(stats.table(push_bench.HEADERS, push_bench.rows(pr)))
     out.append(f"\n- pings only: the watcher follows the victim's host through a relay that drops "
                f"PUSH frames ({pr.relay_dropped} dropped; that watcher received "

@@ -1,6 +1,6 @@
 """Remote kill -> DEAD with pushes and with pings only: ``python -m bench.push [--quick]``.
 
-Issue 8's benchmark, also run by ``python -m bench.cluster``.  Two pairs of simulated
+The pushes' benchmark, also run by ``python -m bench.cluster``.  Two pairs of simulated
 hosts on loopback run side by side, every pinger at a 1 s ping interval:
 
 * **pushes** (the default): watcher A1 (127.0.0.2) follows B1 (127.0.0.3) directly.

@@ -235,7 +235,7 @@ def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Names
               "to it before it is taken out waits for the client's timeout, so a stop costs "
               "what arrives during the board's dead-after (2 s here; suspect-after, 1 s, "
               "with `--act-on-suspect`).", "",
-              "Targets (issue 22), fed by shmhb: kill to the router's call within 50 ms; "
+              "Targets, fed by shmhb: kill to the router's call within 50 ms; "
               "stop to the call within dead-after + 1 s; failed requests at most those "
               "inside the dead instance; a restarted instance serving within 1 s of its "
               "registration (sglang-router; vllm-router's PD mode cannot take it back).", END]

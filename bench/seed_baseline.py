@@ -1,6 +1,7 @@
 """The seed's per-connector heartbeat, rebuilt as a baseline for ``bench.cluster``.
 
-What it models (see ``../shared/seed/heartbeat-pr-discussion.txt`` and DESIGN.md):
+What it models (the first design proposed for this problem, never merged: docs/DESIGN.md,
+"The problem"):
 
 * **Every rank runs its own monitor.**  One process per rank (forked, as vLLM runs one
   worker process per accelerator rank), each with its own ZMQ context, its own
@@ -14,8 +15,8 @@ What it models (see ``../shared/seed/heartbeat-pr-discussion.txt`` and DESIGN.md
 * **The REQ trap.**  A REQ socket that sent a ping and never got the reply refuses the
   next send (EFSM).  The seed caught the error and went on ("send error: keep _alive as
   is; next round will try again"), so after one lost reply that target was never
-  pinged again (DESIGN.md: "the seed's monitor could not recover a target after one
-  lost reply").  ``HeartbeatMonitor(recreate_on_timeout=False)`` reproduces exactly
+  pinged again: the seed's monitor could not recover a target after one lost reply
+  (docs/DESIGN.md, "Facts that shaped it").  ``HeartbeatMonitor(recreate_on_timeout=False)`` reproduces exactly
   that.  **The benchmark runs with ``recreate_on_timeout=True``**: a REQ socket whose
   reply missed the deadline is closed and recreated (the zguide's "lazy pirate"), which
   is what the seed would need to keep pinging a peer after one slow reply.  Without it,

@@ -1,5 +1,5 @@
 """The previous release, built from this checkout's own git history, and loopback hosts
-that run it beside this one (issue 27: a rolling upgrade, host by host).
+that run it beside this one (a rolling upgrade, host by host).
 
 :func:`build_old_release` extracts ``PREVIOUS_RELEASE`` with ``git archive`` and installs
 it into a venv of its own, made without pip and given this interpreter's site-packages

@@ -1,4 +1,4 @@
-"""A short chaos run inside the normal suite (issue 7).
+"""A short chaos run inside the normal suite.
 
 Several simulated hosts on loopback (and a namespaced pair where the run is root),
 each with its own board, pinger, standby pinger and workers; a LinkReaper per host;

@@ -115,7 +115,7 @@ def test_pinger_listens_where_peers_reach_it_and_the_exporter_is_scraped() -> No
     assert sm["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
 
 
-# -- hardening, probes, scheduling, the image (issue 24, item 9) -----------------------------
+# -- hardening, probes, scheduling, the image ----------------------------------------------
 
 DOCKERFILE = Path(ROOT) / "packaging" / "docker" / "Dockerfile"
 
@@ -187,7 +187,7 @@ def test_the_image_runs_as_the_manifests_uid_with_the_c_path() -> None:
         assert needle in guide, needle
 
 
-# -- metrics only to who may read them (issue 23 case 18) ------------------------------------
+# -- metrics only to who may read them ---------------------------------------------------
 
 def test_no_exporter_serves_unauthenticated_metrics_on_a_node_address() -> None:
     """With hostNetwork an exporter on the node's address serves keys, endpoints and

@@ -1,4 +1,4 @@
-"""A rolling upgrade (issue 27): hosts of the previous release and of this one, side by
+"""A rolling upgrade: hosts of the previous release and of this one, side by
 side, each see the other's deaths, pushes, restarts and host deaths, and each release
 opens the other's boards.
 

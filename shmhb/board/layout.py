@@ -12,7 +12,7 @@ A board is one POSIX shared-memory segment::
 
 Every section starts on a 64-byte boundary and every 64-bit word sits on an 8-byte
 boundary, so a load or a store of one word is a single aligned access: atomic on x86-64
-and on aarch64 (invariant 2 of the design).  ``Board`` asserts the alignment of the mapping.
+and on aarch64 (docs/DESIGN.md, invariant 2).  ``Board`` asserts the alignment of the mapping.
 
 What is guaranteed, and by whom.  The C path (``shmhb._native``, and any native reader
 built on ``shmhb/include/shmhb.h``, which mirrors this byte map) loads and stores these

@@ -81,7 +81,7 @@ def decode_network(head: object, agent_term: int, agent_running: bool) -> Networ
         state = NetState.NONE
     if int(h["cfg_gen"]) == 0 and (not agent_running or state in (NetState.NONE, NetState.OFF)):  # type: ignore[index]
         # No pinger settings were ever stored: there is no network half whoever holds
-        # the role, or whether anyone does (README: "network not configured").
+        # the role, or whether anyone does (docs/PINGER.md: "network not configured").
         return NetworkStatus(NetState.OFF.label, True, False, None, "none", None, 0, None, 0,
                              None, agent_term)
     if not agent_running or word == 0 or term != inc_tag(agent_term) or state is NetState.NONE:

@@ -2,9 +2,9 @@
 process that stopped while holding the registry lock.
 
 A process stopped (SIGSTOP, a debugger) or hung while it holds the board's registry
-lock keeps it: the kernel frees an OFD lock only when its holder dies.  Registration
-used to run entirely under that lock, so such a holder made every new worker fail after
-5 s -- a restarted vLLM rank could not register.  Now the registry lock orders only what
+lock keeps it: the kernel frees an OFD lock only when its holder dies.  Were
+registration to run entirely under that lock, such a holder would make every new worker
+fail -- a restarted vLLM rank could not register.  So the registry lock orders only what
 needs one writer among registrants (the incarnation counter and the change counter),
 and registration goes on without it when it cannot be had within ``REGISTRY_WAIT_S``.
 

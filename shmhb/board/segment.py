@@ -202,7 +202,7 @@ class Segment:
         """Attach without the registry lock, for a board whose creator has finished: the
         lock only orders an attach after a creation still under way, and waiting for it
         made every attach (``status``, a standby pinger, a restarted worker) fail while
-        some process sat stopped holding it (issue 23).  A finished board's header never
+        some process sat stopped holding it.  A finished board's header never
         changes, so a copy that reads ``STATE_READY`` and validates is the board; on a
         weakly ordered CPU a creation seen half-way could read READY before the fields,
         and then fails ``validate`` (sizes, magic, policy, boot id), which sends us to

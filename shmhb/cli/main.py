@@ -137,7 +137,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from .screen import Columns
 
     boards = list_boards(args.names or None)
-    # Exit statuses as for every command (README): 2 for a board named that does not
+    # Exit statuses as for every command (docs/OPERATIONS.md): 2 for a board named that does not
     # exist, 1 when nothing was removed, 0 when something was
     missing = sorted(set(args.names or ()) - {b.name for b in boards})
     if missing:
@@ -404,7 +404,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_access_args(args)
 
 
-#: Exit statuses of every command (README, "Exit statuses").
+#: Exit statuses of every command (docs/OPERATIONS.md, "Exit statuses").
 EXIT_OK, EXIT_UNHEALTHY, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 

@@ -261,7 +261,7 @@ SHMHB_BOARD={s.board}
 # `shmhb pinger` options. Empty: the local half only (deaths of local workers are
 # recorded; no host is pinged and nobody can ping this one). For the network half, set
 # this host's listen address, hosts to follow even when no local worker watches them,
-# and authentication (README, "Across hosts"), for example:
+# and authentication (docs/PINGER.md, "Security"), for example:
 #   SHMHB_PINGER_ARGS=--listen 10.0.0.1:45645 --peer 10.0.0.2 --secret-file /etc/shmhb/secret
 # The secret must be readable by the account above and by nobody else (mode 0600):
 #   (umask 077; head -c 32 /dev/urandom | base64 > /etc/shmhb/secret)

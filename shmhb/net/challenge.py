@@ -2,7 +2,7 @@
 
 Without authentication nothing in a frame is secret, and the TCP connection a ping
 arrives on proves nothing either: a container behind the host's NAT, or any other
-process on that host, opens a connection from the host's address (issue 23, case 1).
+process on that host, opens a connection from the host's address.
 So a ping from host B counts as evidence at A only if it carries something that only
 B's live pinger can know: the **challenge** A last sent in its own pings to B's listen
 address, echoed.  docs/PROTOCOL.md, "Inbound pings as evidence", states the rule and

@@ -8,11 +8,11 @@ replay guard counts only if:
   sent in our own pings to that host's listen address (``shmhb.net.challenge``): only that
   host's live pinger (or whoever could already answer our pings to it) knows one.  The
   TCP connection's source address proves nothing: another process on that host, or a
-  container behind its NAT, connects from the same address (issue 23);
+  container behind its NAT, connects from the same address;
 * its identity is the one a followed host's acks to our own nonces established (a ping
   cannot introduce an identity).  That identity, not the address the ping names, says
   which host it is: a host behind NAT, or followed by a name, names an address we do
-  not follow it by, and its pings count all the same (issue 27);
+  not follow it by, and its pings count all the same;
 * its nonce is above every nonce of that host that counted before (kept with the
   followed host, not in the bounded replay guard);
 * it names our board and our *current* digest generation, which each pinger process

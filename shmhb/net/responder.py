@@ -9,7 +9,7 @@ for pushes, dropped after three peer-dead periods of silence.  Two bounds of
 host's own (``on_ping`` says so: authenticated, or echoing our challenge), one for
 strangers.  Strangers never displace a followed host: 1,024 connections that fill the
 strangers' share leave every followed host's watch, and its pushes, as they were
-(issue 23, case 11).  The work per wake-up is bounded by time (``DRAIN_BUDGET_NS``).
+(a flood of strangers cannot stop pings that prove a host alive).  The work per wake-up is bounded by time (``DRAIN_BUDGET_NS``).
 """
 
 from __future__ import annotations

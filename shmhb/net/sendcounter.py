@@ -1,5 +1,6 @@
 """The counter behind ping nonces and push sequence numbers, kept in the board so that
-it only grows whatever the wall clock does (issue 23, case 2).
+it only grows whatever the wall clock does (a clock stepped back must not make a new
+holder reuse values its peers already refused as replays).
 
 Peers refuse a nonce or a push seq that is not above the last they accepted from the
 same board identity (``exchange.ReplayGuard``).  The identity is the board's and

@@ -1,4 +1,4 @@
-"""A network half that cannot run as configured is contained and said (issue 11).
+"""A network half that cannot run as configured is contained and said.
 
 Real ``shmhb pinger`` processes on loopback hosts, real sockets, real shared memory.
 Each case checks the same three things: the holder survives (or gives the role up
@@ -46,7 +46,7 @@ def occupy(ip: str, port: int) -> socket.socket:
     return s
 
 
-# -- case 4: the listen port in use, an address that cannot be bound -----------------------
+# -- the listen port in use, an address that cannot be bound -------------------------------
 
 def test_port_in_use_is_degraded_retried_and_recovers(cluster: Cluster) -> None:
     b = cluster.host()
@@ -101,7 +101,7 @@ def test_an_invalid_listen_is_refused_at_the_door(cluster: Cluster) -> None:
     assert out.returncode == 2 and "port" in out.stderr, out.stderr
 
 
-# -- case 5: the secret file unreadable at a takeover --------------------------------------
+# -- the secret file unreadable at a takeover ----------------------------------------------
 
 def test_secret_gone_at_a_takeover_never_means_running_without_it(cluster: Cluster,
                                                                   tmp_path: Any) -> None:
@@ -153,7 +153,7 @@ def test_a_secret_readable_by_others_is_refused_with_the_fix(cluster: Cluster,
     assert status(a)[0] == 4
 
 
-# -- case 3: CURVE keys missing --------------------------------------------------------------
+# -- CURVE keys missing ----------------------------------------------------------------------
 
 def _curve_dir(tmp_path: Any, *ips: str) -> str:
     import zmq.auth
@@ -277,7 +277,7 @@ def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluste
     wait_until(lambda: a.board.agent().status is Status.LEFT, what="the agent left")
     rc, doc = status(a)
     assert rc == 0, doc["health"]
-    # no pinger settings were ever stored: as the README says, whether anyone holds the role
+    # no pinger settings were ever stored: as docs/PINGER.md says, whether anyone holds the role
     assert doc["network"]["state"] == "not configured", doc["network"]
     text = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", a.name],
                           capture_output=True, text=True, timeout=60, env=child_env())
@@ -289,10 +289,10 @@ def test_status_help_documents_every_exit_code() -> None:
                          text=True, timeout=30, env=child_env())
     for code in ("0", "1", "2", "3", "4"):
         assert f"\n  {code}  " in out.stdout, code
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "OPERATIONS.md")) as f:
+        doc = f.read()
     for code in ("0", "1", "2", "3", "4"):
-        assert f"  | {code} |" in readme, code
+        assert f"  | {code} |" in doc, code
 
 
 # -- bad stored settings and rows -------------------------------------------------------------
@@ -386,7 +386,7 @@ def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster
         board._records[i]["checksum"] = 0
 
 
-# -- a secret that differs between two hosts: named, not read as a death (issue 24) --------
+# -- a secret that differs between two hosts: named, not read as a death -------------------
 
 def test_a_secret_mismatch_names_the_host_and_fails_status(cluster: Cluster, tmp_path: Any) -> None:
     from shmhb.cli.exporter import BoardCollector

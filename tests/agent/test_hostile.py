@@ -1,4 +1,4 @@
-"""Hostile peers and a hostile host cannot switch death detection off (issue 11).
+"""Hostile peers and a hostile host cannot switch death detection off.
 
 Forged pings without a secret, spoofed endpoints and relayed acks, push floods,
 connection floods at the fd limit a systemd unit gets, a stuck agent loop and an
@@ -46,7 +46,7 @@ def _ask(s: zmq.Socket[Any], frame: bytes, secret: bytes | None = None) -> Ack |
     return msg
 
 
-# -- case 7: forged pings without a secret are no lockout -----------------------------------
+# -- forged pings without a secret are no lockout -------------------------------------------
 
 def test_a_forged_ping_with_the_top_nonce_does_not_lock_a_host_out(cluster: Cluster) -> None:
     a = cluster.host()
@@ -93,7 +93,7 @@ def test_with_a_secret_a_replayed_ping_is_still_refused(cluster: Cluster, tmp_pa
         ctx.term()
 
 
-# -- case 12: spoofing across hosts ------------------------------------------------------
+# -- spoofing across hosts ---------------------------------------------------------------
 
 def test_a_host_cannot_vouch_for_anothers_endpoint_nor_relay_its_acks(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
@@ -146,7 +146,7 @@ def test_a_host_cannot_vouch_for_anothers_endpoint_nor_relay_its_acks(
     assert a.stats()["bad_spoofed"] > spoofed0 + 3
 
 
-# -- case 8: a push flood from one followed host ---------------------------------------------
+# -- a push flood from one followed host -----------------------------------------------------
 
 def test_a_push_flood_neither_delays_a_local_kill_nor_fills_the_remote_table(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
@@ -196,7 +196,7 @@ def test_a_push_flood_neither_delays_a_local_kill_nor_fills_the_remote_table(
     f.serve_until(lambda: a.peer_status(f.ip) is Status.ALIVE, what="f still followed")
 
 
-# -- case 6: a connection flood at RLIMIT_NOFILE 1024 -----------------------------------------
+# -- a connection flood at RLIMIT_NOFILE 1024 -------------------------------------------------
 
 def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs: Procs) -> None:
     b = cluster.host()

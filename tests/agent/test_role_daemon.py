@@ -1,4 +1,4 @@
-"""Issue 23 case 3: the agent role inside a worker.  A running ``shmhb pinger`` daemon
+"""The agent role inside a worker.  A running ``shmhb pinger`` daemon
 takes the role from a worker's embedded agent, so a worker stopped (SIGSTOP) or stuck
 holding the GIL cannot take the host's agent with it; workers leave a free role to a
 waiting daemon, but not for ever."""

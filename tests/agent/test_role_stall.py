@@ -1,4 +1,4 @@
-"""Issue 23 case 3, the stalled holder: a holder of the agent role stopped as a whole
+"""The stalled holder: a holder of the agent role stopped as a whole
 (SIGSTOP, or a C call holding its GIL, so neither its loop nor its watchdog runs) keeps
 its lock byte; a standby replaces it within seconds (shmhb.board.agentterm), and the holder,
 once it resumes, stands down and writes no more."""

@@ -1,6 +1,6 @@
-"""The board's doors against real processes: forked children sharing a handle (issue 11
-case 9), a stale board opened by many processes at once (case 10), and what /dev/shm
-may hold under a board's name instead of a board."""
+"""The board's doors against real processes: forked children sharing a handle, a stale
+board opened by many processes at once, and what /dev/shm may hold under a board's name
+instead of a board."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _held_elsewhere(board: shmhb.Board) -> bool:
         os.close(fd)
 
 
-# -- case 9: forked children sharing one handle ----------------------------------------------
+# -- forked children sharing one handle ------------------------------------------------------
 
 def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registry(
         board: shmhb.Board) -> None:
@@ -113,7 +113,7 @@ def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registr
         os.close(fd)
 
 
-# -- case 10: a stale board opened by 8 processes at once ---------------------------------
+# -- a stale board opened by 8 processes at once ------------------------------------------
 
 DIE_CREATING = textwrap.dedent("""
     import os, signal, sys

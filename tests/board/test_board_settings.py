@@ -107,7 +107,7 @@ def test_policy_flags_are_checked_before_any_board_is_touched(name: str) -> None
         shmhb.Board.attach(name)
 
 
-# -- who else may open the board: --board-mode and --board-group (issue 24, item 7) ------
+# -- who else may open the board: --board-mode and --board-group ----------------------------
 
 def _group() -> tuple[str, int]:
     """A group this account may give a file other than its own primary one where it can

@@ -1,4 +1,4 @@
-"""Issue 23 case 6: a beat bound before ``fork()`` (``beat = hb.beat`` in a step loop,
+"""A beat bound before ``fork()`` (``beat = hb.beat`` in a step loop,
 then a helper forked) must not let the child keep the hung parent's slot ALIVE; nor may
 a beat bound before ``close()`` store into a slot its next registrant owns."""
 

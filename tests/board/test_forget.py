@@ -1,7 +1,7 @@
 """Dead slots don't haunt the probe: ``Board.forget`` / ``shmhb forget`` and the policy's
 ``forget_after_s``, against real processes (SIGKILL, SIGSTOP, a graceful leave) and a
-real agent; plus the lower doors of issue 11 (policy, mode, capacity, intervals, time
-and pid namespaces)."""
+real agent; plus the lower doors (policy, mode, capacity, intervals, time and pid
+namespaces)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 23 case 10: ``forget_after_s`` while the agent is out of file descriptors.
+"""``forget_after_s`` while the agent is out of file descriptors.
 
 A real ``shmhb pinger`` under a low RLIMIT_NOFILE whose fds a connection flood keeps
 used up (what it does at a systemd unit's 1024), and a worker killed so that its slot is

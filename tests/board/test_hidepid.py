@@ -1,4 +1,4 @@
-"""Issue 23 case 5: /proc mounted with ``hidepid=2`` (systemd's ``ProtectProc=invisible``)
+"""/proc mounted with ``hidepid=2`` (systemd's ``ProtectProc=invisible``)
 and a board shared with another account.  The agent cannot see a worker of another uid
 in /proc; that is not "gone" (its pidfd says it lives), so the worker must not read DEAD,
 and its death must still be seen at once.

@@ -545,7 +545,7 @@ def test_a_raising_callback_is_logged_and_loses_nothing(make_site: Callable[...,
     assert reaper.links() == []
 
 
-# -- issue 11, case 11: links tracked without an incarnation; remote() on a long-lived handle --
+# -- links tracked without an incarnation; remote() on a long-lived handle ---------------------
 
 def quiet_polls(reaper: LinkReaper, n: int = 50) -> int:
     """Poll ``n`` times while the board does not change (retrying a burst in which it
@@ -565,7 +565,7 @@ def test_link_without_incarnation_unnamed_is_dropped_when_its_host_dies(make_sit
     site.wait_seen(site.ep(1), inc_of(w))
     rec = Recorder()
     reaper = LinkReaper(site.board, on_drop=rec)
-    reaper.track(site.ep(7))  # as the README shows: no incarnation
+    reaper.track(site.ep(7))  # as docs/LIBRARY.md shows: no incarnation
     assert reaper.poll() == [] and reaper.pending
     # Pending, but no poll judges every link again until the board changes.
     assert quiet_polls(reaper) == 0
@@ -623,7 +623,7 @@ def test_remote_sees_the_next_holder_of_an_endpoint(make_site: Callable[..., Sit
     assert [(lk.incarnation, r) for lk, r in dropped] == [(inc_of(b), DropReason.DEAD)]
 
 
-# -- the door: endpoint text is canonicalised (issue 23 case 7) ------------------------------
+# -- the door: endpoint text is canonicalised ---------------------------------------------
 
 def test_track_canonicalises_endpoint_text_or_refuses_it(board: shmhb.Board) -> None:
     """No agent runs on ``board``: the watches this makes send nothing anywhere."""

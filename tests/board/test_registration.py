@@ -1,4 +1,4 @@
-"""Registration without the registry lock (issue 23 case 14, ``shmhb.board.registration``):
+"""Registration without the registry lock (``shmhb.board.registration``):
 many processes registering at once while a stopped process holds the registry lock get
 distinct, growing incarnations, and a key is held by one live process at most."""
 

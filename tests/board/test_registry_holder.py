@@ -1,4 +1,4 @@
-"""Issue 23 case 14: a process stopped while it holds the registry lock.
+"""A process stopped while it holds the registry lock.
 
 Attaching needs no lock once the board is finished: ``status``, a standby pinger and a
 new worker's attach must not wait for it.  Nor does a registration: a restarted worker

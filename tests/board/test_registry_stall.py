@@ -1,5 +1,5 @@
-"""A process stopped while it holds a board's registry lock (found by the chaos harness,
-issue 7: its ``registry_stall`` fault).
+"""A process stopped while it holds a board's registry lock (found by the chaos harness:
+its ``registry_stall`` fault).
 
 The registry lock is held for microseconds at a time, but the kernel releases it only
 when its holder dies, not when it is stopped (SIGSTOP, a debugger, a frozen cgroup).

@@ -1,4 +1,4 @@
-"""Issue 23 case 13: a settings write torn by a kill (between the checksum and the
+"""A settings write torn by a kill (between the checksum and the
 fields) must not leave every later holder reading "caught mid-write" for ever, with
 ``status`` saying "network not configured" and exiting 0.
 

@@ -1,9 +1,9 @@
-"""The ``big_digest`` fault kind's actor (issue 23 case 4):
+"""The ``big_digest`` fault kind's actor (a host of more than 256 workers):
 ``python -m tests.chaos.bigdigest IP_A IP_B``.
 
 Two throwaway hosts next to the cluster, each with its own board and pinger: A's board
 holds 260 dead slots (their registrant SIGKILLed), 39 live ones and then the 300th
-worker, past the 256 entries where the digest used to stop; B follows that worker.  B
+worker, past 256 digest entries; B follows that worker.  B
 must see it ALIVE, then DEAD within ``BOUND_S`` of its SIGKILL.  Prints one JSON line
 ``{"ok": ..., "why": ..., "kill_ms": ...}``.
 """

@@ -1,4 +1,4 @@
-"""Hostile-input fault kinds of the chaos harness (issue 11), as a mixin of ``Harness``.
+"""Hostile-input fault kinds of the chaos harness, as a mixin of ``Harness``.
 
 None of them may change a verdict: the standing invariants (a local SIGKILL DEAD within
 the local bound, remote verdicts within theirs, no false DEAD, no torn read, no crash
@@ -318,8 +318,8 @@ class HostileFaults:
         return True
 
     def _f_nat_forgery(self, f: Fault) -> bool:
-        """x's holder stopped, a forger on x's address speaks for it to y (issue 23,
-        case 1): the standing invariants want x DEAD at y on time all the same."""
+        """x's holder stopped, a forger on x's address speaks for it to y: the
+        standing invariants want x DEAD at y on time all the same."""
         main = [h for h in self.hosts if h.group == 0]
         if len(main) < 2 or self.ctx is None:
             return False
@@ -355,7 +355,7 @@ class HostileFaults:
         """Every pinger started on x from now on runs with its wall clock an hour further
         behind (``Host.pinger_cmd``: a process-level shift, stepping the real clock needs
         root and moves every host of the run); its standby is replaced by such a one,
-        which takes the role over 6 s later, once warm (issue 23, case 2)."""
+        which takes the role over 6 s later, once warm."""
         h = self.hosts[f.host % len(self.hosts)]
         if h.busy or h.outage:
             return False

@@ -1,4 +1,4 @@
-"""Host-side fault actors of the chaos harness (issue 23), each on a throwaway board next
+"""Host-side fault actors of the chaos harness, each on a throwaway board next
 to the cluster (``python -m tests.chaos.localactors KIND ...``); each prints one JSON line
 ``{"ok": ..., "why": ..., ...}``.
 

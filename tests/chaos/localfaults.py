@@ -1,4 +1,4 @@
-"""Host-side fault kinds of the chaos harness (issue 23), as a mixin of ``Harness``.
+"""Host-side fault kinds of the chaos harness, as a mixin of ``Harness``.
 
 Each runs one actor of ``localactors`` on a throwaway board next to the cluster (so it
 cannot disturb the verdicts the checker follows) and breaches ``local-<kind>`` when the

@@ -45,8 +45,8 @@ push_flood             the liar (a followed host) pushes 64 new keys a push, as 
                        it can, for ``duration_s``
 relay                  the liar answers pings with another host's acks to the same nonce
 spoof                  the liar lists every other host's worker endpoints ALIVE
-bad_watch              a watch address libzmq refuses, stored as an older version would
-                       have, for ``duration_s``
+bad_watch              a watch address libzmq refuses, written straight into the watch
+                       table past the doors, for ``duration_s``
 long_endpoint          a worker registers a 72-byte endpoint (a Kubernetes service name)
 bad_config             a throwaway host next to the cluster whose pinger cannot run as
                        configured (port in use, secret missing or readable by others,
@@ -138,7 +138,7 @@ WEIGHTS: dict[str, float] = {
     "long_endpoint": 1.5,
     "bad_config": 1.5,
     "big_digest": 0.5,
-    # host-side faults of issue 23 (localfaults.py), each on a throwaway board
+    # host-side faults (localfaults.py), each on a throwaway board
     "embedded_stall": 1,
     "registry_attach": 1,
     "torn_settings": 1,

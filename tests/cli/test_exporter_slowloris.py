@@ -1,4 +1,4 @@
-"""The exporter under slowloris (issue 23 case 12): 125 half-sent requests, re-opened as
+"""The exporter under slowloris: 125 half-sent requests, re-opened as
 fast as the exporter closes them, against a real ``shmhb exporter`` process limited to
 128 file descriptors.  Normal scrapes still get through, and the exporter holds a
 bounded number of threads.  Before, every half-sent request held a thread and an fd for

@@ -85,7 +85,7 @@ def test_a_board_a_live_process_uses_is_never_removed(names: list[str], procs: P
     out = gc_cli("--yes", name)
     assert exists(name), out.stdout
     assert f"used by pid {p.pid}" in out.stdout and "nothing to remove" in out.stdout
-    assert out.returncode == 1  # nothing was removed (README, "Exit statuses")
+    assert out.returncode == 1  # nothing was removed (docs/OPERATIONS.md, "Exit statuses")
     p.kill()
     p.wait()
     (b,) = gc.list_boards([name])

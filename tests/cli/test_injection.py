@@ -1,4 +1,4 @@
-"""Terminal injection (issue 23 case 15): keys with C1 controls (U+009B CSI, U+0085 NEL)
+"""Terminal injection: keys with C1 controls (U+009B CSI, U+0085 NEL)
 or bidi overrides (U+202E) are refused at every door -- ``check_key`` for local workers,
 the digest decoder for a remote host's entries -- and whatever reaches a terminal, a
 log line or a Prometheus label is escaped anyway."""

@@ -144,10 +144,10 @@ def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
 
 
 def test_out_never_follows_a_planted_symlink(tmp_path: Path) -> None:
-    """Issue 23 case 16: a link planted at ``--out DIR/NAME`` used to be followed: the file
-    it points to was overwritten and its mode became 0644.  Now each name is replaced by a
-    new file (temporary name, then rename): the target keeps its bytes and mode, and the
-    written files have exactly their intended modes whatever the umask."""
+    """A link planted at ``--out DIR/NAME`` is not followed (following it would overwrite
+    the file it points to and make its mode 0644): each name is replaced by a new file
+    (temporary name, then rename), the target keeps its bytes and mode, and the written
+    files have exactly their intended modes whatever the umask."""
     out = tmp_path / "u"
     out.mkdir()
     victims = {}

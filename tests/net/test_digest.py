@@ -82,14 +82,14 @@ def test_the_digest_looks_again_at_once_on_a_change_and_within_its_period_on_age
         b.close()
 
 
-# -- past 256 entries (issue 23 case 4) -------------------------------------------------------
+# -- past 256 entries (a host of more than 256 workers) ----------------------------------------
 
 def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(procs: Procs,
                                                                cluster: Cluster) -> None:
     """260 dead slots (one process that registered them, SIGKILLed), 39 live ones, then
-    the 300th worker: the other host sees it ALIVE, then DEAD at its kill.  The digest
-    used to stop at 256 entries in slot order, dead ones included: the 300th worker was
-    never seen, its death never told."""
+    the 300th worker: the other host sees it ALIVE, then DEAD at its kill.  A digest that
+    stopped at 256 entries in slot order, dead ones included, would never show the 300th
+    worker, nor tell its death."""
     a = cluster.host(slots=400)
     b = cluster.host()
     gone = procs.python(BULK, a.name, "gone-", "260", a.ip, "32000")

@@ -1,5 +1,5 @@
 """A graceful stop says goodbye: a host whose pinger stops with no live worker reads
-LEFT on the hosts that follow it, not SUSPECT and then DEAD (issue 24, item 3).
+LEFT on the hosts that follow it, not SUSPECT and then DEAD.
 
 Two real ``shmhb pinger`` processes on loopback hosts (tests/hosts.py).
 """

@@ -1,11 +1,12 @@
-"""Hostile inputs and faults from the network, round two (issue 23, cases 1, 2 and 11).
+"""Hostile inputs and faults from the network: a forger on a followed host's address, a
+wall clock stepped back, a flood of stranger connections.
 
 1. A process that connects from a followed host's own address (another process on that
    host, a container behind its NAT) pings us as that host: without a secret it must
    not keep the host, nor its killed worker, ALIVE.
 2. The wall clock steps back, then the pinger restarts or a standby takes over: peers
    must not drop its pings (with a secret) nor its pushes as replays.
-11. A flood of stranger connections fills the watcher table before a followed host
+3. A flood of stranger connections fills the watcher table before a followed host
    connects: that host must still get our pushes.
 
 Real pingers on loopback addresses, real sockets, real shared memory.
@@ -50,7 +51,7 @@ def _ask(s: zmq.Socket[Any], frame: bytes, timeout_ms: int = 5000) -> Ack | None
     return None
 
 
-# -- case 1: a forger on the followed host's own address ------------------------------------
+# -- a forger on the followed host's own address --------------------------------------------
 
 def test_a_forger_on_the_hosts_own_address_does_not_keep_it_alive(cluster: Cluster) -> None:
     """b listens on 127.0.0.1, so on loopback every connection, the forger's too, comes
@@ -103,7 +104,7 @@ def test_a_forger_on_the_hosts_own_address_does_not_keep_it_alive(cluster: Clust
         ctx.destroy(0)
 
 
-# -- case 2: the wall clock stepped back, then a takeover -----------------------------------
+# -- the wall clock stepped back, then a takeover -------------------------------------------
 
 def test_the_send_counter_only_grows_across_holders_whatever_the_wall_clock() -> None:
     words = memoryview(bytearray(4096)).cast("Q")
@@ -167,7 +168,7 @@ def test_a_standby_that_takes_over_with_the_clock_stepped_back_is_heard(
     assert b.stats()["bad_replay"] == replay0
 
 
-# -- case 11: stranger connections fill the watcher table -----------------------------------
+# -- stranger connections fill the watcher table --------------------------------------------
 
 def test_strangers_filling_the_watcher_table_do_not_displace_a_followed_host(
         cluster: Cluster) -> None:

@@ -1,6 +1,6 @@
 """A host that comes back reads no round trip until one is measured: the pings it left
-unanswered while it was stopped or restarting are no round trip (issue 24: ``host_back
-... rtt 1469.82 ms`` on loopback right after a restart).
+unanswered while it was stopped or restarting are no round trip (counted as one, they
+would show ``host_back ... rtt 1469.82 ms`` on loopback right after a restart).
 
 Two real ``shmhb pinger`` processes on loopback hosts (tests/hosts.py).
 """

@@ -1,4 +1,4 @@
-"""The ping budget end to end (issue 17): the stored setting, and inbound pings as
+"""The ping budget end to end: the stored setting, and inbound pings as
 evidence in a mutual pair, with real pingers, real sockets and a hand-driven fake peer.
 The pure parts (plan, verdict bounds) are in test_pingplan.py."""
 
@@ -271,7 +271,7 @@ def test_without_a_secret_only_a_ping_echoing_our_challenge_keeps_a_silent_host_
     digest, as an outsider who pinged both of us can; even over a connection from the
     host's own address (another process there, a container behind its NAT) it never
     counts unless it echoes a challenge from our own pings to that host, which only
-    whoever receives them knows (issue 23, case 1).  The control: the same pings with
+    whoever receives them knows.  The control: the same pings with
     the echo count, while the host answers none of ours."""
     a, fake = followed_fake(cluster, fake_peers)
     own = Dealer(fake, a.listen, source=fake.ip)

@@ -1,5 +1,5 @@
 """The pinger across simulated hosts: real ``shmhb pinger`` processes on loopback
-addresses, real workers, real sockets (issue 3).
+addresses, real workers, real sockets.
 
 Every host has its own board and its own pinger on 127.0.0.N; they share one pinger
 port.  Bounds on timings are loose on purpose (a busy 2-core machine); what they check

@@ -283,7 +283,7 @@ def test_only_an_authenticated_or_echoing_fresh_ping_naming_our_current_digest_c
     assert not counts_as_evidence(Ping(them, "10.0.0.1:45645", 100, 0, None), **kw)  # type: ignore[arg-type]
     assert not counts_as_evidence(Ping(other, "10.0.0.1:45645", 100, 77, me), **kw)  # type: ignore[arg-type]
     # without authentication, echoing a challenge we sent that host stands in for it (a
-    # connection from its address no longer does: issue 23, case 1), and nothing else changes
+    # connection from its address does not: anyone on that host can open one), and nothing else changes
     plain = {**kw, "authenticated": False, "echoed": True}
     assert counts_as_evidence(good, **plain)  # type: ignore[arg-type]
     for change in ({"echoed": False}, {"known": other}, {"last_nonce": 100},

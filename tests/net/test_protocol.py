@@ -128,7 +128,7 @@ def test_largest_ack_is_exactly_max_frame_bytes() -> None:
     assert decode(raw, SECRET) == big
     v1 = Ack(1, PEER, "h" * MAX_ADDRESS_BYTES, 1, True, big.entries)
     assert len(encode_ack(v1, SECRET)) == MAX_FRAME_BYTES - 4  # no body age in v1
-    # past 256 entries (issue 23 case 4): as many as the same bytes hold, up to 4,096
+    # past 256 entries (a host of more than 256 workers): as many as the same bytes hold, up to 4,096
     many = Ack(1, PEER, "h", 1, True,
                tuple(entry(i, 0) for i in range(protocol.MAX_DIGEST_ENTRIES)))
     assert decode(encode_ack(many, SECRET), SECRET) == many
@@ -377,7 +377,7 @@ def test_fuzz_decode_only_returns_frames_or_rejects() -> None:
             continue
         assert isinstance(result, (Ping, Ack, Push)), (n, frame)
         # the encoding is canonical, but for entries whose key no door accepts (control
-        # or format characters: issue 23 case 15), which decode leaves out
+        # or format characters, which could inject into a terminal), which decode leaves out
         assert encode(result, secret) == frame or _left_out_entries(frame, result) > 0
         counts["ok"] += 1
     elapsed = time.perf_counter() - started
@@ -454,7 +454,7 @@ def test_outstanding_pings_bounded_total() -> None:
         OutstandingPings(per_peer=0)
 
 
-# --- the PING challenge extension (issue 23, case 1) --------------------------------------
+# --- the PING challenge extension ---------------------------------------------------------
 
 def test_the_challenge_extension_is_16_bytes_on_pings_only() -> None:
     plain = encode_ping(PING_WITH_GEN)

@@ -1,5 +1,5 @@
 """Pushes: a host sends its local deaths, leaves and restarts at once to the hosts that
-watch it (issue 8).
+watch it.
 
 The real-process tests use a ping interval of 2 s, so that anything seen on the
 watching host well within 1 s can only have come from a push.  The fake-peer tests

@@ -1,4 +1,4 @@
-"""Version 2 of the exchange (issue 27), against a real pinger process: spoken per pair
+"""Version 2 of the exchange, against a real pinger process: spoken per pair
 to hosts that advertise it (v1 to the others, and after an unanswered ping), a host's
 own pings matched by its board identity whatever address they name (NAT, a name), a v2
 ping that says our copy of its digest is behind answered by a ping at once, and a

@@ -1,4 +1,4 @@
-"""No client request fails because its NIXL producer died or restarted (issues 21 and 25).
+"""No client request fails because its NIXL producer died or restarted.
 
 The decode engine runs vLLM's real ``Scheduler`` and KVCacheManager with the wrapped
 ``NixlConnector`` (tests/vllm/scheduled.py), the prefill is the hand-driven producer of

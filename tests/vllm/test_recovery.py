@@ -1,4 +1,4 @@
-"""No client request fails because its producer died, hung or restarted (issue 21).
+"""No client request fails because its producer died, hung or restarted.
 
 The decode engine runs vLLM's real ``Scheduler`` and KVCacheManager, with the worker
 connector inside vLLM's own model-runner connector context (tests/vllm/scheduled.py),

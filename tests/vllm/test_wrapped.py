@@ -1,6 +1,6 @@
 """ShmhbConnector around vLLM 0.32's and 0.33's MooncakeConnector, real transfers: a dead, hung or
 restarted peer fails fast, the restarted engine serves the very next request, no dead
-engine is left in the inner connector's caches, and (issue 16) no byte lands in the
+engine is left in the inner connector's caches, and no byte lands in the
 consumer's blocks after their load was reported failed."""
 
 from __future__ import annotations
