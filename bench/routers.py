@@ -25,7 +25,7 @@ runs each setup N times; cells give the median and the worst.  Writes its sectio
 bench/RESULTS.md (between the ``routers`` markers; nothing else in the file changes).
 
 Run as root, the bench first moves itself into a network namespace with nothing but
-loopback (``shmhb.testing.loopback.private_network``), so no router it starts can reach
+loopback (``tests.routers.stack.private_network``), so no router it starts can reach
 past the host; every process it starts runs with the model hubs' offline switches, and
 fails if any router's log shows an attempt to reach one.
 """
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import shmhb
-from shmhb.testing.loopback import private_network
-from tests.routers.stack import TUNED, Client, PdStack, Result, router_binary, wait_for
+from tests.routers.stack import (TUNED, Client, PdStack, Result, private_network, router_binary,
+                                 wait_for)
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- routers:begin -->", "<!-- routers:end -->"

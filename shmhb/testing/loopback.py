@@ -8,23 +8,18 @@ e.g. to 127.0.5.1 when 127.0.0.2-6 are taken on a shared machine.  Anything outs
 
 This is also the one home of the other things every simulated cluster needs: a port
 free on all of its hosts at once (:func:`free_port`), the environment its child
-processes run in (:func:`child_env`, offline for every model hub: :data:`OFFLINE_ENV`)
-and, where it runs as root, a network namespace of its own that has nothing but
-loopback (:func:`private_network`).  It lives in the package, not in tests/ or bench/,
+processes run in (:func:`child_env`, offline for every model hub: :data:`OFFLINE_ENV`).  It lives in the package, not in tests/ or bench/,
 because ``shmhb demo`` (shipped with the library) needs the port too, and tests/, bench/
 and examples/ all import the package already: one copy, one behaviour.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
 import ipaddress
 import os
 import random
 import socket
-import struct
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -124,40 +119,3 @@ def child_env(**extra: str) -> dict[str, str]:
     subprocesses of tests, benchmarks and the demo."""
     path = os.pathsep.join(filter(None, [str(_CHECKOUT), os.environ.get("PYTHONPATH")]))
     return {**os.environ, **OFFLINE_ENV, "PYTHONPATH": path, **extra}
-
-
-_CLONE_NEWNET = 0x40000000
-_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-_IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the union (40 bytes)
-
-
-def only_loopback() -> bool:
-    """Whether this thread's network namespace has no interface but ``lo``."""
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
-
-
-def private_network() -> bool:
-    """Move this process into a network namespace of its own whose only interface is
-    ``lo``, brought up, so that nothing it or its children start can send a packet off
-    the host, whatever they try.  Only root may (``unshare(CLONE_NEWNET)``): returns
-    False, changing nothing, for any other user; True once isolated (at once if already).
-
-    Call it from the main thread before any other thread starts: a namespace belongs to
-    the thread that made it and to what that thread starts later, so a thread started
-    earlier stays outside.  Loopback traffic between the process's own hosts (127.0.0.x)
-    and its children works as before; shared memory is not a network resource and is
-    shared as before."""
-    if only_loopback():
-        return True
-    if os.geteuid() != 0:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (a container "
-                           f"without CAP_SYS_ADMIN? run the tests as an unprivileged user, or "
-                           f"in `unshare -n` yourself)")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
-        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
-    return only_loopback()

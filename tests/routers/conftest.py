@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 
-from shmhb.testing.loopback import only_loopback, private_network
-
-from .stack import PdStack, router_binary
+from .stack import PdStack, only_loopback, private_network, router_binary
 
 HOW = ("router packages not installed: run tests/routers in their own venv "
        "(pip install '.[test,routers]'; see tests/routers/conftest.py, or .ci/run)")
@@ -38,7 +36,7 @@ def isolate() -> None:
     """As root, move this test process (and so every router, stand-in and pinger it
     starts) into a network namespace with nothing but loopback, so nothing can leave the
     host even if a router tries; any other user runs with the hubs' offline switches
-    alone (``shmhb.testing.loopback``).  The namespace lasts as long as the process: the
+    alone (``shmhb.testing.loopback.OFFLINE_ENV``).  The namespace lasts as long as the process: the
     tests after these run in it too, and need nothing but loopback either."""
     if private_network():
         assert only_loopback()

@@ -5,10 +5,15 @@ mode on 127.0.0.1, optionally ``shmhb feed`` in front of it, and a steady client
 
 Used by tests/routers and by ``python -m bench.routers``.  Everything it starts is
 ended and every board removed by ``close()``.  Waits are conditions with deadlines.
+Both move into a network namespace of their own first where they run as root
+(:func:`private_network`), and check the routers' logs for hub lookups
+(:func:`hub_lookups`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import glob
 import http.client
 import json
@@ -16,6 +21,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -30,6 +37,43 @@ from shmhb.testing.loopback import child_env, free_port
 #: the tightest health check the routers take (the issue's "tuned" column)
 TUNED = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
          "--health-check-timeout-secs", "1"]
+
+
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the union (40 bytes)
+
+
+def only_loopback() -> bool:
+    """Whether this thread's network namespace has no interface but ``lo``."""
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def private_network() -> bool:
+    """Move this process into a network namespace of its own whose only interface is
+    ``lo``, brought up, so that nothing it or its children start can send a packet off
+    the host, whatever they try.  Only root may (``unshare(CLONE_NEWNET)``): returns
+    False, changing nothing, for any other user; True once isolated (at once if already).
+
+    Call it from the main thread before any other thread starts: a namespace belongs to
+    the thread that made it and to what that thread starts later, so a thread started
+    earlier stays outside.  Loopback traffic between the process's own hosts (127.0.0.x)
+    and its children works as before; shared memory is not a network resource and is
+    shared as before."""
+    if only_loopback():
+        return True
+    if os.geteuid() != 0:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (a container "
+                           f"without CAP_SYS_ADMIN? run the tests as an unprivileged user, or "
+                           f"in `unshare -n` yourself)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+    return only_loopback()
 
 
 #: What a router writes when it tries to reach a model hub: a download, a tokenizer load

@@ -9,11 +9,17 @@ allows, match by bootstrap port); how fast is measured by bench/routers.py.
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
+
+from shmhb.testing.loopback import child_env
 
 from .conftest import require_router
 from .stack import Client, PdStack, hub_lookups, wait_for
@@ -111,3 +117,33 @@ def test_a_hub_lookup_in_a_routers_log_is_caught() -> None:
              "INFO smg::workflow::event: Step succeeded step_id=register_tokenizer duration_ms=0\n")
     assert len(hub_lookups(tried)) == 2
     assert hub_lookups(quiet) == []
+
+
+#: run in a child: isolate it, then report what it can reach
+ISOLATED = """
+import socket, sys
+from tests.routers.stack import only_loopback, private_network
+print(private_network(), only_loopback())
+srv = socket.create_server(("127.0.0.2", 0))
+socket.create_connection(srv.getsockname(), timeout=5).close()
+try:
+    socket.create_connection(("192.0.2.1", 9), timeout=5)  # TEST-NET-1: never routed
+    print("reached")
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+def test_private_network_leaves_nothing_but_loopback() -> None:
+    """As root, a process that isolates itself reaches its own loopback hosts and no other
+    address (ENETUNREACH at once: no route exists); as any other user it changes nothing
+    and says so."""
+    out = subprocess.run([sys.executable, "-c", ISOLATED], env=child_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    if os.geteuid() != 0:
+        assert lines[0] == "False False"
+        return
+    assert lines[0] == "True True"
+    assert lines[1] == f"refused {errno.ENETUNREACH}"
