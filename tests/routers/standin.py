@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-serving-url", action="store_true",
                     help="register no serving address (the feeder matches by bootstrap port)")
     ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--serve-after-s", type=float, default=0.0,
+                    help="register on the board first, start the HTTP servers this much later "
+                         "(as vLLM registers its KV caches before its API server is up)")
     ap.add_argument("--log", required=True)
     a = ap.parse_args(argv)
     assert a.host.startswith("127."), "stand-ins serve on loopback only"
@@ -191,11 +194,20 @@ def main(argv: list[str] | None = None) -> int:
             self.end_headers()
             self.wfile.write(out)
 
-    servers = [Server((a.host, a.port), Api)]
-    if a.role == "prefill":
-        servers.append(Server((a.host, a.bootstrap_port), Boot))
-    for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+    servers: list[Server] = []
+
+    def serve() -> None:
+        servers.append(Server((a.host, a.port), Api))
+        if a.role == "prefill":
+            servers.append(Server((a.host, a.bootstrap_port), Boot))
+        for s in servers:
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+    if a.serve_after_s <= 0:
+        serve()
+    else:  # until then a connection is refused, as to an engine whose server is not up
+        later = threading.Timer(a.serve_after_s, serve)
+        later.daemon = True
+        later.start()
 
     board = shmhb.Board.attach(a.board)
     boot = f"{a.host}:{a.bootstrap_port}" if a.role == "prefill" else None
