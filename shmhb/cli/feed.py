@@ -35,8 +35,10 @@ def add_parsers(sub: Any) -> None:
                          "the hosts its pinger follows are included")
     sp.add_argument("--no-remote", action="store_true",
                     help="only the boards' own instances, not those of the hosts they follow")
-    sp.add_argument("--act-on-suspect", action="store_true",
-                    help="remove an instance that reads suspect (default: only dead or left)")
+    sp.add_argument("--act-on-suspect", action=argparse.BooleanOptionalAction, default=None,
+                    help="take an instance that reads suspect out of rotation (it comes back "
+                         "when it reads alive); default: yes for a router that takes a worker "
+                         "back over HTTP (sglang, smg), no for vllm-router's PD mode")
     sp.add_argument("--poll-ms", type=float, default=2.0,
                     help="how often to look at the boards' change counters (default 2)")
     sp.add_argument("--resync-s", type=float, default=2.0,

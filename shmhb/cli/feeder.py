@@ -14,8 +14,12 @@ server not up yet) or removed the worker afterwards (a drain that ended) serves 
 the end.  A router that is unreachable,
 slow or answers errors is retried with backoff (``backoff_s`` doubling to
 ``max_backoff_s``); the follower never waits for it, so the next plan uses the newest
-board.  UNKNOWN (the host's agent absent or stalled) never removes anything; SUSPECT
-removes only with ``act_on_suspect``.
+board.  UNKNOWN (the host's agent absent or stalled) never removes anything.  SUSPECT
+removes with ``act_on_suspect``; by default (None) that is on for a router that takes a
+worker back over HTTP (the instance returns as soon as it reads ALIVE again: a stall
+costs it its traffic for the stall, never its links or a verdict) and off for one that
+cannot (vllm-router's PD mode: a stall would cost the instance its place until the
+router restarts).
 
 How an instance finds its worker in the router: by its serving address when it has one
 (``http://host:port``), else by the host of its bootstrap address and the bootstrap port
@@ -149,9 +153,11 @@ class FeederConfig:
     confirm_s: float = 0.05       # how often to list the workers while an add is unconfirmed
     retry_s: float = 0.2          # an add not served after this is made again (doubling)
     max_retry_s: float = 1.0
-    act_on_suspect: bool = False
+    act_on_suspect: bool | None = None  # None: where the router can add the worker back
 
     def __post_init__(self) -> None:
+        if self.act_on_suspect not in (None, True, False):
+            raise InvalidConfig(f"act_on_suspect is True, False or None, got {self.act_on_suspect!r}")
         for name in ("poll_s", "reread_s", "resync_s", "backoff_s", "max_backoff_s",
                      "confirm_s", "retry_s", "max_retry_s"):
             v = getattr(self, name)
@@ -230,7 +236,7 @@ class Feeder:
                 retry[url] = p.tries + 1
                 if w is not None and self.client.replaces:
                     cur.remove(w)  # listed unhealthy: the add replaces it
-        for a in plan(insts, cur, self.mem, self.client.can_add, self.cfg.act_on_suspect):
+        for a in plan(insts, cur, self.mem, self.client.can_add, self.acts_on_suspect()):
             if a.op == "remove" and a.worker is not None:
                 self.client.remove(a.worker)
                 cur = [w for w in cur if w.url != a.url]
@@ -254,6 +260,12 @@ class Feeder:
                 self.on_action(a, self.clock.monotonic_ns())
         self._adopt(insts, listed)
         return cur
+
+    def acts_on_suspect(self) -> bool:
+        """Whether a SUSPECT instance is taken out (see the module's docstring)."""
+        if self.cfg.act_on_suspect is not None:
+            return self.cfg.act_on_suspect
+        return self.client.can_add("prefill") and self.client.can_add("decode")
 
     def _adopt(self, insts: list[Instance], listed: list[RouterWorker]) -> None:
         """Hand each listed worker an instance matches to the client's ``adopt``, once."""
