@@ -14,7 +14,8 @@ server not up yet) or removed the worker afterwards (a drain that ended) serves 
 the end.  A router that is unreachable,
 slow or answers errors is retried with backoff (``backoff_s`` doubling to
 ``max_backoff_s``); the follower never waits for it, so the next plan uses the newest
-board.  UNKNOWN (the host's agent absent or stalled) never removes anything.  SUSPECT
+board.  A draining instance is removed at once and not added back while it drains.
+UNKNOWN (the host's agent absent or stalled) never removes anything.  SUSPECT
 removes with ``act_on_suspect``; by default (None) that is on for a router that takes a
 worker back over HTTP (the instance returns as soon as it reads ALIVE again: a stall
 costs it its traffic for the stall, never its links or a verdict) and off for one that
@@ -108,7 +109,8 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
     gone = {Status.DEAD, Status.LEFT} | ({Status.SUSPECT} if act_on_suspect else set())
     out = []
     for url, insts in sorted(by_url.items()):
-        live = [i for i in insts if i.status not in gone and i.status is not Status.UNKNOWN]
+        live = [i for i in insts if i.status not in gone and i.status is not Status.UNKNOWN
+                and not i.draining]
         unknown = any(i.status is Status.UNKNOWN for i in insts)
         cur = present.get(url)
         if live:
@@ -137,7 +139,8 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
                                   f"{newest.key} is alive but this router takes no {role} "
                                   "worker over HTTP: restart the router to serve it again"))
         elif cur is not None and not unknown:
-            worst = insts[0].status if len(insts) == 1 else "gone"
+            worst = ("draining" if insts[0].draining else insts[0].status.value) \
+                if len(insts) == 1 else "gone"
             out.append(Action("remove", url, cur.role, cur.bootstrap_port, cur,
                               f"{', '.join(i.key for i in insts)} {worst}"))
     return out

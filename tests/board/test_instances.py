@@ -13,8 +13,8 @@ import shmhb
 from shmhb import Status
 from shmhb.errors import InvalidConfig, InvalidKey
 from shmhb.board.instances import (
-    board_instances, instance_key, instances_from, judge_instance, parse_instance_key,
-    register_instance,
+    board_instances, drain_key, instance_key, instances_from, judge_instance,
+    parse_instance_key, register_instance,
 )
 
 from ..conftest import ENGINE, Procs, wait_until
@@ -76,6 +76,20 @@ def test_rows_become_instances_with_their_ranks_and_bad_rows_are_skipped() -> No
     assert got["e2"].status is A and got["e2"].bootstrap is None and got["e2"].ranks == 0
     assert (got["e4"].serving, got["e4"].bootstrap) == (None, "127.0.0.8:8999")
     assert got["e1"].to_json()["url"] == "http://127.0.0.5:8000"
+
+
+def test_a_live_drain_slot_marks_its_instance_draining() -> None:
+    rows = [slot("inst/prefill/8998/e1", A, "127.0.0.5:8000"),
+            slot("inst/decode/-/e2", A, "127.0.0.6:8000"),
+            slot("inst/decode/-/e3", A, "127.0.0.6:8001"),
+            slot(drain_key("inst/prefill/8998/e1"), S),   # a drain under way (even if slow)
+            slot(drain_key("inst/decode/-/e2"), D),       # its holder died: the drain ended
+            slot("drain/decode/-/e9", A)]                 # of no instance here: ignored
+    got = {i.engine: i for i in instances_from(rows)}
+    assert (got["e1"].draining, got["e2"].draining, got["e3"].draining) == (True, False, False)
+    assert got["e1"].status is A and got["e1"].to_json()["draining"] is True
+    with pytest.raises(InvalidConfig):
+        drain_key("vllm/e1/dp0/tp0/pp0")
 
 
 def test_the_instance_slot_shares_no_endpoint_with_a_rank(board: shmhb.Board) -> None:

@@ -72,6 +72,15 @@ def test_plan_adds_back_where_it_can_and_replaces_a_restarted_entry() -> None:
         [("remove", "http://127.0.0.5:8000")]
 
 
+def test_plan_takes_a_draining_instance_out_and_keeps_it_out_until_the_drain_ends() -> None:
+    mem = Memory()
+    draining = inst("e", A)._replace(draining=True)
+    acts = plan([draining], [rw()], mem, lambda r: True)
+    assert ops(acts) == [("remove", "http://127.0.0.5:8000")] and "draining" in acts[0].why
+    assert plan([draining], [], mem, lambda r: True) == []  # not added back while it drains
+    assert ops(plan([inst("e", A)], [], mem, lambda r: True)) == [("add", "http://127.0.0.5:8000")]
+
+
 def test_plan_matches_by_bootstrap_port_when_no_serving_address() -> None:
     listed = [rw("http://127.0.0.5:9000", bport=8998, ident="a"),
               rw("http://127.0.0.5:9001", bport=8999, ident="b")]
