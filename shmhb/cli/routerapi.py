@@ -41,7 +41,7 @@ from ..board.address import check_endpoint, parse_address
 from ..errors import InvalidAddress, InvalidConfig, ShmhbError
 
 __all__ = ["KINDS", "RouterClient", "RouterError", "RouterWorker", "SglangRouter", "SmgRouter",
-           "VllmRouter", "client_for", "worker_endpoint"]
+           "VllmRouter", "client_for", "smg_conflict", "worker_endpoint"]
 
 #: the largest worker list read (bytes): a router with thousands of workers fits
 MAX_BODY = 4 << 20
@@ -223,7 +223,7 @@ class SmgRouter:
             status, out = self._h.call("POST", "/workers", body)
             if 200 <= status < 300:
                 return _worker_id(out)
-            code, ident = _conflict(out) if status == 409 else (None, None)
+            code, ident = smg_conflict(out) if status == 409 else (None, None)
             if code == "WORKER_ALREADY_EXISTS":
                 ident = self._listed_id(url) or ident
                 if ident is None:
@@ -238,7 +238,7 @@ class SmgRouter:
                           f"{out[:200].decode(errors='replace')}")
 
 
-def _conflict(out: bytes) -> tuple[str | None, str | None]:
+def smg_conflict(out: bytes) -> tuple[str | None, str | None]:
     """(code, worker id) of smg's 409 answer: the id is the one its message names."""
     try:
         doc = json.loads(out)

@@ -1,6 +1,6 @@
 """A P/D stack on loopback for the real routers: simulated hosts (each its own board and
 ``shmhb pinger`` holding the agent role, on its own 127.0.0.x), stand-in prefill and
-decode instances (``tests.routers.standin``), a real vllm-router or sglang-router in PD
+decode instances (``tests.routers.standin``), a real vllm-router, sglang-router or smg in PD
 mode on 127.0.0.1, optionally ``shmhb feed`` in front of it, and a steady client.
 
 Used by tests/routers and by ``python -m bench.routers``.  Everything it starts is

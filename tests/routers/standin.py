@@ -1,7 +1,7 @@
 """A stand-in P/D serving instance, for the real routers on loopback (vLLM itself cannot
 serve on a CPU-only machine).  ``python -m tests.routers.standin --role prefill ...``
 
-It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
+It answers what vllm-router, sglang-router and smg call, as vLLM / SGLang would:
 
 - ``GET /health`` (200), ``/metrics``, ``/v1/models``, ``/server_info`` and
   ``/model_info``; ``POST /v1/completions`` (and ``/render``, which vllm-router's
@@ -23,6 +23,10 @@ It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
   prefill first, then the decode with ``remote_bootstrap_addr``/``remote_engine_id``) or
   ``bootstrap_host``/``bootstrap_port`` (sglang-router: both at once) fetches the KV
   from the prefill's ``/kv`` first; a failed or timed-out fetch is HTTP 500.
+
+With ``--serve-after-s S`` it registers first and starts its HTTP servers S seconds later
+(until then a connection is refused), as a vLLM engine registers its KV caches before its
+API server answers.
 
 It registers on its host's board the way ``ShmhbConnector`` does: its rank slot
 ``vllm/<engine>/dp0/tp0/pp0`` and its instance slot (``shmhb.board.instances.register_instance``)
