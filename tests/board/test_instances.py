@@ -4,8 +4,10 @@ them) killed, closed and restarted under this test's own agent."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -90,6 +92,31 @@ def test_a_live_drain_slot_marks_its_instance_draining() -> None:
     assert got["e1"].status is A and got["e1"].to_json()["draining"] is True
     with pytest.raises(InvalidConfig):
         drain_key("vllm/e1/dp0/tp0/pp0")
+
+
+def test_shmhb_drain_holds_the_drain_until_the_instance_leaves(board: shmhb.Board,
+                                                               agent: object) -> None:
+    """The command marks the instance draining while it runs and exits 0 once the
+    instance left; an instance it cannot name is a clear error."""
+    hb = board.register("vllm/e7/dp0/tp0/pp0", endpoints=("127.0.0.5:8998",), agent=False).start(0.05)
+    register_instance(board, hb, "prefill", "e7", serving="127.0.0.5:8000",
+                      bootstrap="127.0.0.5:8998", interval_s=0.05)
+    cmd = [sys.executable, "-m", "shmhb", "drain", "--board", board.name]
+    bad = subprocess.run(cmd + ["nope"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "no instance" in bad.stderr
+    p = subprocess.Popen(cmd + ["e7"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and json.loads(p.stdout.readline())["event"] == "draining"
+        wait_until(lambda: board_instances(board)[0].draining, what="e7 draining")
+        hb.close()  # a graceful leave: the instance slot closes with its rank
+        assert p.wait(10) == 0
+        assert json.loads(p.stdout.readline())["why"] == "left"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def test_the_instance_slot_shares_no_endpoint_with_a_rank(board: shmhb.Board) -> None:
