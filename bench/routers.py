@@ -1,10 +1,12 @@
 """``python -m bench.routers``: the real routers in front of P/D, side by side in one run.
 
-For vllm-router (PD mode, ``--kv-connector mooncake``) and sglang-router (PD mode), each
-in four setups: at its defaults, with its health check as tight as it takes
+For vllm-router (PD mode, ``--kv-connector mooncake``), sglang-router and smg (PD mode),
+each in four setups: at its defaults, with its health check as tight as it takes
 (``--health-check-interval-secs 1 --health-failure-threshold 1
---health-check-timeout-secs 1``), at its defaults fed by ``shmhb feed``, and the same
-with ``--act-on-suspect`` (``shmhb-suspect``: an instance is removed at suspect-after).  Each setup
+--health-check-timeout-secs 1``), at its defaults fed by ``shmhb feed`` (its defaults:
+a suspect instance is taken out where the router can take it back, sglang and smg, not
+for vllm-router), and fed with the other choice (``shmhb-flip``: ``--act-on-suspect``
+for vllm-router, ``--no-act-on-suspect`` for the others).  Each setup
 gets a fresh stack (tests/routers/stack.py): prefills p1, p2, p3 and decode d1 on four
 simulated hosts (boards, agents), stand-ins that register as ShmhbConnector does, the
 router on 127.0.0.1, and a client sending ``--rate-hz`` requests per second (timeout
@@ -50,7 +52,10 @@ from tests.routers.stack import (TUNED, Client, PdStack, Result, private_network
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- routers:begin -->", "<!-- routers:end -->"
-MODES = ("defaults", "tuned", "shmhb", "shmhb-suspect")
+MODES = ("defaults", "tuned", "shmhb", "shmhb-flip")
+KINDS = ("vllm", "sglang", "smg")
+#: the feeder's flag that flips its default choice on suspect instances, per kind
+FLIP = {"vllm": "--act-on-suspect", "sglang": "--no-act-on-suspect", "smg": "--no-act-on-suspect"}
 POLICY = shmhb.Policy(suspect_after_s=1.0, dead_after_s=2.0)
 
 
@@ -80,7 +85,7 @@ def run_setup(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
             s.add_instance("d1", "decode", 3)
             s.start_router(kind, TUNED if mode == "tuned" else [])
             if mode.startswith("shmhb"):
-                s.start_feeder(kind, *(["--act-on-suspect"] if mode == "shmhb-suspect" else []))
+                s.start_feeder(kind, *([FLIP[kind]] if mode == "shmhb-flip" else []))
             c = Client(s.router_port, rate_hz=rate_hz).start()
             wait_for(lambda: all(len(p.served_since(0)) >= 3 for p in (p1, p2, p3)),
                      30, "the prefills serving")
@@ -179,13 +184,14 @@ def table(runs: dict[tuple[str, str], list[dict[str, Any]]], window_s: float) ->
             "for ms | stop: feeder call ms | restart: failed | restart: serves again after ms |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (kind, mode), rs in runs.items():
+        label = f"shmhb {FLIP[kind]}" if mode == "shmhb-flip" else mode
         def g(ph: str, k: str) -> list[Any]:
             return [r[ph].get(k) for r in rs]
 
         def fails(ph: str) -> str:
             return f"{cell(g(ph, 'inflight'))} + {cell(g(ph, 'after'))}"
         rows.append(
-            f"| {kind}-router | {mode} | {fails('kill')} | "
+            f"| {kind if kind == 'smg' else kind + '-router'} | {label} | {fails('kill')} | "
             f"{cell(g('kill', 'stop_ms'), none=never)} | {cell(g('kill', 'feed_ms'))} | "
             f"{fails('stop')} | {cell(g('stop', 'stop_ms'), none=never)} | "
             f"{cell(g('stop', 'feed_ms'))} | {cell(g('restart', 'after'))} | "
@@ -196,7 +202,7 @@ def table(runs: dict[tuple[str, str], list[dict[str, Any]]], window_s: float) ->
 def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Namespace,
             wall_s: float) -> str:
     vers = []
-    for pkg in ("vllm-router", "sglang-router"):
+    for pkg in ("vllm-router", "sglang-router", "smg"):
         try:
             from importlib.metadata import version
             vers.append(f"{pkg} {version(pkg)}")
@@ -213,7 +219,8 @@ def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Names
              "and per KV fetch), round robin, a client at the rate above (timeout 4 s). "
              f"Faults in order, each followed by {a.window_s:g} s: p1 SIGKILLed, p1 restarted "
              "under a new engine id, p3 SIGSTOPped (p2 healthy throughout). Board policy suspect 1 s, "
-             "dead 2 s; *shmhb-suspect*: `shmhb feed --act-on-suspect`. "
+             "dead 2 s; *shmhb*: `shmhb feed` at its defaults (a suspect instance is taken out "
+             "where the router takes it back: sglang-router, smg), and with the other choice. "
              "*failed*: requests that got no 200, in flight at the fault (sent before it, "
              "answered after) + sent after it within the phase; *still sent to it*: the send "
              "time, after the fault, of the last request that failed (only the faulty "
@@ -228,17 +235,21 @@ def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Names
               "shmhb a restarted prefill stays out until the router restarts (`shmhb feed` "
               "says so: `cannot_add`); at its defaults and tuned it keeps the restarted URL "
               "with the dead engine's id, so requests sent there fail at the decode side "
-              "(*restart: failed*). sglang-router retries a failed request on another "
-              "worker, so a kill costs it no request even at its defaults; the restarted "
+              "(*restart: failed*). sglang-router and smg retry a failed request on another "
+              "worker, so a kill costs them no request even at their defaults; the restarted "
               "instance is what its own health check did not give back within the window. "
               "A stopped instance accepts connections and never answers: every request sent "
               "to it before it is taken out waits for the client's timeout, so a stop costs "
-              "what arrives during the board's dead-after (2 s here; suspect-after, 1 s, "
-              "with `--act-on-suspect`).", "",
+              "what arrives until the feeder acts: at the board's dead-after (2 s here) "
+              "where it acts on dead only, at suspect-after (1 s) where it acts on suspect "
+              "(its default for sglang-router and smg, which take the instance back when it "
+              "beats again). smg stops sending to a stopped worker by itself sooner than "
+              "the others: see its rows.", "",
               "Targets, fed by shmhb: kill to the router's call within 50 ms; "
-              "stop to the call within dead-after + 1 s; failed requests at most those "
-              "inside the dead instance; a restarted instance serving within 1 s of its "
-              "registration (sglang-router; vllm-router's PD mode cannot take it back).", END]
+              "stop to the call within about a second where the router takes the instance "
+              "back; failed requests at most those inside the dead instance; a restarted "
+              "instance serving within 1 s of its registration (sglang-router, smg; "
+              "vllm-router's PD mode cannot take it back).", END]
     return "\n".join(lines) + "\n"
 
 
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--window-s", type=float, default=6.0)
     ap.add_argument("--rate-hz", type=float, default=50.0)
-    ap.add_argument("--kinds", nargs="+", default=["vllm", "sglang"], choices=["vllm", "sglang"])
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--feeder-cpu-only", action="store_true",
                     help="only measure shmhb feed's own CPU while idle (no routers needed)")
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in a.kinds:
         for m in MODES:
             for i in range(a.repeats):
-                print(f"{k}-router {m} run {i + 1}/{a.repeats} ...", file=sys.stderr, flush=True)
+                print(f"{k} {m} run {i + 1}/{a.repeats} ...", file=sys.stderr, flush=True)
                 runs.setdefault((k, m), []).append(run_setup(k, m, a.window_s, a.rate_hz))
                 print(f"  {runs[(k, m)][-1]}", file=sys.stderr, flush=True)
     text = section(runs, a, time.monotonic() - t0)

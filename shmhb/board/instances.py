@@ -16,6 +16,12 @@ An instance needs a serving address or a bootstrap port.  The instance slot beat
 same process as that rank and closes with it, so the pinger's digest carries it to
 other hosts like any worker.
 
+An instance is *draining* while a slot keyed ``drain/`` and the rest of its instance key
+(``register_drain``: held by whoever asked for the drain, the engine itself on SIGTERM or
+``shmhb drain``) reads ALIVE, SUSPECT or UNKNOWN: routers fed by the board send it no new
+request, while it finishes what it owes and leaves.  A drain ends when its slot closes
+or its holder dies; the instance is then judged as before.
+
 An instance reads DEAD or LEFT as soon as its own slot or any of its ranks does, ALIVE
 only while its slot and every rank are, and UNKNOWN when the board cannot say.  A
 restart registers the slot anew: a new incarnation (and, with vLLM's default, a new
@@ -37,14 +43,16 @@ from .records import check_key
 from ..status import SlotStatus, Status
 
 __all__ = [
-    "INSTANCE_PREFIX", "Instance", "RANK_PREFIX", "ROLES", "instance_key", "instances_from",
-    "judge_instance", "parse_instance_key", "register_instance",
+    "DRAIN_PREFIX", "INSTANCE_PREFIX", "Instance", "RANK_PREFIX", "ROLES", "drain_key",
+    "instance_key", "instances_from", "judge_instance", "parse_instance_key", "register_drain",
+    "register_instance",
 ]
 
 log = logging.getLogger(__name__)
 skipped = RateLimitedLog(log)
 
 INSTANCE_PREFIX = "inst/"
+DRAIN_PREFIX = "drain/"
 RANK_PREFIX = "vllm/"
 ROLES = ("prefill", "decode", "both")
 #: the order of badness when an instance's rows disagree: the first that any row has wins
@@ -67,6 +75,7 @@ class Instance(NamedTuple):
     incarnation: int
     status: Status
     ranks: int
+    draining: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +83,7 @@ class Instance(NamedTuple):
             "url": None if self.serving is None else f"http://{self.serving}",
             "serving": self.serving, "bootstrap": self.bootstrap,
             "incarnation": self.incarnation, "status": self.status.value, "ranks": self.ranks,
+            "draining": self.draining,
         }
 
 
@@ -114,6 +124,16 @@ def parse_instance_key(key: str) -> tuple[str, int | None, str] | None:
     return parts[0], int(p), parts[2]
 
 
+def drain_key(key: str) -> str:
+    """The key of the drain slot of instance ``key`` (``InvalidConfig`` if ``key`` is not
+    an instance key, ``InvalidKey`` if the drain key does not fit)."""
+    if parse_instance_key(key) is None:
+        raise InvalidConfig(f"not an instance key (inst/<role>/<port>/<engine>): {key!r}")
+    out = DRAIN_PREFIX + key[len(INSTANCE_PREFIX):]
+    check_key(out)
+    return out
+
+
 def judge_instance(own: Status, ranks: Iterable[Status]) -> Status:
     """An instance's status from its own slot's and its ranks' statuses: the worst of
     them (DEAD, then LEFT, then UNKNOWN, then SUSPECT), ALIVE only when all are."""
@@ -129,6 +149,9 @@ def instances_from(slots: Iterable[SlotStatus], host: str = "") -> list[Instance
     rows), judged with its ranks.  Rows that look like instances but do not parse are
     skipped (logged at most every 10 s)."""
     rows = list(slots)
+    drains = {INSTANCE_PREFIX + r.key[len(DRAIN_PREFIX):] for r in rows
+              if r.key.startswith(DRAIN_PREFIX)
+              and r.status in (Status.ALIVE, Status.SUSPECT, Status.UNKNOWN)}
     out = []
     for s in rows:
         if not s.key.startswith(INSTANCE_PREFIX):
@@ -149,7 +172,8 @@ def instances_from(slots: Iterable[SlotStatus], host: str = "") -> list[Instance
             if where is not None:
                 boot = format_address(parse_address(where).host, bport)
         out.append(Instance(host, s.key, token, role, serving, boot, s.incarnation,
-                            judge_instance(s.status, [r.status for r in mine]), len(mine)))
+                            judge_instance(s.status, [r.status for r in mine]), len(mine),
+                            s.key in drains))
     return out
 
 
@@ -177,4 +201,13 @@ def register_instance(board: Any, rank_hb: Any, role: str, engine_token: str, *,
     hb = board.register(key, endpoints=eps, agent=False).start(interval_s)
     rank_hb.on_close(hb.close)
     log.info("instance %s registered (incarnation %d, endpoints %s)", key, hb.incarnation, eps)
+    return hb
+
+
+def register_drain(board: Any, key: str, *, interval_s: float = 0.1) -> Any:
+    """Start a drain of instance ``key`` on ``board``: a slot beating every ``interval_s``
+    from this process, the drain lasting until its ``Heartbeat`` closes or this process
+    dies.  ``KeyInUse`` if a drain of it is under way already."""
+    hb = board.register(drain_key(key), agent=False).start(interval_s)
+    log.info("drain of %s started", key)
     return hb

@@ -15,9 +15,10 @@ from ..clock import MONOTONIC
 from ..board.config import board_name
 from ..errors import InvalidConfig
 from .feeder import Action, Feeder, FeederConfig
-from ..board.instances import Instance, board_instances
+from ..board.instances import Instance, board_instances, register_drain
 from .routerapi import KINDS, RouterClient, client_for
 from .stopsignal import stop_on_signals
+from ..status import Status
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,10 @@ def add_parsers(sub: Any) -> None:
                          "the hosts its pinger follows are included")
     sp.add_argument("--no-remote", action="store_true",
                     help="only the boards' own instances, not those of the hosts they follow")
-    sp.add_argument("--act-on-suspect", action="store_true",
-                    help="remove an instance that reads suspect (default: only dead or left)")
+    sp.add_argument("--act-on-suspect", action=argparse.BooleanOptionalAction, default=None,
+                    help="take an instance that reads suspect out of rotation (it comes back "
+                         "when it reads alive); default: yes for a router that takes a worker "
+                         "back over HTTP (sglang, smg), no for vllm-router's PD mode")
     sp.add_argument("--poll-ms", type=float, default=2.0,
                     help="how often to look at the boards' change counters (default 2)")
     sp.add_argument("--resync-s", type=float, default=2.0,
@@ -44,6 +47,17 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--json", action="store_true",
                     help="print each call the router accepted as a JSON line on stdout")
     sp.set_defaults(func=cmd_feed)
+
+    sp = sub.add_parser(
+        "drain", help="drain an instance: fed routers stop sending it new requests",
+        description="Mark an instance of this host's board draining (routers fed by shmhb "
+                    "take it out of rotation at once) until it leaves, the timeout passes, "
+                    "or this command is stopped (then the drain ends and it is put back).")
+    sp.add_argument("instance", help="the instance's key (inst/...) or engine id")
+    sp.add_argument("--board", default=None, metavar="NAME")
+    sp.add_argument("--timeout-s", type=float, default=600.0,
+                    help="end the drain after this long if the instance has not left (600)")
+    sp.set_defaults(func=cmd_drain)
 
     sp = sub.add_parser("instances", help="the P/D instances on the board, as JSON")
     sp.add_argument("--board", dest="boards", action="append", default=None, metavar="NAME")
@@ -84,6 +98,43 @@ def cmd_instances(args: argparse.Namespace) -> int:
     from .instview import SCHEMA
     print(json.dumps({"schema": SCHEMA, "instances": [i.to_json() for i in read()]}, indent=2))
     return 0
+
+
+def find_instance(insts: list[Instance], name: str) -> Instance:
+    """The instance whose key or engine id is ``name`` (``InvalidConfig`` if none, or more
+    than one)."""
+    got = [i for i in insts if name in (i.key, i.engine)]
+    if len(got) != 1:
+        raise InvalidConfig(f"{'no' if not got else 'more than one'} instance on this board "
+                            f"has key or engine id {name!r} (see `shmhb instances --no-remote`)")
+    return got[0]
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    if isinstance(args.timeout_s, bool) or not 0 < args.timeout_s <= 86400:
+        raise InvalidConfig(f"--timeout-s is in (0, 86400], got {args.timeout_s!r}")
+    board = Board.attach(board_name(args.board))  # type: ignore[arg-type]
+    inst = find_instance(board_instances(board, remote=False), args.instance)
+    hb = register_drain(board, inst.key)
+    done = threading.Event()
+    stop_on_signals(done)  # never done.set() in a handler: see shmhb.cli.stopsignal
+    deadline = MONOTONIC.monotonic_ns() + int(args.timeout_s * 1e9)
+    print(json.dumps({"event": "draining", "key": inst.key}), flush=True)
+    why = "stopped"
+    try:
+        while not done.wait(0.05):
+            now = [i for i in board_instances(board, remote=False) if i.key == inst.key]
+            if not now or now[0].incarnation != inst.incarnation or now[0].status in (
+                    Status.LEFT, Status.DEAD):
+                why = "left"
+                break
+            if MONOTONIC.monotonic_ns() > deadline:
+                why = "timeout"
+                break
+    finally:
+        hb.close()
+    print(json.dumps({"event": "drain_ended", "key": inst.key, "why": why}), flush=True)
+    return 0 if why == "left" else 1
 
 
 def cmd_feed(args: argparse.Namespace) -> int:

@@ -6,11 +6,21 @@ without a write), and hands the instances it read to the *applier*.  The applier
 (``plan``, pure) against the router's worker list as it last knew it and calls the
 router: it removes a worker whose instances all read DEAD or LEFT, adds back one whose
 instance is ALIVE again where the router's API allows it, and replaces one whose
-instance restarted (a new incarnation) while listed.  A router that is unreachable,
+instance restarted (a new incarnation) while listed.  An add counts only once the
+router lists the worker healthy: until then the applier lists the router's workers
+every ``confirm_s`` and adds it again after ``retry_s`` (doubling to ``max_retry_s``), so
+a router that accepted the add and then failed its own registration (the engine's HTTP
+server not up yet) or removed the worker afterwards (a drain that ended) serves it in
+the end.  A router that is unreachable,
 slow or answers errors is retried with backoff (``backoff_s`` doubling to
 ``max_backoff_s``); the follower never waits for it, so the next plan uses the newest
-board.  UNKNOWN (the host's agent absent or stalled) never removes anything; SUSPECT
-removes only with ``act_on_suspect``.
+board.  A draining instance is removed at once and not added back while it drains.
+UNKNOWN (the host's agent absent or stalled) never removes anything.  SUSPECT
+removes with ``act_on_suspect``; by default (None) that is on for a router that takes a
+worker back over HTTP (the instance returns as soon as it reads ALIVE again: a stall
+costs it its traffic for the stall, never its links or a verdict) and off for one that
+cannot (vllm-router's PD mode: a stall would cost the instance its place until the
+router restarts).
 
 How an instance finds its worker in the router: by its serving address when it has one
 (``http://host:port``), else by the host of its bootstrap address and the bootstrap port
@@ -35,14 +45,19 @@ from ..ratelog import RateLimitedLog
 from .routerapi import RouterClient, RouterError, RouterWorker, worker_endpoint
 from ..status import Status
 
-__all__ = ["Action", "Feeder", "FeederConfig", "Memory", "plan"]
+__all__ = ["Action", "Feeder", "FeederConfig", "Memory", "Pending", "plan"]
 
 log = logging.getLogger(__name__)
 _rl = RateLimitedLog(log)
-#: how long an added worker counts as listed before the router lists it (it checks the
-#: worker's health first); then the add is planned anew
-PENDING_S = 10.0
 _ROLE = {"prefill": "prefill", "decode": "decode", "both": "regular"}
+
+
+class Pending(NamedTuple):
+    """An add the router has not yet confirmed (listed healthy)."""
+
+    worker: RouterWorker
+    retry_at_ns: int      # when to add it again if still not served
+    tries: int
 
 
 class Action(NamedTuple):
@@ -57,12 +72,14 @@ class Action(NamedTuple):
 @dataclass
 class Memory:
     """What the applier keeps between plans: every worker the router listed (url ->
-    entry), and the incarnation of the instance each listed url was confirmed for."""
+    entry), the incarnation of the instance each listed url was confirmed for, the adds
+    not confirmed yet, and the worker ids handed to the client's ``adopt``."""
 
     seen: dict[str, RouterWorker] = field(default_factory=dict)
     served_inc: dict[str, int] = field(default_factory=dict)
-    pending: dict[str, tuple[RouterWorker, int]] = field(default_factory=dict)  # added, not listed yet
+    pending: dict[str, Pending] = field(default_factory=dict)  # added, not served yet
     told: set[tuple[str, int]] = field(default_factory=set)  # (url, incarnation) said cannot_add
+    adopted: set[str] = field(default_factory=set)
 
 
 def _url_of(inst: Instance, known: Iterable[RouterWorker]) -> str | None:
@@ -92,7 +109,8 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
     gone = {Status.DEAD, Status.LEFT} | ({Status.SUSPECT} if act_on_suspect else set())
     out = []
     for url, insts in sorted(by_url.items()):
-        live = [i for i in insts if i.status not in gone and i.status is not Status.UNKNOWN]
+        live = [i for i in insts if i.status not in gone and i.status is not Status.UNKNOWN
+                and not i.draining]
         unknown = any(i.status is Status.UNKNOWN for i in insts)
         cur = present.get(url)
         if live:
@@ -121,7 +139,8 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
                                   f"{newest.key} is alive but this router takes no {role} "
                                   "worker over HTTP: restart the router to serve it again"))
         elif cur is not None and not unknown:
-            worst = insts[0].status if len(insts) == 1 else "gone"
+            worst = ("draining" if insts[0].draining else insts[0].status.value) \
+                if len(insts) == 1 else "gone"
             out.append(Action("remove", url, cur.role, cur.bootstrap_port, cur,
                               f"{', '.join(i.key for i in insts)} {worst}"))
     return out
@@ -134,10 +153,16 @@ class FeederConfig:
     resync_s: float = 2.0         # how often the applier lists the router's workers anew
     backoff_s: float = 0.1
     max_backoff_s: float = 5.0
-    act_on_suspect: bool = False
+    confirm_s: float = 0.05       # how often to list the workers while an add is unconfirmed
+    retry_s: float = 0.2          # an add not served after this is made again (doubling)
+    max_retry_s: float = 1.0
+    act_on_suspect: bool | None = None  # None: where the router can add the worker back
 
     def __post_init__(self) -> None:
-        for name in ("poll_s", "reread_s", "resync_s", "backoff_s", "max_backoff_s"):
+        if self.act_on_suspect not in (None, True, False):
+            raise InvalidConfig(f"act_on_suspect is True, False or None, got {self.act_on_suspect!r}")
+        for name in ("poll_s", "reread_s", "resync_s", "backoff_s", "max_backoff_s",
+                     "confirm_s", "retry_s", "max_retry_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 3600:
                 raise InvalidConfig(f"{name} must be a number of seconds in (0, 3600], got {v!r}")
@@ -200,13 +225,21 @@ class Feeder:
         from the first call that failed (the rest are planned anew next time)."""
         now = self.clock.monotonic_ns()
         cur = list(listed)
-        have = {w.url for w in cur}
-        for url, (w, at) in list(self.mem.pending.items()):
-            if url in have or now - at > PENDING_S * 1e9:
-                del self.mem.pending[url]  # listed now, or never came: planned anew
+        have = {w.url: w for w in cur}
+        retry: dict[str, int] = {}
+        for url, p in list(self.mem.pending.items()):
+            w = have.get(url)
+            if w is not None and w.healthy:
+                del self.mem.pending[url]  # served: confirmed
+            elif now < p.retry_at_ns:
+                if w is None:
+                    cur.append(p.worker)  # added, not listed yet: the router is checking it
             else:
-                cur.append(w)  # added, not listed yet (the router activates it in the background)
-        for a in plan(insts, cur, self.mem, self.client.can_add, self.cfg.act_on_suspect):
+                del self.mem.pending[url]  # not served in time: planned anew
+                retry[url] = p.tries + 1
+                if w is not None and self.client.replaces:
+                    cur.remove(w)  # listed unhealthy: the add replaces it
+        for a in plan(insts, cur, self.mem, self.client.can_add, self.acts_on_suspect()):
             if a.op == "remove" and a.worker is not None:
                 self.client.remove(a.worker)
                 cur = [w for w in cur if w.url != a.url]
@@ -216,14 +249,43 @@ class Feeder:
                 log.warning("shmhb feed: %s: %s", self.client.base, a.why)
             else:
                 ident = self.client.add(a.url, a.role, a.bootstrap_port) or a.url
-                w = RouterWorker(a.url, a.role, a.bootstrap_port, ident)
+                w = RouterWorker(a.url, a.role, a.bootstrap_port, ident, healthy=False)
                 cur.append(w)
-                self.mem.pending[a.url] = (w, self.clock.monotonic_ns())
+                tries = retry.get(a.url, 0)
+                wait_s = min(self.cfg.retry_s * 2 ** min(tries, 16), self.cfg.max_retry_s)
+                self.mem.pending[a.url] = Pending(w, self.clock.monotonic_ns() + int(wait_s * 1e9),
+                                                  tries)
+                if tries:
+                    a = a._replace(why=f"{a.why}; not served yet, added again (try {tries + 1})")
             if a.op != "cannot_add":
                 log.info("shmhb feed: %s %s %s (%s)", self.client.base, a.op, a.url, a.why)
             if self.on_action is not None:
                 self.on_action(a, self.clock.monotonic_ns())
+        self._adopt(insts, listed)
         return cur
+
+    def acts_on_suspect(self) -> bool:
+        """Whether a SUSPECT instance is taken out (see the module's docstring)."""
+        if self.cfg.act_on_suspect is not None:
+            return self.cfg.act_on_suspect
+        return self.client.can_add("prefill") and self.client.can_add("decode")
+
+    def _adopt(self, insts: list[Instance], listed: list[RouterWorker]) -> None:
+        """Hand each listed worker an instance matches to the client's ``adopt``, once."""
+        fresh = [w for w in listed if w.id not in self.mem.adopted]
+        if not fresh:
+            return
+        mine = {_url_of(i, self.mem.seen.values()) for i in insts}
+        for w in fresh:
+            if w.url in mine:
+                try:
+                    self.client.adopt(w)
+                except RouterError as e:  # its settings stay as they were: said, not fatal
+                    _rl.warn("adopt", "shmhb feed: router %s: adopting %s failed: %s",
+                             self.client.base, w.url, e)
+                if len(self.mem.adopted) > 4096:
+                    self.mem.adopted.clear()  # bounded: at worst adopted once more
+                self.mem.adopted.add(w.id)
 
     def _apply(self) -> None:
         listed: list[RouterWorker] | None = None
@@ -231,9 +293,10 @@ class Feeder:
         gen = -1
         delay = self.cfg.backoff_s
         while not self._stop.is_set():
+            every = self.cfg.confirm_s if self.mem.pending else self.cfg.resync_s
             with self._cv:
                 if self._gen == gen and listed is not None:
-                    left = self.cfg.resync_s - (self.clock.monotonic_ns() - listed_at) / 1e9
+                    left = every - (self.clock.monotonic_ns() - listed_at) / 1e9
                     if left > 0:
                         self._cv.wait(left)
                 insts, g = self._latest, self._gen
@@ -241,7 +304,7 @@ class Feeder:
                 self._stop.wait(self.cfg.poll_s)
                 continue
             try:
-                if listed is None or self.clock.monotonic_ns() - listed_at >= self.cfg.resync_s * 1e9:
+                if listed is None or self.clock.monotonic_ns() - listed_at >= every * 1e9:
                     listed, listed_at = self.client.workers(), self.clock.monotonic_ns()
                 listed = self.apply_once(insts, listed)
                 gen, delay = g, self.cfg.backoff_s

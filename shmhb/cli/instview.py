@@ -3,11 +3,11 @@ in other languages and for Kubernetes readiness (docs/ROUTERS.md, "The JSON view
 
 - ``GET /instances``: ``{"schema": 1, "epoch", "revision", "instances": [...]}``, each
   instance as ``Instance.to_json`` (host, key, engine_id, role, url, serving, bootstrap,
-  incarnation, status, ranks).  ``?live=1``: only those that read alive; the answer is
+  incarnation, status, ranks, draining).  ``?live=1``: only those that read alive and are not draining; the answer is
   then 503 when there are none (a readiness probe).
 - ``GET /instances/changes?since=REV&epoch=E[&wait_s=S]``: the changes after revision
   REV, ``{"schema", "epoch", "revision", "changes": [{"revision", "op", "instance"}]}``
-  with op ``added``, ``changed`` (status or incarnation) or ``removed``.  ``wait_s`` (at
+  with op ``added``, ``changed`` (status, incarnation or draining) or ``removed``.  ``wait_s`` (at
   most 30) holds the answer until there is a change (a long poll).  A reader that
   missed too much (more than ``KEEP`` changes), or whose epoch is not this exporter's
   (it restarted), gets ``"reset": true`` and the whole list in ``instances``; it then
@@ -61,8 +61,8 @@ class InstanceLog:
                 old = self._now.get(k)
                 if old is None:
                     self._add("added", i)
-                elif (old.status, old.incarnation, old.serving, old.bootstrap) != \
-                        (i.status, i.incarnation, i.serving, i.bootstrap):
+                elif (old.status, old.incarnation, old.serving, old.bootstrap, old.draining) != \
+                        (i.status, i.incarnation, i.serving, i.bootstrap, i.draining):
                     self._add("changed", i)
             for k, old in self._now.items():
                 if k not in new:
@@ -77,7 +77,7 @@ class InstanceLog:
     def snapshot(self, live_only: bool = False) -> dict[str, Any]:
         with self._lock:
             insts = [i.to_json() for _, i in sorted(self._now.items())
-                     if not live_only or i.status.value == "alive"]
+                     if not live_only or (i.status.value == "alive" and not i.draining)]
             return {"schema": SCHEMA, "epoch": self.epoch, "revision": self.revision,
                     "instances": insts}
 

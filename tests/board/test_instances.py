@@ -4,8 +4,10 @@ them) killed, closed and restarted under this test's own agent."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -13,8 +15,8 @@ import shmhb
 from shmhb import Status
 from shmhb.errors import InvalidConfig, InvalidKey
 from shmhb.board.instances import (
-    board_instances, instance_key, instances_from, judge_instance, parse_instance_key,
-    register_instance,
+    board_instances, drain_key, instance_key, instances_from, judge_instance,
+    parse_instance_key, register_instance,
 )
 
 from ..conftest import ENGINE, Procs, wait_until
@@ -76,6 +78,45 @@ def test_rows_become_instances_with_their_ranks_and_bad_rows_are_skipped() -> No
     assert got["e2"].status is A and got["e2"].bootstrap is None and got["e2"].ranks == 0
     assert (got["e4"].serving, got["e4"].bootstrap) == (None, "127.0.0.8:8999")
     assert got["e1"].to_json()["url"] == "http://127.0.0.5:8000"
+
+
+def test_a_live_drain_slot_marks_its_instance_draining() -> None:
+    rows = [slot("inst/prefill/8998/e1", A, "127.0.0.5:8000"),
+            slot("inst/decode/-/e2", A, "127.0.0.6:8000"),
+            slot("inst/decode/-/e3", A, "127.0.0.6:8001"),
+            slot(drain_key("inst/prefill/8998/e1"), S),   # a drain under way (even if slow)
+            slot(drain_key("inst/decode/-/e2"), D),       # its holder died: the drain ended
+            slot("drain/decode/-/e9", A)]                 # of no instance here: ignored
+    got = {i.engine: i for i in instances_from(rows)}
+    assert (got["e1"].draining, got["e2"].draining, got["e3"].draining) == (True, False, False)
+    assert got["e1"].status is A and got["e1"].to_json()["draining"] is True
+    with pytest.raises(InvalidConfig):
+        drain_key("vllm/e1/dp0/tp0/pp0")
+
+
+def test_shmhb_drain_holds_the_drain_until_the_instance_leaves(board: shmhb.Board,
+                                                               agent: object) -> None:
+    """The command marks the instance draining while it runs and exits 0 once the
+    instance left; an instance it cannot name is a clear error."""
+    hb = board.register("vllm/e7/dp0/tp0/pp0", endpoints=("127.0.0.5:8998",), agent=False).start(0.05)
+    register_instance(board, hb, "prefill", "e7", serving="127.0.0.5:8000",
+                      bootstrap="127.0.0.5:8998", interval_s=0.05)
+    cmd = [sys.executable, "-m", "shmhb", "drain", "--board", board.name]
+    bad = subprocess.run(cmd + ["nope"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "no instance" in bad.stderr
+    p = subprocess.Popen(cmd + ["e7"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and json.loads(p.stdout.readline())["event"] == "draining"
+        wait_until(lambda: board_instances(board)[0].draining, what="e7 draining")
+        hb.close()  # a graceful leave: the instance slot closes with its rank
+        assert p.wait(10) == 0
+        assert json.loads(p.stdout.readline())["why"] == "left"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def test_the_instance_slot_shares_no_endpoint_with_a_rank(board: shmhb.Board) -> None:

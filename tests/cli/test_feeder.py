@@ -18,7 +18,7 @@ from shmhb import Status
 from shmhb.errors import InvalidConfig
 from shmhb.cli.feeder import Feeder, FeederConfig, Memory, plan
 from shmhb.cli.feed import parse_router, reader
-from shmhb.cli.routerapi import RouterWorker, SglangRouter, client_for
+from shmhb.cli.routerapi import RouterWorker, SglangRouter, smg_conflict, client_for
 from shmhb.testing.loopback import free_port
 
 from ..conftest import ENGINE, Procs, inst, wait_until
@@ -72,6 +72,15 @@ def test_plan_adds_back_where_it_can_and_replaces_a_restarted_entry() -> None:
         [("remove", "http://127.0.0.5:8000")]
 
 
+def test_plan_takes_a_draining_instance_out_and_keeps_it_out_until_the_drain_ends() -> None:
+    mem = Memory()
+    draining = inst("e", A)._replace(draining=True)
+    acts = plan([draining], [rw()], mem, lambda r: True)
+    assert ops(acts) == [("remove", "http://127.0.0.5:8000")] and "draining" in acts[0].why
+    assert plan([draining], [], mem, lambda r: True) == []  # not added back while it drains
+    assert ops(plan([inst("e", A)], [], mem, lambda r: True)) == [("add", "http://127.0.0.5:8000")]
+
+
 def test_plan_matches_by_bootstrap_port_when_no_serving_address() -> None:
     listed = [rw("http://127.0.0.5:9000", bport=8998, ident="a"),
               rw("http://127.0.0.5:9001", bport=8999, ident="b")]
@@ -92,6 +101,24 @@ def test_router_arguments_are_checked() -> None:
         FeederConfig(poll_s=0)
     assert client_for("vllm", "http://127.0.0.1:30000").can_add("prefill") is False
     assert client_for("sglang", "http://127.0.0.1:30000").can_add("prefill") is True
+    assert client_for("smg", "http://127.0.0.1:30000").replaces is True
+    with pytest.raises(InvalidConfig):
+        FeederConfig(act_on_suspect="yes")  # type: ignore[arg-type]
+    # by default a suspect instance is taken out only where the router can add it back
+    read = lambda: []  # noqa: E731
+    assert Feeder(read, lambda: 0, client_for("smg", "http://127.0.0.1:1")).acts_on_suspect()
+    assert not Feeder(read, lambda: 0, client_for("vllm", "http://127.0.0.1:1")).acts_on_suspect()
+    assert Feeder(read, lambda: 0, client_for("vllm", "http://127.0.0.1:1"),
+                  FeederConfig(act_on_suspect=True)).acts_on_suspect()
+
+
+def test_smg_conflicts_are_read_for_their_code_and_worker_id() -> None:
+    msg = (b'{"error": "Worker already exists at URL \'http://127.0.0.2:1\' with ID '
+           b'01a24eb4-19b9-7299-9f72-4c19dbad3612. Use PUT /workers/01a24eb4-19b9-7299-9f72-'
+           b'4c19dbad3612 to replace", "code": "WORKER_ALREADY_EXISTS"}')
+    assert smg_conflict(msg) == ("WORKER_ALREADY_EXISTS", "01a24eb4-19b9-7299-9f72-4c19dbad3612")
+    for bad in (b"not json", b"[1]", b'{"code": 5, "error": null}'):
+        assert smg_conflict(bad) == (None, None)
 
 
 class FakeRouter:

@@ -38,6 +38,15 @@ def test_the_change_log_resumes_from_a_revision_and_resets_when_it_cannot() -> N
     assert log.snapshot(live_only=True)["instances"][0]["engine_id"] == "e2"
 
 
+def test_a_drain_is_a_change_and_a_draining_instance_is_not_live() -> None:
+    log = InstanceLog()
+    log.update([inst("e1", Status.ALIVE)])
+    log.update([inst("e1", Status.ALIVE)._replace(draining=True)])
+    got = log.since(1, log.epoch)["changes"]
+    assert [(c["op"], c["instance"]["draining"]) for c in got] == [("changed", True)]
+    assert log.snapshot(live_only=True)["instances"] == []
+
+
 def get(url: str) -> tuple[int, Any]:
     try:
         with urllib.request.urlopen(url, timeout=10) as r:

@@ -1,4 +1,4 @@
-"""The real routers' stage: vllm-router and sglang-router (Rust extensions in Python
+"""The real routers' stage: vllm-router, sglang-router and smg (Rust extensions in Python
 packages, CPU only) in PD mode on loopback, in front of stand-in prefill and decode
 instances that register on their host's board as ShmhbConnector does.
 

@@ -1,6 +1,6 @@
 """A P/D stack on loopback for the real routers: simulated hosts (each its own board and
 ``shmhb pinger`` holding the agent role, on its own 127.0.0.x), stand-in prefill and
-decode instances (``tests.routers.standin``), a real vllm-router or sglang-router in PD
+decode instances (``tests.routers.standin``), a real vllm-router, sglang-router or smg in PD
 mode on 127.0.0.1, optionally ``shmhb feed`` in front of it, and a steady client.
 
 Used by tests/routers and by ``python -m bench.routers``.  Everything it starts is
@@ -92,7 +92,7 @@ def hub_lookups(log: str) -> list[str]:
 
 def router_binary(kind: str) -> str | None:
     """The router's console command in this interpreter's environment, or None."""
-    name = {"vllm": "vllm-router", "sglang": "sglang-router"}[kind]
+    name = {"vllm": "vllm-router", "sglang": "sglang-router", "smg": "smg"}[kind]
     here = os.path.join(os.path.dirname(sys.executable), name)
     return here if os.path.exists(here) else shutil.which(name)
 
@@ -261,14 +261,16 @@ class PdStack:
         self.start(name)
         return inst
 
-    def start(self, name: str) -> Instance:
-        """(Re)start instance ``name`` under a new engine id (vLLM's default on a restart)."""
+    def start(self, name: str, serve_after_s: float = 0.0) -> Instance:
+        """(Re)start instance ``name`` under a new engine id (vLLM's default on a restart);
+        ``serve_after_s``: its HTTP servers answer only that long after it registered."""
         inst = self.instances[name]
         inst.engine_id = f"{name}-{uuid.uuid4().hex[:12]}"
         cmd = [sys.executable, "-m", "tests.routers.standin", "--role", inst.role, "--host",
                inst.ip, "--port", str(inst.port), "--board", inst.board, "--engine-id",
                inst.engine_id, "--log", inst.log,
-               "--compute-ms", str(getattr(inst, "compute_ms", 20.0))]
+               "--compute-ms", str(getattr(inst, "compute_ms", 20.0)),
+               "--serve-after-s", str(serve_after_s)]
         if inst.bootstrap_port is not None:
             cmd += ["--bootstrap-port", str(inst.bootstrap_port)]
         if not getattr(inst, "serving_url", True):
@@ -297,10 +299,10 @@ class PdStack:
         self.router_port = ports
         pre = [i for i in self.instances.values() if i.role == "prefill"]
         dec = [i for i in self.instances.values() if i.role == "decode"]
-        cmd = [exe] + (["launch"] if kind == "sglang" else [])
+        cmd = [exe] + (["launch"] if kind in ("sglang", "smg") else [])
         cmd += ["--host", "127.0.0.1", "--port", str(ports), "--prometheus-port", str(ports + 1),
                 "--prometheus-host", "127.0.0.1", "--policy", "round_robin"]
-        cmd += ["--pd-disaggregation"] if kind == "sglang" else \
+        cmd += ["--pd-disaggregation"] if kind in ("sglang", "smg") else \
             ["--vllm-pd-disaggregation", "--kv-connector", "mooncake"]
         for i in pre:
             cmd += ["--prefill", i.url, str(i.bootstrap_port)]

@@ -1,7 +1,7 @@
 """A stand-in P/D serving instance, for the real routers on loopback (vLLM itself cannot
 serve on a CPU-only machine).  ``python -m tests.routers.standin --role prefill ...``
 
-It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
+It answers what vllm-router, sglang-router and smg call, as vLLM / SGLang would:
 
 - ``GET /health`` (200), ``/metrics``, ``/v1/models``, ``/server_info`` and
   ``/model_info``; ``POST /v1/completions`` (and ``/render``, which vllm-router's
@@ -23,6 +23,10 @@ It answers what vllm-router and sglang-router call, as vLLM / SGLang would:
   prefill first, then the decode with ``remote_bootstrap_addr``/``remote_engine_id``) or
   ``bootstrap_host``/``bootstrap_port`` (sglang-router: both at once) fetches the KV
   from the prefill's ``/kv`` first; a failed or timed-out fetch is HTTP 500.
+
+With ``--serve-after-s S`` it registers first and starts its HTTP servers S seconds later
+(until then a connection is refused), as a vLLM engine registers its KV caches before its
+API server answers.
 
 It registers on its host's board the way ``ShmhbConnector`` does: its rank slot
 ``vllm/<engine>/dp0/tp0/pp0`` and its instance slot (``shmhb.board.instances.register_instance``)
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-serving-url", action="store_true",
                     help="register no serving address (the feeder matches by bootstrap port)")
     ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--serve-after-s", type=float, default=0.0,
+                    help="register on the board first, start the HTTP servers this much later "
+                         "(as vLLM registers its KV caches before its API server is up)")
     ap.add_argument("--log", required=True)
     a = ap.parse_args(argv)
     assert a.host.startswith("127."), "stand-ins serve on loopback only"
@@ -191,11 +198,20 @@ def main(argv: list[str] | None = None) -> int:
             self.end_headers()
             self.wfile.write(out)
 
-    servers = [Server((a.host, a.port), Api)]
-    if a.role == "prefill":
-        servers.append(Server((a.host, a.bootstrap_port), Boot))
-    for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+    servers: list[Server] = []
+
+    def serve() -> None:
+        servers.append(Server((a.host, a.port), Api))
+        if a.role == "prefill":
+            servers.append(Server((a.host, a.bootstrap_port), Boot))
+        for s in servers:
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+    if a.serve_after_s <= 0:
+        serve()
+    else:  # until then a connection is refused, as to an engine whose server is not up
+        later = threading.Timer(a.serve_after_s, serve)
+        later.daemon = True
+        later.start()
 
     board = shmhb.Board.attach(a.board)
     boot = f"{a.host}:{a.bootstrap_port}" if a.role == "prefill" else None

@@ -1,10 +1,11 @@
-"""shmhb feed in front of the real vllm-router and sglang-router, PD mode, on loopback.
+"""shmhb feed in front of the real vllm-router, sglang-router and smg, PD mode, on loopback.
 
 Three hosts (boards and agents on 127.0.0.2-4): prefills p1 and p2, decode d1.  A client
 sends a steady stream through the router while a prefill is killed, stopped or
 restarted under a new engine id.  What is asserted is what the feeder must do (remove
 the dead instance from the router's list, add a restarted one back where the API
-allows, match by bootstrap port); how fast is measured by bench/routers.py.
+allows, match by bootstrap port, keep adding until the router serves it); how fast is
+measured by bench/routers.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import pytest
 from shmhb.testing.loopback import child_env
 
 from .conftest import require_router
-from .stack import Client, PdStack, hub_lookups, wait_for
+from .stack import Client, PdStack, http_json, hub_lookups, wait_for
 
-KINDS = ("vllm", "sglang")
+KINDS = ("vllm", "sglang", "smg")
+ADDS = ("sglang", "smg")  # the kinds that take a P/D worker over HTTP
 
 
 def up(stack: PdStack, kind: str, *, serving_url: bool = True) -> None:
@@ -63,7 +65,7 @@ def test_a_killed_prefill_leaves_the_rotation_and_a_restarted_one_returns_where_
                               and r.status == 200]) >= 10, 20, "requests served after removal")
         t_restart = time.monotonic_ns()
         stack.start("p1")
-        if kind == "sglang":
+        if kind in ADDS:
             wait_for(lambda: len(p1.served_since(t_restart)) >= 3, 20, "restarted p1 serving")
             adds = actions(stack, "add", p1.url)
             assert adds[0]["t_ns"] > t_restart
@@ -83,14 +85,106 @@ def test_a_killed_prefill_leaves_the_rotation_and_a_restarted_one_returns_where_
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_stopped_prefill_leaves_after_dead_after(stack: PdStack, kind: str) -> None:
+def test_a_stopped_prefill_leaves_and_returns_when_it_beats_again(stack: PdStack, kind: str) -> None:
+    """By default the feeder takes a suspect instance out where the router can take it
+    back (sglang, smg): out at suspect-after, back once it beats again; vllm-router's PD
+    mode cannot take it back, so there it waits for the dead verdict."""
     up(stack, kind)
     p2 = stack.instances["p2"]
     t_stop = stack.kill("p2", signal.SIGSTOP)
-    wait_for(lambda: not stack.listed(p2.url, healthy_only=False), 10, "p2 out of the router")
+    wait_for(lambda: not stack.listed(p2.url), 10, "p2 out of the router")
     removes = actions(stack, "remove", p2.url)
-    dead_after_ns = int(stack.policy.dead_after_s * 1e9)
-    assert removes[0]["t_ns"] - t_stop >= dead_after_ns * 0.9  # not before the verdict
+    took = removes[0]["t_ns"] - t_stop
+    if kind == "vllm":
+        assert took >= stack.policy.dead_after_s * 1e9 * 0.9  # not before the verdict
+        return
+    assert stack.policy.suspect_after_s * 1e9 * 0.9 <= took < stack.policy.dead_after_s * 1e9
+    os.kill(p2.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    t_cont = time.monotonic_ns()
+    wait_for(lambda: stack.listed(p2.url), 10, "p2 back in the router")
+    adds = actions(stack, "add", p2.url)
+    assert adds[0]["t_ns"] > t_cont
+
+
+@pytest.mark.parametrize("kind", ADDS)
+def test_an_instance_that_registers_before_it_serves_is_served_once_it_does(
+        stack: PdStack, kind: str) -> None:
+    """An engine registers on the board before its HTTP server answers (vLLM registers
+    its KV caches first): the router's own registration of the worker fails its health
+    check (smg then retries only every 30 s), so the feeder keeps adding it until the
+    router lists it healthy."""
+    up(stack, kind)
+    p1 = stack.instances["p1"]
+    stack.kill("p1")
+    wait_for(lambda: not stack.listed(p1.url, healthy_only=False), 10, "p1 out of the router")
+    late_s = 1.0
+    stack.start("p1", serve_after_s=late_s)
+    t_reg = time.monotonic_ns()  # it printed "ready" after registering
+    c = Client(stack.router_port, rate_hz=40).start()
+    try:
+        wait_for(lambda: p1.served_since(t_reg, "/kv"), 15, "the late p1 serving")
+    finally:
+        c.stop()
+    first = p1.served_since(t_reg, "/kv")[0]
+    # served within about a second of its server coming up (smg alone: 30 s): the
+    # feeder adds again after 0.2, 0.4, 0.8, then every 1 s
+    assert (first - t_reg) / 1e9 < late_s + 1.5, \
+        [((a["t_ns"] - t_reg) / 1e9, a["event"], a["why"]) for a in stack.feed_actions()
+         if a["url"] == p1.url and a["t_ns"] > t_reg]
+
+
+def test_smg_worker_met_while_draining_is_put_back_and_stays(stack: PdStack) -> None:
+    """smg keeps a DELETEd worker listed, draining, for 5 s and answers a POST of its URL
+    with 409; a PUT makes it ready but the drain's end removes it anyway.  A feeder that
+    meets an alive instance in that state serves it at once and again after the drain."""
+    up(stack, "smg")
+    p1 = stack.instances["p1"]
+    stack.feeder.kill()  # type: ignore[union-attr]
+    stack.feeder.wait(10)  # type: ignore[union-attr]
+    w = next(w for w in stack.router_workers() if w["url"] == p1.url)
+    t_del = time.monotonic_ns()
+    st, _ = http_json("127.0.0.1", stack.router_port, "DELETE", "/workers/" + w["id"])
+    assert st == 202
+    wait_for(lambda: any(x["url"] == p1.url and x.get("status") == "draining"
+                         for x in stack.router_workers()), 5, "p1 draining")
+    stack.feed_lines.clear()
+    stack.start_feeder("smg")
+    wait_for(lambda: stack.listed(p1.url), 3, "p1 served again")
+    assert (time.monotonic_ns() - t_del) / 1e9 < 4.0  # inside the 5 s drain
+    # the drain's end (5 s after the DELETE) removes it, unless the PUT came before the
+    # drain began (smg checks the worker's revision): either way it serves after that
+    c = Client(stack.router_port, rate_hz=40).start()
+    try:
+        wait_for(lambda: time.monotonic_ns() - t_del > 5.5e9 and stack.listed(p1.url), 15,
+                 "the drain over and p1 listed")
+        t_after = time.monotonic_ns()
+        wait_for(lambda: p1.served_since(t_after, "/kv"), 5, "p1 serving after the drain")
+    finally:
+        res = c.stop()
+    assert [r for r in res if r.status != 200] == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_drained_prefill_leaves_at_once_and_returns_when_the_drain_is_called_off(
+        stack: PdStack, kind: str) -> None:
+    """``shmhb drain`` marks p2 draining on its board: the feeder takes it out of the
+    router at once; stopping the command ends the drain and p2 is put back where the
+    router takes workers back."""
+    up(stack, kind)
+    p2 = stack.instances["p2"]
+    t0 = time.monotonic_ns()
+    d = stack._spawn([sys.executable, "-m", "shmhb", "drain", "--board", p2.board,
+                      p2.engine_id], "drain", text=True)
+    assert d.stdout is not None and '"draining"' in d.stdout.readline()
+    wait_for(lambda: not stack.listed(p2.url), 10, "p2 out of the router")
+    removes = actions(stack, "remove", p2.url)
+    assert "draining" in removes[0]["why"] and removes[0]["t_ns"] > t0
+    assert stack.listed(stack.instances["p1"].url)
+    d.send_signal(signal.SIGTERM)
+    assert d.wait(10) == 1  # ended before the instance left
+    if kind in ADDS:
+        wait_for(lambda: stack.listed(p2.url), 10, "p2 back in the router")
+        assert actions(stack, "add", p2.url)[0]["t_ns"] > removes[0]["t_ns"]
 
 
 def test_vllm_router_workers_are_matched_by_bootstrap_port(stack: PdStack) -> None:
