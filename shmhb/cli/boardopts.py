@@ -134,7 +134,8 @@ def open_board(args: argparse.Namespace) -> Board:
     mode = board_mode(getattr(args, "board_mode", None))
     gid = board_gid(getattr(args, "board_group", None))
     kw = {} if mode is None else {"mode": mode}
-    b = Board.open(args.board, policy=asked_policy(args), strict_policy=True, **kw)
+    b = Board.open(args.board, create=True, policy=asked_policy(args), strict_policy=True,
+                   **kw)
     try:
         apply_access(b.name, mode, gid)
     except BaseException:

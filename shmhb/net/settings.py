@@ -162,7 +162,7 @@ def configure_from_args(args: argparse.Namespace) -> bool:
                        ping_budget_pps=args.ping_budget_pps)
     if cfg.secret_file:
         read_secret(cfg.secret_file)  # fail now, with the reason, not in the agent thread
-    with Board.open(args.board) as b:
+    with Board.open(args.board, create=True) as b:
         store_config(b, cfg)
     return True
 
