@@ -74,6 +74,8 @@ DAEMON_GRACE_NS = 1_000_000_000
 #: after taking the role despite a waiting daemon, an embedded holder does not hand it
 #: over again for this long (no flapping between a stopped daemon and the workers)
 NO_HANDOVER_NS = 60_000_000_000
+#: a daemon that waited this long for the role says why (then every 30 s)
+WAIT_SAID_NS = 2_000_000_000
 
 
 class Agent:
@@ -145,14 +147,18 @@ class Agent:
 
     def run(self) -> None:
         board = Board.attach(self.board_name, clock=self.clock)
+        waiting_since = time.monotonic_ns()
         try:
             while not self._stop.is_set():
-                self._progress_ns = time.monotonic_ns()  # a standby's poll is progress too
+                now = self._progress_ns = time.monotonic_ns()  # a standby's poll is progress too
                 loop = self.elect(board)
                 if loop is not None:
                     if not self._hold(board, loop):
                         break
+                    waiting_since = time.monotonic_ns()
                     continue  # handed over to a daemon: a standby again
+                if self.daemon and now - waiting_since > WAIT_SAID_NS:
+                    self._say_why_waiting(board, now - waiting_since)
                 self._stop.wait(self.config.election_poll_s)
         except _Deposed:
             log.error("board %s: the agent loop was stuck; the role was given up",
@@ -165,6 +171,18 @@ class Agent:
             self._release()
             self.holding.clear()
             board.close()
+
+    def _say_why_waiting(self, board: Board, waited_ns: int) -> None:
+        """A daemon kept from the role says by whom and until when (every 30 s)."""
+        a = board.agent()
+        _rlog.warn("wait", "board %s: this shmhb pinger (pid %d) has waited %.0f s for the "
+                   "agent role, held by pid %d (term %d, %s): a worker holding it embedded "
+                   "hands it over within %.1f s, or, if it took the role while this daemon "
+                   "did not claim it within %.1f s, %.0f s after it took it; a stalled "
+                   "holder is replaced %.1f s after its last beat", board.name, os.getpid(),
+                   waited_ns / 1e9, a.pid, a.term, a.status.value, HANDOVER_CHECK_NS / 1e9,
+                   DAEMON_GRACE_NS / 1e9, NO_HANDOVER_NS / 1e9,
+                   stall_bound_ns(board.words) / 1e9)
 
     def elect(self, board: Board) -> AgentLoop | None:
         """One election step: take the role if it is free, or if its holder is stalled
@@ -186,6 +204,11 @@ class Agent:
             # standbys wait longer, so a waiting daemon wins the role.
             still = self._stall.still_for_ns(int(words[HB_WORD]), now)
             if still < stall_bound_ns(words) + (0 if self.daemon else DAEMON_GRACE_NS):
+                # Held: the free spell we may have seen is over.  Kept, it would date
+                # the next one from long ago, and a standby would take that role at
+                # once past a daemon that just came to take it (and keep it from that
+                # daemon for NO_HANDOVER_NS).
+                self._free_since_ns = None
                 return None
             stalled = True
             self._free_since_ns = None
@@ -215,6 +238,12 @@ class Agent:
         if daemon_waits or (stalled and not self.daemon):
             # taken past a waiting daemon, or from a stalled holder: no flapping back
             self._next_handover_check_ns = now + NO_HANDOVER_NS
+            if daemon_waits and not stalled:
+                log.warning("board %s: a shmhb pinger daemon waits for the agent role but "
+                            "left it free for %.1f s (stopped, or starved of CPU): this "
+                            "worker (pid %d) takes it, and hands it over no sooner than "
+                            "%.0f s from now", board.name, DAEMON_GRACE_NS / 1e9,
+                            os.getpid(), NO_HANDOVER_NS / 1e9)
         self._free_since_ns = None
         self._stall.reset()
         if stalled:
