@@ -157,7 +157,8 @@ class Segment:
                     raise BoardSpaceError(
                         e.errno,
                         f"/dev/shm has no room for board {name!r} ({sizes.total_bytes} bytes): "
-                        "free space there or create the board with fewer slots",
+                        "free space there or create the board with fewer slots (`shmhb pinger "
+                        "--slots N`, Board.create(slots=N))",
                     ) from None
                 raise
             mm = mmap.mmap(fd, sizes.total_bytes)

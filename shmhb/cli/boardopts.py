@@ -26,7 +26,7 @@ import os
 import stat
 
 from ..board.handle import Board
-from ..board.config import Policy
+from ..board.config import Capacity, Policy
 from ..errors import BoardPermissionError, InvalidConfig
 from ..board.segment import SHM_DIR
 
@@ -53,6 +53,9 @@ def add_board_args(sp: argparse.ArgumentParser) -> None:
     a.add_argument("--board-group", default=None, metavar="GROUP",
                    help="group (name or gid) of the board (this account must be a member); with mode 0660 "
                         "its members may open it")
+    g.add_argument("--slots", type=int, default=None, metavar="N",
+                   help=f"local worker slots of a board this pinger creates (default "
+                        f"{Capacity().slots}; fixed at creation: an existing board keeps its own)")
     d = Policy()
     for flag, f in POLICY_FLAGS:
         default = getattr(d, f)
@@ -133,9 +136,15 @@ def open_board(args: argparse.Namespace) -> Board:
     if it exists with another), its mode and group (applied to an existing one too)."""
     mode = board_mode(getattr(args, "board_mode", None))
     gid = board_gid(getattr(args, "board_group", None))
-    kw = {} if mode is None else {"mode": mode}
+    kw: dict[str, int] = {} if mode is None else {"mode": mode}
+    if getattr(args, "slots", None) is not None:
+        kw["slots"] = Capacity(slots=args.slots).slots  # InvalidConfig names the range
     b = Board.open(args.board, create=True, policy=asked_policy(args), strict_policy=True,
                    **kw)
+    if "slots" in kw and b.capacity.slots != kw["slots"]:
+        log.warning("board %s exists with %d slots; --slots %d applies only to a board this "
+                    "pinger creates (to change it: stop its users, `shmhb gc`, start again)",
+                    b.name, b.capacity.slots, kw["slots"])
     try:
         apply_access(b.name, mode, gid)
     except BaseException:

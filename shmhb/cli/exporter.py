@@ -216,6 +216,16 @@ class BoardCollector:
                               "1 if a live process holds the host agent role.")
         g.add_metric([], 1 if view.agent_held else 0)
         yield g
+        g = GaugeMetricFamily("shmhb_daemon_up", "1 if a `shmhb pinger` daemon runs on the "
+                              "board (holding the agent role or waiting for it).")
+        g.add_metric([], 1 if view.daemon else 0)
+        yield g
+        g = GaugeMetricFamily("shmhb_agent_holder", "Who holds the agent role: 1 for the "
+                              "holder (daemon or worker: embedded in a worker), 0 for the "
+                              "other.", labels=["holder"])
+        for who in ("daemon", "worker"):
+            g.add_metric([who], 1 if view.holder() == who else 0)
+        yield g
         g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
         g.add_metric([], a.term)
         yield g
@@ -325,7 +335,8 @@ class _QuietHandler(BoundedHandler):
 def probes_app(collector: BoardCollector, metrics: Any) -> Any:
     """The exporter's WSGI app: ``/metrics`` (Prometheus), ``/healthz`` (200 while this
     exporter serves: its own liveness), ``/readyz`` (200 when the board exists and an
-    agent observes it, 503 with the reason otherwise), 404 for anything else."""
+    agent observes it, 503 with the reason otherwise), 404 for anything else (naming the
+    paths served, ``/instances`` included: ``with_instances`` answers it in front)."""
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
@@ -336,7 +347,8 @@ def probes_app(collector: BoardCollector, metrics: Any) -> Any:
             ready, why = collector.readiness()
             code, body = ("200 OK" if ready else "503 Service Unavailable"), why
         else:
-            code, body = "404 Not Found", "not found: /metrics, /healthz, /readyz"
+            code, body = "404 Not Found", ("not found: /metrics, /healthz, /readyz, /instances, "
+                                           "/instances/changes")
         data = (body + "\n").encode()
         start_response(code, [("Content-Type", "text/plain; charset=utf-8"),
                               ("Content-Length", str(len(data)))])

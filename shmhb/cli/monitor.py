@@ -69,7 +69,15 @@ def agent_line(view: View) -> Text:
         t.append(": deaths are not detected and remote verdicts read unknown")
         return t
     t.append(f"pid {a.pid or '-'} ")
+    if a.status is Status.ALIVE and not view.agent_held:
+        # its last beat is still fresh, but no process holds the role any more
+        t.append("gone", style=STATUS_STYLE[Status.DEAD])
+        t.append(f"  term {a.term}  beat {fmt_age(a.age_s)} ago  holder gone: waiting for a standby")
+        return t
     t.append_text(status_text(a.status))
+    holder = view.holder()
+    if holder is not None:
+        t.append("  daemon" if holder == "daemon" else "  embedded in a worker")
     t.append(f"  term {a.term}  beat {fmt_age(a.age_s)} ago")
     if a.status is Status.SUSPECT:
         t.append("  stalled: role still held" if view.agent_held
@@ -386,24 +394,23 @@ def run_monitor(board: Board, *, refresh_hz: float = 4.0, console: Console | Non
     period = 1.0 / refresh_hz
     evlog = EventLog()
     frames = 0
+    # Ctrl-C (KeyboardInterrupt) goes through: Live restores the terminal on the way out,
+    # and main() answers it with 130 as for every command
     with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live:
-        try:
-            next_t = time.monotonic()
-            while not stop.is_set():
-                view = read_view(board)
-                evlog.update(view)
-                size = console.size
-                live.update(monitor_renderable(view, evlog.recent, refresh_hz, size.height,
-                                               size.width), refresh=True)
-                frames += 1
-                if max_frames is not None and frames >= max_frames:
-                    break
-                next_t += period
-                wait = next_t - time.monotonic()
-                if wait < 0:
-                    next_t = time.monotonic()
-                    wait = 0
-                stop.wait(wait)
-        except KeyboardInterrupt:
-            log.debug("monitor interrupted after %d frames", frames)
+        next_t = time.monotonic()
+        while not stop.is_set():
+            view = read_view(board)
+            evlog.update(view)
+            size = console.size
+            live.update(monitor_renderable(view, evlog.recent, refresh_hz, size.height,
+                                           size.width), refresh=True)
+            frames += 1
+            if max_frames is not None and frames >= max_frames:
+                break
+            next_t += period
+            wait = next_t - time.monotonic()
+            if wait < 0:
+                next_t = time.monotonic()
+                wait = 0
+            stop.wait(wait)
     return 0

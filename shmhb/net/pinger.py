@@ -264,7 +264,9 @@ class NetworkHalf:
             if t.reachable:
                 t.reachable = False
                 self.following.down.add(t.address)
-                log.info("pinger: no connection to %s; retrying every tick", t.address)
+                log.warning("pinger: no connection to %s (nothing listens there, its name "
+                            "does not resolve, or the network is down); retrying every tick",
+                            t.address)
             return False
         if not t.reachable:
             t.reachable = True

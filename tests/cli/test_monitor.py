@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -202,6 +204,36 @@ def test_monitor_command_wants_a_terminal(board: shmhb.Board) -> None:
                          capture_output=True, text=True, timeout=60,
                          env=child_env())
     assert out.returncode == 2 and "needs a terminal" in out.stderr and not out.stdout
+
+
+def test_monitor_interrupted_by_ctrl_c_exits_130(board: shmhb.Board) -> None:
+    # on a pseudo-terminal, as an operator runs it; Ctrl-C is SIGINT to its process
+    master, slave = os.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "shmhb", "monitor", "--board", board.name],
+                             stdin=slave, stdout=slave, stderr=slave, env=child_env(),
+                             start_new_session=True)
+        os.close(slave)
+        slave = -1
+        seen = bytearray()
+        deadline = time.monotonic() + 60
+        while b"board" not in seen and p.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                try:
+                    seen += os.read(master, 65536)  # drawn: its handler is set up by now
+                except OSError:
+                    break
+        assert b"board" in seen, seen[-2000:]
+        p.send_signal(signal.SIGINT)
+        wait_until(lambda: p.poll() is not None, timeout_s=30, what="monitor exits")
+        assert p.returncode == 130
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def test_run_monitor_paces_its_frames(board: shmhb.Board, procs: Procs, local_agent: Agent) -> None:
