@@ -270,6 +270,18 @@ def worker_lines(view: View, width: int, budget: int, rule: bool = True) -> list
     return out
 
 
+def tables_width(view: View) -> int:
+    """The cells the local and remote tables take with every column shown."""
+    need = 0
+    for columns, section in ((LOCAL_COLUMNS, local_section(view)[0]),
+                             (REMOTE_COLUMNS, remote_section(view.peers)[0])):
+        t = Columns(None, columns)
+        for r in section.rows:
+            t.add_row(*r.cells)
+        need = max(need, t.natural_width())
+    return need
+
+
 def _pinger_rows(view: View) -> list[tuple[str, str | Text]]:
     a = view.agent
     st = view.stats
@@ -317,7 +329,10 @@ def pinger_chips(view: View) -> list[Text]:
 
 
 def event_text(e: Event) -> Text:
-    t = Text(e.time_str(date=False) + " ", style="dim")
+    # An event read off the board at the monitor's start happened at some time before:
+    # said where the time goes, not at the end of the line, which a narrow screen cuts.
+    when = e.time_str(date=False)
+    t = Text(("at start".ljust(len(when)) if e.initial else when) + " ", style="dim")
     t.append(f"{e.kind.value:<14}", style=STATUS_STYLE[e.severity])
     t.append(" " + e.body())
     return t
@@ -355,6 +370,9 @@ def monitor_renderable(view: View, events: Iterable[Event], refresh_hz: float = 
     """
     small = height < SMALL_HEIGHT
     right_w = PINGER_WIDTH if width >= WIDE else 0
+    need = tables_width(view)
+    if right_w and width - right_w - 1 < need <= width:
+        right_w = 0  # beside the tables the pinger box would hide columns: below it hides none
     left_w = width - right_w - (1 if right_w else 0)
     below: list[Text] = []
     if not right_w:
