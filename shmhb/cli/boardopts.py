@@ -26,7 +26,7 @@ import os
 import stat
 
 from ..board.handle import Board
-from ..board.config import Capacity, Policy
+from ..board.config import Capacity, Policy, board_name
 from ..errors import BoardPermissionError, InvalidConfig
 from ..board.segment import SHM_DIR
 
@@ -97,6 +97,25 @@ def board_gid(name: str | None) -> int | None:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         raise InvalidConfig(f"no group {name!r} on this host (--board-group)") from None
+
+
+def shared_gid(args: argparse.Namespace) -> int | None:
+    """The group the pinger's board will be shared with, before it is opened: the one
+    the flags set (mode 0660: ``--board-group``, else this account's), else that of an
+    existing board whose group may read and write it; None: the owner's alone."""
+    mode = board_mode(getattr(args, "board_mode", None))
+    gid = board_gid(getattr(args, "board_group", None))
+    try:
+        st = os.stat(os.path.join(SHM_DIR, board_name(getattr(args, "board", None))))
+    except OSError:
+        st = None
+    if mode is None and st is not None:
+        mode = stat.S_IMODE(st.st_mode)
+    if mode is None or mode & 0o060 != 0o060:
+        return None
+    if gid is not None:
+        return gid
+    return st.st_gid if st is not None else os.getegid()
 
 
 def check_access_args(args: argparse.Namespace) -> None:

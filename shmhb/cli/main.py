@@ -406,12 +406,12 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "pinger":
         PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                      secret_file=args.secret_file, curve_keys=args.curve_keys)
-        from .boardopts import asked_policy, check_access_args
+        from .boardopts import asked_policy, check_access_args, shared_gid
         asked_policy(args)
         check_access_args(args)
         if args.secret_file:  # before the board is created: a refused start leaves none
             from ..net.settings import read_secret
-            read_secret(args.secret_file)
+            read_secret(args.secret_file, shared_gid=shared_gid(args))
 
 
 #: Exit statuses of every command (docs/OPERATIONS.md, "Exit statuses").

@@ -36,7 +36,7 @@ from ..board.handle import Board
 from ..clock import Clock
 from ..board.config import PingerConfig, parse_hostport
 from ..errors import InvalidConfig
-from .settings import configure_from_args, load_config, read_secret, store_config  # re-exported
+from .settings import board_group, configure_from_args, load_config, read_secret, store_config  # re-exported
 from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
@@ -85,7 +85,7 @@ class NetworkHalf:
         self.plain = not cfg.curve_keys and not cfg.secret_file  # frames unauthenticated
         if cfg.secret_file:
             try:
-                self.secret = read_secret(cfg.secret_file)
+                self.secret = read_secret(cfg.secret_file, shared_gid=board_group(board))
             except InvalidConfig as e:
                 raise NetDown(NetReason.SECRET, str(e)) from None
         self.address = cfg.listen

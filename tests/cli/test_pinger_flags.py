@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+import pytest
 
 import shmhb
-from shmhb.testing.loopback import child_env
+from shmhb import Status
+from shmhb.testing.loopback import child_env, free_port
 
 from ..conftest import Procs, wait_until
 
@@ -43,3 +49,58 @@ def _capacity(name: str) -> int | None:
             return b.capacity.slots
     except shmhb.ShmhbError:
         return None  # still being created
+
+
+WORKER = """
+import signal, sys, shmhb
+b = shmhb.Board.attach(sys.argv[1])
+hb = b.register("other-uid", agent=True).start(0.05)
+print("ready", flush=True)
+signal.signal(signal.SIGTERM, lambda *a: (hb.close(), sys.exit(0)))
+signal.pause()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"),
+                    reason="needs root to run a worker as another account")
+def test_a_worker_of_the_boards_group_runs_the_network_half_with_a_group_secret(
+        board_name: str, procs: Procs) -> None:
+    gid = 42424
+    where = Path(tempfile.mkdtemp(prefix="shmhb-test-"))  # a path the other account can walk
+    try:
+        where.chmod(0o755)
+        _group_secret(board_name, procs, gid, where / "secret")
+    finally:
+        shutil.rmtree(where)
+
+
+def _group_secret(board_name: str, procs: Procs, gid: int, secret: Path) -> None:
+    secret.write_bytes(b"s" * 32)
+    os.chown(secret, 0, gid)
+    listen = f"127.0.0.1:{free_port(['127.0.0.1'])}"
+    args = ["--board", board_name, "--board-mode", "0660", "--board-group", str(gid),
+            "--listen", listen, "--secret-file", str(secret)]
+    secret.chmod(0o644)  # readable by others: refused, shared board or not
+    out = subprocess.run(PINGER + args, env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "chmod 640" in out.stderr, out.stderr
+    secret.chmod(0o640)  # the board's group alone: what its workers need to hold the role
+    daemon = procs.spawn(PINGER + args, ready=False)
+    wait_until(lambda: _network(board_name) == "listening", timeout_s=20, what="daemon listens")
+    procs.spawn(["/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--groups",
+                 str(gid), sys.executable, "-c", WORKER, board_name])
+    daemon.kill()
+    daemon.wait()
+    with shmhb.Board.attach(board_name) as b:
+        wait_until(lambda: b.agent().pid not in (0, daemon.pid) and b.agent().status is Status.ALIVE,
+                   timeout_s=20, what="the other account's worker holds the role")
+        wait_until(lambda: b.network().state == "listening", timeout_s=20,
+                   what="its network half runs with the group's secret")
+        assert b.network().working
+
+
+def _network(name: str) -> str | None:
+    try:
+        with shmhb.Board.attach(name) as b:
+            return b.network().state
+    except shmhb.ShmhbError:
+        return None
