@@ -78,6 +78,13 @@ NO_HANDOVER_NS = 60_000_000_000
 WAIT_SAID_NS = 2_000_000_000
 
 
+def _say_taken_past_daemon(name: str) -> None:
+    log.warning("board %s: a shmhb pinger daemon waits for the agent role but left it free "
+                "for %.1f s (stopped, or starved of CPU): this worker (pid %d) takes it, and "
+                "hands it over no sooner than %.0f s from now", name, DAEMON_GRACE_NS / 1e9,
+                os.getpid(), NO_HANDOVER_NS / 1e9)
+
+
 class Agent:
     """Runs the agent role for one board: wait for the role, then hold it until stopped.
 
@@ -204,11 +211,7 @@ class Agent:
             # standbys wait longer, so a waiting daemon wins the role.
             still = self._stall.still_for_ns(int(words[HB_WORD]), now)
             if still < stall_bound_ns(words) + (0 if self.daemon else DAEMON_GRACE_NS):
-                # Held: the free spell we may have seen is over.  Kept, it would date
-                # the next one from long ago, and a standby would take that role at
-                # once past a daemon that just came to take it (and keep it from that
-                # daemon for NO_HANDOVER_NS).
-                self._free_since_ns = None
+                self._free_since_ns = None  # a spell kept would date the next from then
                 return None
             stalled = True
             self._free_since_ns = None
@@ -235,15 +238,7 @@ class Agent:
                            "standby, or a holder of %d terms ago still stopped): "
                            "standing by", board.name, t, t + 1, TERM_RING)
             return None
-        if daemon_waits or (stalled and not self.daemon):
-            # taken past a waiting daemon, or from a stalled holder: no flapping back
-            self._next_handover_check_ns = now + NO_HANDOVER_NS
-            if daemon_waits and not stalled:
-                log.warning("board %s: a shmhb pinger daemon waits for the agent role but "
-                            "left it free for %.1f s (stopped, or starved of CPU): this "
-                            "worker (pid %d) takes it, and hands it over no sooner than "
-                            "%.0f s from now", board.name, DAEMON_GRACE_NS / 1e9,
-                            os.getpid(), NO_HANDOVER_NS / 1e9)
+        self._hold_off_handover(board.name, now, daemon_waits, stalled)
         self._free_since_ns = None
         self._stall.reset()
         if stalled:
@@ -255,6 +250,14 @@ class Agent:
         except BaseException:
             self._release()
             raise
+
+    def _hold_off_handover(self, name: str, now: int, daemon_waits: bool, stalled: bool) -> None:
+        """After taking the role past a waiting daemon, or from a stalled holder: no
+        handing it over (no flapping back) for NO_HANDOVER_NS."""
+        if daemon_waits or (stalled and not self.daemon):
+            self._next_handover_check_ns = now + NO_HANDOVER_NS
+            if daemon_waits and not stalled:
+                _say_taken_past_daemon(name)
 
     def _release(self) -> None:
         with self._fd_lock:

@@ -195,16 +195,11 @@ class Board(LocalReads):
     @classmethod
     def open(cls, name: str | None = None, *, create: bool | None = None,
              strict_policy: bool = False, **create_kwargs: Any) -> Board:
-        """Attach to the board, creating it if absent and ``create`` allows.  A board left
-        by an earlier boot or by a creator that crashed before finishing it is removed and
-        created anew.
-
-        ``create``: None (the default) creates the board only where this host has no
-        other board (a worker on a host without a daemon); where another board exists, an
-        absent name is more likely a wrong one than a new board, and a reader or worker
-        on a private board would see no peer and no pinger without a word, so
-        ``BoardNotFound`` names the boards that exist.  True creates it regardless (the
-        pinger: creating boards is its job); False never creates.
+        """Attach to the board, creating it if absent as ``create`` allows: None (the
+        default) only where the host has no other board (a wrong name must not give a
+        private, empty board: ``BoardNotFound`` names those that exist), True always
+        (the pinger's job), False never.  A board left by an earlier boot or by a
+        creator that crashed before finishing it is removed and created anew.
 
         A policy asked for (``policy=``, ``suspect_after_s=``, ...) applies only to a board
         this call creates; an existing board keeps its own, and one that differs is
@@ -228,15 +223,14 @@ class Board(LocalReads):
             except BoardNotFound:
                 pass
             except StaleBoard as e:
-                stale = True  # the name was in use: recreating it is no wrong name's doing
+                stale = True  # the name was in use: no wrong name
                 # Several processes may find it stale at once: remove_stale removes it
                 # only if it is still that stale segment, so all end up on one board.
                 if segment.remove_stale(name):
                     log.warning("board %s: %s; recreating it", name, e)
             if create is False or (create is None and not stale and any(
                     n != name for n in segment.board_names())):
-                # Not ours to create.  Try once more (its creator may have finished since):
-                # still absent, this raises BoardNotFound naming the boards that exist.
+                # not ours to create: absent still, BoardNotFound names those that exist
                 segment.Segment.attach(name).close()
                 continue
             try:

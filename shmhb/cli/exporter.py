@@ -212,20 +212,7 @@ class BoardCollector:
         g = GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.")
         g.add_metric([], 1 if a.status is Status.ALIVE else 0)
         yield g
-        g = GaugeMetricFamily("shmhb_agent_role_held",
-                              "1 if a live process holds the host agent role.")
-        g.add_metric([], 1 if view.agent_held else 0)
-        yield g
-        g = GaugeMetricFamily("shmhb_daemon_up", "1 if a `shmhb pinger` daemon runs on the "
-                              "board (holding the agent role or waiting for it).")
-        g.add_metric([], 1 if view.daemon else 0)
-        yield g
-        g = GaugeMetricFamily("shmhb_agent_holder", "Who holds the agent role: 1 for the "
-                              "holder (daemon or worker: embedded in a worker), 0 for the "
-                              "other.", labels=["holder"])
-        for who in ("daemon", "worker"):
-            g.add_metric([who], 1 if view.holder() == who else 0)
-        yield g
+        yield from _role_families(view)
         g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
         g.add_metric([], a.term)
         yield g
@@ -330,6 +317,24 @@ _Server, _Server6 = BoundedServer, BoundedServer6  # bounded: see shmhb.cli.http
 class _QuietHandler(BoundedHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - " + format, self.address_string(), *args)
+
+
+def _role_families(view: View) -> Iterator[GaugeMetricFamily]:
+    """Who holds the agent role, and whether a daemon runs (a stopped one shows here)."""
+    g = GaugeMetricFamily("shmhb_agent_role_held",
+                          "1 if a live process holds the host agent role.")
+    g.add_metric([], 1 if view.agent_held else 0)
+    yield g
+    g = GaugeMetricFamily("shmhb_daemon_up", "1 if a `shmhb pinger` daemon runs on the "
+                          "board (holding the agent role or waiting for it).")
+    g.add_metric([], 1 if view.daemon else 0)
+    yield g
+    g = GaugeMetricFamily("shmhb_agent_holder", "Who holds the agent role: 1 for the "
+                          "holder (daemon or worker: embedded in a worker), 0 for the "
+                          "other.", labels=["holder"])
+    for who in ("daemon", "worker"):
+        g.add_metric([who], 1 if view.holder() == who else 0)
+    yield g
 
 
 def probes_app(collector: BoardCollector, metrics: Any) -> Any:

@@ -267,6 +267,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(quick=args.quick, base_addr=args.base_addr)
 
 
+#: ``shmhb status --help``: its exit statuses
+STATUS_EPILOG = f"""exit status (the first that applies, in this order):
+  {EXIT_ERROR}  the command failed (no such board, bad options)
+  {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
+     left; deaths are not detected at once and remote verdicts read unknown (not
+     while no worker is registered, or every one left or was forgotten, and the agent
+     never ran, left cleanly, or died with the last worker where no pinger is set up)
+  {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
+     cannot listen, secret or keys unreadable, hosts skipped, restarting
+  {EXIT_NO_DAEMON}  no `shmhb pinger` daemon runs, though one stored its settings in the
+     board (--listen, --peer, ...): it stopped, or is refused at each start
+  {EXIT_SLOTS}  a local slot is suspect, dead or unknown
+  {EXIT_OK}  healthy: an agent runs, its network half works (or none is configured),
+     every local slot is alive or left
+--json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.
+{EXIT_BROKEN_PIPE} (any command) the reader of the output went away (`| head`)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmhb", description="Shared-memory liveness board.")
     p.add_argument("--version", action="version", version=f"shmhb {__version__}")
@@ -286,21 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", parents=[common], help="show the board; the exit status says whether the host is healthy",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Show the board: the agent, its network half, local slots, remote hosts.",
-        epilog=f"""exit status (the first that applies, in this order):
-  {EXIT_ERROR}  the command failed (no such board, bad options)
-  {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
-     left; deaths are not detected at once and remote verdicts read unknown (not
-     while no worker is registered, or every one left or was forgotten, and the agent
-     never ran, left cleanly, or died with the last worker where no pinger is set up)
-  {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
-     cannot listen, secret or keys unreadable, hosts skipped, restarting
-  {EXIT_NO_DAEMON}  no `shmhb pinger` daemon runs, though one stored its settings in the
-     board (--listen, --peer, ...): it stopped, or is refused at each start
-  {EXIT_SLOTS}  a local slot is suspect, dead or unknown
-  {EXIT_OK}  healthy: an agent runs, its network half works (or none is configured),
-     every local slot is alive or left
---json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.
-{EXIT_BROKEN_PIPE} (any command) the reader of the output went away (`| head`).""")
+        epilog=STATUS_EPILOG)
     board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--agent-only", action="store_true",
