@@ -29,6 +29,13 @@ def pod_spec(d: dict[str, Any]) -> dict[str, Any]:
     return spec["template"]["spec"] if "template" in spec else spec  # type: ignore[no-any-return]
 
 
+def running(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers that run beside the pod's main ones: native sidecars (init
+    containers with ``restartPolicy: Always``) and the main containers."""
+    return [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"] \
+        + spec["containers"]
+
+
 def uses_board(c: dict[str, Any]) -> bool:
     return any(e.get("name") == "SHMHB_BOARD" for e in c.get("env", []))
 
@@ -50,14 +57,14 @@ def test_dev_shm_is_shared_by_every_container_that_uses_the_board() -> None:
             if d["kind"] not in ("DaemonSet", "Pod"):
                 continue
             spec = pod_spec(d)
-            board_users = [c for c in spec["containers"] if uses_board(c)]
+            board_users = [c for c in running(spec) if uses_board(c)]
             assert board_users, name
             if spec.get("hostIPC"):
                 continue  # the node's /dev/shm, for every container of the pod
             # else: a memory-backed volume at /dev/shm in EVERY container of the pod
             mem = {v["name"] for v in spec.get("volumes", [])
                    if v.get("emptyDir", {}).get("medium") == "Memory"}
-            for c in spec["containers"]:
+            for c in running(spec):
                 mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
                 assert mounts.get("/dev/shm") in mem, f"{name}: {c['name']} has no shared /dev/shm"
 
@@ -70,7 +77,7 @@ def test_one_uid_for_the_board_and_the_secret_0400_copied_0600() -> None:
                 continue
             spec = pod_spec(d)
             uids.add(spec["securityContext"]["runAsUser"])
-            for c in spec["containers"]:
+            for c in running(spec):
                 assert c.get("securityContext", {}).get("runAsUser") in (None, spec["securityContext"]["runAsUser"])
                 cmd = c.get("command", [])
                 if "pinger" not in cmd:
@@ -89,6 +96,18 @@ def test_one_uid_for_the_board_and_the_secret_0400_copied_0600() -> None:
                 uid = spec["securityContext"]["runAsUser"]
                 assert f"install -m 0600 -o {uid} -g {uid}" in init and secret_file in init, name
     assert len(uids) == 1, uids
+
+
+def test_a_pinger_in_the_engines_pod_is_a_native_sidecar_started_first() -> None:
+    # The engine attaches to the board and never creates it: the pinger must be up (and
+    # have created the board with its flags) before the engine starts.
+    spec = pod_spec(docs()["sidecar-pod.yaml"][0])
+    assert not any("pinger" in c.get("command", []) for c in spec["containers"])
+    pinger = next(c for c in spec["initContainers"] if "pinger" in c.get("command", []))
+    assert pinger["restartPolicy"] == "Always"
+    assert pinger["startupProbe"]["exec"]["command"] == ["shmhb", "status", "--agent-only"]
+    assert any(c["name"] == "engine" and uses_board(c) for c in spec["containers"])
+    assert "native sidecar" in DOC.read_text()
 
 
 def test_pinger_listens_where_peers_reach_it_and_the_exporter_is_scraped() -> None:

@@ -74,6 +74,15 @@ DAEMON_GRACE_NS = 1_000_000_000
 #: after taking the role despite a waiting daemon, an embedded holder does not hand it
 #: over again for this long (no flapping between a stopped daemon and the workers)
 NO_HANDOVER_NS = 60_000_000_000
+#: a daemon that waited this long for the role says why (then every 30 s)
+WAIT_SAID_NS = 2_000_000_000
+
+
+def _say_taken_past_daemon(name: str) -> None:
+    log.warning("board %s: a shmhb pinger daemon waits for the agent role but left it free "
+                "for %.1f s (stopped, or starved of CPU): this worker (pid %d) takes it, and "
+                "hands it over no sooner than %.0f s from now", name, DAEMON_GRACE_NS / 1e9,
+                os.getpid(), NO_HANDOVER_NS / 1e9)
 
 
 class Agent:
@@ -145,14 +154,18 @@ class Agent:
 
     def run(self) -> None:
         board = Board.attach(self.board_name, clock=self.clock)
+        waiting_since = time.monotonic_ns()
         try:
             while not self._stop.is_set():
-                self._progress_ns = time.monotonic_ns()  # a standby's poll is progress too
+                now = self._progress_ns = time.monotonic_ns()  # a standby's poll is progress too
                 loop = self.elect(board)
                 if loop is not None:
                     if not self._hold(board, loop):
                         break
+                    waiting_since = time.monotonic_ns()
                     continue  # handed over to a daemon: a standby again
+                if self.daemon and now - waiting_since > WAIT_SAID_NS:
+                    self._say_why_waiting(board, now - waiting_since)
                 self._stop.wait(self.config.election_poll_s)
         except _Deposed:
             log.error("board %s: the agent loop was stuck; the role was given up",
@@ -165,6 +178,18 @@ class Agent:
             self._release()
             self.holding.clear()
             board.close()
+
+    def _say_why_waiting(self, board: Board, waited_ns: int) -> None:
+        """A daemon kept from the role says by whom and until when (every 30 s)."""
+        a = board.agent()
+        _rlog.warn("wait", "board %s: this shmhb pinger (pid %d) has waited %.0f s for the "
+                   "agent role, held by pid %d (term %d, %s): a worker holding it embedded "
+                   "hands it over within %.1f s, or, if it took the role while this daemon "
+                   "did not claim it within %.1f s, %.0f s after it took it; a stalled "
+                   "holder is replaced %.1f s after its last beat", board.name, os.getpid(),
+                   waited_ns / 1e9, a.pid, a.term, a.status.value, HANDOVER_CHECK_NS / 1e9,
+                   DAEMON_GRACE_NS / 1e9, NO_HANDOVER_NS / 1e9,
+                   stall_bound_ns(board.words) / 1e9)
 
     def elect(self, board: Board) -> AgentLoop | None:
         """One election step: take the role if it is free, or if its holder is stalled
@@ -186,6 +211,7 @@ class Agent:
             # standbys wait longer, so a waiting daemon wins the role.
             still = self._stall.still_for_ns(int(words[HB_WORD]), now)
             if still < stall_bound_ns(words) + (0 if self.daemon else DAEMON_GRACE_NS):
+                self._free_since_ns = None  # a spell kept would date the next from then
                 return None
             stalled = True
             self._free_since_ns = None
@@ -212,9 +238,7 @@ class Agent:
                            "standby, or a holder of %d terms ago still stopped): "
                            "standing by", board.name, t, t + 1, TERM_RING)
             return None
-        if daemon_waits or (stalled and not self.daemon):
-            # taken past a waiting daemon, or from a stalled holder: no flapping back
-            self._next_handover_check_ns = now + NO_HANDOVER_NS
+        self._hold_off_handover(board.name, now, daemon_waits, stalled)
         self._free_since_ns = None
         self._stall.reset()
         if stalled:
@@ -226,6 +250,14 @@ class Agent:
         except BaseException:
             self._release()
             raise
+
+    def _hold_off_handover(self, name: str, now: int, daemon_waits: bool, stalled: bool) -> None:
+        """After taking the role past a waiting daemon, or from a stalled holder: no
+        handing it over (no flapping back) for NO_HANDOVER_NS."""
+        if daemon_waits or (stalled and not self.daemon):
+            self._next_handover_check_ns = now + NO_HANDOVER_NS
+            if daemon_waits and not stalled:
+                _say_taken_past_daemon(name)
 
     def _release(self) -> None:
         with self._fd_lock:

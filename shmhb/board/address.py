@@ -91,6 +91,10 @@ def check_host(host: str, *, what: str = "host", text: object = None) -> str:
     if bad is not None:
         raise _refuse(shown, f"label {bad!r} is not 1-63 characters from A-Z a-z 0-9 '-' "
                              f"(not starting or ending with '-'); {_RULES}", what)
+    big = [lab for lab in labels if lab.isdigit() and int(lab) > 255]
+    if len(labels) == 4 and all(lab.isdigit() for lab in labels) and big:
+        raise _refuse(shown, f"not an IPv4 address: {big[0]} is above 255 (a.b.c.d, each "
+                             "0-255)", what)
     if labels[-1].isdigit() or _reads_as_ipv4(host):
         raise _refuse(shown, "it reads as a number, which the resolver turns into some other "
                              "IPv4 address; write the address as a.b.c.d", what)

@@ -193,10 +193,13 @@ class Board(LocalReads):
         return cls(segment.Segment.attach(board_name(name)), clock)
 
     @classmethod
-    def open(cls, name: str | None = None, *, strict_policy: bool = False,
-             **create_kwargs: Any) -> Board:
-        """Attach to the board, creating it if absent.  A board left by an earlier boot or
-        by a creator that crashed before finishing it is removed and created anew.
+    def open(cls, name: str | None = None, *, create: bool | None = None,
+             strict_policy: bool = False, **create_kwargs: Any) -> Board:
+        """Attach to the board, creating it if absent as ``create`` allows: None (the
+        default) only where the host has no other board (a wrong name must not give a
+        private, empty board: ``BoardNotFound`` names those that exist), True always
+        (the pinger's job), False never.  A board left by an earlier boot or by a
+        creator that crashed before finishing it is removed and created anew.
 
         A policy asked for (``policy=``, ``suspect_after_s=``, ...) applies only to a board
         this call creates; an existing board keeps its own, and one that differs is
@@ -206,6 +209,7 @@ class Board(LocalReads):
         asked = None
         if any(create_kwargs.get(k) is not None for k in _POLICY_KWARGS):
             asked = _asked_policy(*(create_kwargs.get(k) for k in _POLICY_KWARGS))
+        stale = False
         for _ in range(5):
             try:
                 b = cls.attach(name, clock=clock)
@@ -219,10 +223,16 @@ class Board(LocalReads):
             except BoardNotFound:
                 pass
             except StaleBoard as e:
+                stale = True  # the name was in use: no wrong name
                 # Several processes may find it stale at once: remove_stale removes it
                 # only if it is still that stale segment, so all end up on one board.
                 if segment.remove_stale(name):
                     log.warning("board %s: %s; recreating it", name, e)
+            if create is False or (create is None and not stale and any(
+                    n != name for n in segment.board_names())):
+                # not ours to create: absent still, BoardNotFound names those that exist
+                segment.Segment.attach(name).close()
+                continue
             try:
                 return cls.create(name, **create_kwargs)
             except segment.BoardExists:

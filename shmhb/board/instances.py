@@ -193,8 +193,11 @@ def register_instance(board: Any, rank_hb: Any, role: str, engine_token: str, *,
     """Register the instance slot beside the rank whose heartbeat is ``rank_hb`` (same
     process): it beats every ``interval_s`` and closes when the rank's heartbeat closes,
     so a graceful shutdown reads LEFT and a crash DEAD.  Returns its ``Heartbeat``.
-    ``serving``/``bootstrap``: "host:port" (validated like every endpoint); of the
-    bootstrap address only the port is stored, its host is the ranks'."""
+    ``serving``/``bootstrap``: "host:port" (validated like every endpoint; ``serving``
+    may also be written ``http://host:port``, as the connector's ``serving_url`` is); of
+    the bootstrap address only the port is stored, its host is the ranks'."""
+    if serving is not None and serving.startswith("http://"):
+        serving = serving[len("http://"):].rstrip("/")
     eps = () if serving is None else (check_endpoint(serving),)
     bport = None if bootstrap is None else parse_address(bootstrap, need_port=True).port
     key = instance_key(role, engine_token, bootstrap_port=bport, serving=serving is not None)

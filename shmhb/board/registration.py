@@ -236,7 +236,8 @@ class Registrar:
                 locks.unlock(fd, other)
         raise BoardFull(
             f"board {self.name!r} is full: all {self._nslots} slots are held by live "
-            "processes; create it with more slots (Board.create(slots=...))")
+            "processes; create it with more slots: stop its users, remove it (`shmhb gc`) "
+            "and start `shmhb pinger --slots N` first (or Board.create(slots=N))")
 
 
 __all__ = ["BUCKET_WAIT_S", "Claim", "KEY_BUCKETS", "LOCKFREE_GAP", "REGISTRY_WAIT_S",

@@ -41,6 +41,34 @@ def _path(name: str) -> str:
     return "/" + name
 
 
+def board_names() -> list[str]:
+    """The boards in /dev/shm that this account can read (files that carry the board
+    magic), sorted: what an error about a board that is not there names."""
+    try:
+        entries = sorted(os.listdir(SHM_DIR))
+    except OSError:
+        return []
+    magic = MAGIC.to_bytes(8, "little")
+    out = []
+    for entry in entries:
+        try:
+            with open(os.path.join(SHM_DIR, entry), "rb") as f:
+                if f.read(8) == magic:
+                    out.append(entry)
+        except OSError:
+            continue  # another account's file, or gone meanwhile
+    return out
+
+
+def not_found_hint(name: str) -> str:
+    """What follows "no board NAME on this host" in an error: the boards there are."""
+    others = [n for n in board_names() if n != name]
+    if not others:
+        return "there is no board on this host"
+    return ("the boards on this host are " + ", ".join(repr(n) for n in others[:8])
+            + (", ..." if len(others) > 8 else "") + " (a wrong --board or $SHMHB_BOARD?)")
+
+
 def _not_a_board(name: str) -> BoardCorrupt | None:
     """A clear error if /dev/shm holds something other than a plain file under ``name``
     (a symlink, a directory: shm_open refuses them with ELOOP or EISDIR)."""
@@ -62,7 +90,8 @@ def _open_error(name: str, e: Exception) -> Exception:
         return bad
     if isinstance(e, posix_ipc.ExistentialError):
         return BoardNotFound(
-            f"no board {name!r} on this host: start a worker or `shmhb pinger` to create it"
+            f"no board {name!r} on this host ({not_found_hint(name)}): `shmhb pinger --board "
+            f"{name}` creates it"
         )
     if isinstance(e, posix_ipc.PermissionsError):
         return BoardPermissionError(
@@ -128,7 +157,8 @@ class Segment:
                     raise BoardSpaceError(
                         e.errno,
                         f"/dev/shm has no room for board {name!r} ({sizes.total_bytes} bytes): "
-                        "free space there or create the board with fewer slots",
+                        "free space there or create the board with fewer slots (`shmhb pinger "
+                        "--slots N`, Board.create(slots=N))",
                     ) from None
                 raise
             mm = mmap.mmap(fd, sizes.total_bytes)

@@ -26,7 +26,7 @@ import os
 import stat
 
 from ..board.handle import Board
-from ..board.config import Policy
+from ..board.config import Capacity, Policy, board_name
 from ..errors import BoardPermissionError, InvalidConfig
 from ..board.segment import SHM_DIR
 
@@ -53,6 +53,9 @@ def add_board_args(sp: argparse.ArgumentParser) -> None:
     a.add_argument("--board-group", default=None, metavar="GROUP",
                    help="group (name or gid) of the board (this account must be a member); with mode 0660 "
                         "its members may open it")
+    g.add_argument("--slots", type=int, default=None, metavar="N",
+                   help=f"local worker slots of a board this pinger creates (default "
+                        f"{Capacity().slots}; fixed at creation: an existing board keeps its own)")
     d = Policy()
     for flag, f in POLICY_FLAGS:
         default = getattr(d, f)
@@ -96,6 +99,25 @@ def board_gid(name: str | None) -> int | None:
         raise InvalidConfig(f"no group {name!r} on this host (--board-group)") from None
 
 
+def shared_gid(args: argparse.Namespace) -> int | None:
+    """The group the pinger's board will be shared with, before it is opened: the one
+    the flags set (mode 0660: ``--board-group``, else this account's), else that of an
+    existing board whose group may read and write it; None: the owner's alone."""
+    mode = board_mode(getattr(args, "board_mode", None))
+    gid = board_gid(getattr(args, "board_group", None))
+    try:
+        st = os.stat(os.path.join(SHM_DIR, board_name(getattr(args, "board", None))))
+    except OSError:
+        st = None
+    if mode is None and st is not None:
+        mode = stat.S_IMODE(st.st_mode)
+    if mode is None or mode & 0o060 != 0o060:
+        return None
+    if gid is not None:
+        return gid
+    return st.st_gid if st is not None else os.getegid()
+
+
 def check_access_args(args: argparse.Namespace) -> None:
     """The access flags through their doors, before any board is touched."""
     board_mode(getattr(args, "board_mode", None))
@@ -133,8 +155,15 @@ def open_board(args: argparse.Namespace) -> Board:
     if it exists with another), its mode and group (applied to an existing one too)."""
     mode = board_mode(getattr(args, "board_mode", None))
     gid = board_gid(getattr(args, "board_group", None))
-    kw = {} if mode is None else {"mode": mode}
-    b = Board.open(args.board, policy=asked_policy(args), strict_policy=True, **kw)
+    kw: dict[str, int] = {} if mode is None else {"mode": mode}
+    if getattr(args, "slots", None) is not None:
+        kw["slots"] = Capacity(slots=args.slots).slots  # InvalidConfig names the range
+    b = Board.open(args.board, create=True, policy=asked_policy(args), strict_policy=True,
+                   **kw)
+    if "slots" in kw and b.capacity.slots != kw["slots"]:
+        log.warning("board %s exists with %d slots; --slots %d applies only to a board this "
+                    "pinger creates (to change it: stop its users, `shmhb gc`, start again)",
+                    b.name, b.capacity.slots, kw["slots"])
     try:
         apply_access(b.name, mode, gid)
     except BaseException:

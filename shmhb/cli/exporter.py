@@ -212,10 +212,7 @@ class BoardCollector:
         g = GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.")
         g.add_metric([], 1 if a.status is Status.ALIVE else 0)
         yield g
-        g = GaugeMetricFamily("shmhb_agent_role_held",
-                              "1 if a live process holds the host agent role.")
-        g.add_metric([], 1 if view.agent_held else 0)
-        yield g
+        yield from _role_families(view)
         g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
         g.add_metric([], a.term)
         yield g
@@ -322,10 +319,29 @@ class _QuietHandler(BoundedHandler):
         log.debug("%s - " + format, self.address_string(), *args)
 
 
+def _role_families(view: View) -> Iterator[GaugeMetricFamily]:
+    """Who holds the agent role, and whether a daemon runs (a stopped one shows here)."""
+    g = GaugeMetricFamily("shmhb_agent_role_held",
+                          "1 if a live process holds the host agent role.")
+    g.add_metric([], 1 if view.agent_held else 0)
+    yield g
+    g = GaugeMetricFamily("shmhb_daemon_up", "1 if a `shmhb pinger` daemon runs on the "
+                          "board (holding the agent role or waiting for it).")
+    g.add_metric([], 1 if view.daemon else 0)
+    yield g
+    g = GaugeMetricFamily("shmhb_agent_holder", "Who holds the agent role: 1 for the "
+                          "holder (daemon or worker: embedded in a worker), 0 for the "
+                          "other.", labels=["holder"])
+    for who in ("daemon", "worker"):
+        g.add_metric([who], 1 if view.holder() == who else 0)
+    yield g
+
+
 def probes_app(collector: BoardCollector, metrics: Any) -> Any:
     """The exporter's WSGI app: ``/metrics`` (Prometheus), ``/healthz`` (200 while this
     exporter serves: its own liveness), ``/readyz`` (200 when the board exists and an
-    agent observes it, 503 with the reason otherwise), 404 for anything else."""
+    agent observes it, 503 with the reason otherwise), 404 for anything else (naming the
+    paths served, ``/instances`` included: ``with_instances`` answers it in front)."""
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
@@ -336,7 +352,8 @@ def probes_app(collector: BoardCollector, metrics: Any) -> Any:
             ready, why = collector.readiness()
             code, body = ("200 OK" if ready else "503 Service Unavailable"), why
         else:
-            code, body = "404 Not Found", "not found: /metrics, /healthz, /readyz"
+            code, body = "404 Not Found", ("not found: /metrics, /healthz, /readyz, /instances, "
+                                           "/instances/changes")
         data = (body + "\n").encode()
         start_response(code, [("Content-Type", "text/plain; charset=utf-8"),
                               ("Content-Length", str(len(data)))])

@@ -59,9 +59,15 @@ def add_parsers(sub: Any) -> None:
                     help="end the drain after this long if the instance has not left (600)")
     sp.set_defaults(func=cmd_drain)
 
-    sp = sub.add_parser("instances", help="the P/D instances on the board, as JSON")
-    sp.add_argument("--board", dest="boards", action="append", default=None, metavar="NAME")
-    sp.add_argument("--no-remote", action="store_true")
+    sp = sub.add_parser("instances", help="the P/D instances on the board, as JSON",
+                        description="Print the P/D instances the board(s) know, with their "
+                                    "status, roles and addresses, as one JSON document "
+                                    "(docs/ROUTERS.md, \"What the board knows\").")
+    sp.add_argument("--board", dest="boards", action="append", default=None, metavar="NAME",
+                    help="a board to read (repeatable; default: $SHMHB_BOARD or 'shmhb'); "
+                         "the hosts its pinger follows are included")
+    sp.add_argument("--no-remote", action="store_true",
+                    help="only the boards' own instances, not those of the hosts they follow")
     sp.set_defaults(func=cmd_instances)
 
 

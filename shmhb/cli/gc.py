@@ -169,6 +169,25 @@ def _rows_checked(bad: list[Finding], detail: str) -> tuple[str, str]:
     return "invalid-rows", f"{detail}; {len(bad)} invalid row(s), skipped by readers: {shown}"
 
 
+def unreadable_owners() -> dict[int, int]:
+    """Files in /dev/shm this account may not read, by owner uid: boards of another
+    account (mode 0600) look like this, and only their owner (or root) can judge or
+    remove them."""
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for name in entries:
+        try:
+            st = os.stat(shm_path(name))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and not os.access(shm_path(name), os.R_OK):
+            out[st.st_uid] = out.get(st.st_uid, 0) + 1
+    return out
+
+
 def list_boards(names: Sequence[str] | None = None) -> list[BoardFile]:
     """Boards in /dev/shm (or only ``names``), each with who uses it.
 

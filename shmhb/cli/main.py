@@ -22,7 +22,8 @@ from ..board.config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, 
 from ..errors import BoardNotFound, InvalidConfig, ShmhbError
 from .pipes import EXIT_BROKEN_PIPE, PipeConsole, reader_gone  # noqa: F401 (EXIT_ re-exported)
 from .stopsignal import stop_on_signals
-from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
+from .view import (EXIT_ERROR, EXIT_NETWORK, EXIT_NO_DAEMON, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS,
+                   STATUS_SCHEMA, View)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def _status_doc(view: View, native: bool) -> dict[str, object]:
         "native": native,
         "health": {"exit_code": code, "problems": problems},
         "slots": [s.to_json() for s in sorted(view.slots, key=lambda s: s.key)],
-        "pinger": {**view.agent.to_json(), "held": view.agent_held,
+        "pinger": {**view.agent.to_json(), "held": view.agent_held, "holder": view.holder(),
+                   "daemon": view.daemon, "daemon_configured": view.pinger_configured,
                    "lateness_ms": view.lateness_ms, "stats": dict(view.stats)},
         "network": view.network.to_json(),
         "peers": [p.to_json() for p in view.peers],
@@ -101,13 +103,11 @@ def cmd_events(args: argparse.Namespace) -> int:
         for e in evlog.update(read_view(board)):
             print(json.dumps(e.to_json()) if args.json else str(e), flush=True)
 
-    try:
-        with Board.attach(args.board) as board:
+    # Ctrl-C and a closed pipe (`events --follow | head`) end in main(), as for every command
+    with Board.attach(args.board) as board:
+        emit(board)
+        while args.follow and not stop.wait(args.interval_s):
             emit(board)
-            while args.follow and not stop.wait(args.interval_s):
-                emit(board)
-    except KeyboardInterrupt:
-        pass  # a closed pipe (`events --follow | head`) ends in main(), as for every command
     return 0
 
 
@@ -123,17 +123,15 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         return 2
     print(f"shmhb exporter: board {exp.collector.name} on {exp.url}", flush=True)
     try:
-        while not stop.wait(1.0):
+        while not stop.wait(1.0):  # SIGTERM: 0; Ctrl-C: 130, in main()
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
         exp.stop()
     return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from .gc import list_boards, remove
+    from .gc import list_boards, remove, unreadable_owners
     from .screen import Columns
 
     boards = list_boards(args.names or None)
@@ -143,8 +141,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if missing:
         raise BoardNotFound(f"no board {', '.join(map(repr, missing))} in /dev/shm "
                             "(`shmhb gc` with no name lists every board)")
+    hidden = {} if args.names else unreadable_owners()
+    if hidden:
+        print(f"/dev/shm also holds {sum(hidden.values())} file(s) this account cannot read "
+              f"(owner uid {', '.join(map(str, sorted(hidden)))}): boards of another account "
+              "are listed and removed by `shmhb gc` run as their owner (or root)")
     if not boards:
-        print("no shmhb boards on this host: nothing to remove")
+        print("no shmhb boards this account can read on this host: nothing to remove")
         return EXIT_UNHEALTHY
     t = Columns(None, [("NAME", "left"), ("SIZE", "right"), ("STATE", "left"),
                        ("DETAIL", "left"), ("ACTION", "left")])
@@ -239,7 +242,8 @@ def cmd_units(args: argparse.Namespace) -> int:
 
     user, group = account(args.user, args.group)
     if args.board_group is not None:
-        account(user, args.board_group)  # the group must exist on this host
+        from .boardopts import board_gid
+        board_gid(args.board_group)  # a group of this host, or a numeric gid: as the pinger takes
     command = running_command() if args.exec is None else given_command(args.exec)
     settings = UnitSettings(command=command, user=user, group=group,
                             board=board_name(args.board), env_path=args.env_path,
@@ -263,6 +267,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(quick=args.quick, base_addr=args.base_addr)
 
 
+#: ``shmhb status --help``: its exit statuses
+STATUS_EPILOG = f"""exit status (the first that applies, in this order):
+  {EXIT_ERROR}  the command failed (no such board, bad options)
+  {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
+     left; deaths are not detected at once and remote verdicts read unknown (not
+     while no worker is registered, or every one left or was forgotten, and the agent
+     never ran, left cleanly, or died with the last worker where no pinger is set up)
+  {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
+     cannot listen, secret or keys unreadable, hosts skipped, restarting
+  {EXIT_NO_DAEMON}  no `shmhb pinger` daemon runs, though one stored its settings in the
+     board (--listen, --peer, ...): it stopped, or is refused at each start
+  {EXIT_SLOTS}  a local slot is suspect, dead or unknown
+  {EXIT_OK}  healthy: an agent runs, its network half works (or none is configured),
+     every local slot is alive or left
+--json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.
+{EXIT_BROKEN_PIPE} (any command) the reader of the output went away (`| head`)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmhb", description="Shared-memory liveness board.")
     p.add_argument("--version", action="version", version=f"shmhb {__version__}")
@@ -282,18 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", parents=[common], help="show the board; the exit status says whether the host is healthy",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Show the board: the agent, its network half, local slots, remote hosts.",
-        epilog=f"""exit status (the first that applies, in this order):
-  {EXIT_ERROR}  the command failed (no such board, bad options)
-  {EXIT_NO_OBSERVER}  no running agent: none ever ran, or its holder is gone, stalled or
-     left; deaths are not detected at once and remote verdicts read unknown (not
-     while no worker is registered or all left and the agent never ran or left cleanly)
-  {EXIT_NETWORK}  the configured network half (shmhb pinger --listen) is not working:
-     cannot listen, secret or keys unreadable, hosts skipped, restarting
-  {EXIT_SLOTS}  a local slot is suspect, dead or unknown
-  {EXIT_OK}  healthy: an agent runs, its network half works (or none is configured),
-     every local slot is alive or left
---json prints the same facts ("schema": {STATUS_SCHEMA}) and exits with the same code.
-{EXIT_BROKEN_PIPE} (any command) the reader of the output went away (`| head`).""")
+        epilog=STATUS_EPILOG)
     board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--agent-only", action="store_true",
@@ -399,9 +410,12 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "pinger":
         PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                      secret_file=args.secret_file, curve_keys=args.curve_keys)
-        from .boardopts import asked_policy, check_access_args
+        from .boardopts import asked_policy, check_access_args, shared_gid
         asked_policy(args)
         check_access_args(args)
+        if args.secret_file:  # before the board is created: a refused start leaves none
+            from ..net.settings import read_secret
+            read_secret(args.secret_file, shared_gid=shared_gid(args))
 
 
 #: Exit statuses of every command (docs/OPERATIONS.md, "Exit statuses").

@@ -69,7 +69,15 @@ def agent_line(view: View) -> Text:
         t.append(": deaths are not detected and remote verdicts read unknown")
         return t
     t.append(f"pid {a.pid or '-'} ")
+    if a.status is Status.ALIVE and not view.agent_held:
+        # its last beat is still fresh, but no process holds the role any more
+        t.append("gone", style=STATUS_STYLE[Status.DEAD])
+        t.append(f"  term {a.term}  beat {fmt_age(a.age_s)} ago  holder gone: waiting for a standby")
+        return t
     t.append_text(status_text(a.status))
+    holder = view.holder()
+    if holder is not None:
+        t.append("  daemon" if holder == "daemon" else "  embedded in a worker")
     t.append(f"  term {a.term}  beat {fmt_age(a.age_s)} ago")
     if a.status is Status.SUSPECT:
         t.append("  stalled: role still held" if view.agent_held
@@ -262,6 +270,18 @@ def worker_lines(view: View, width: int, budget: int, rule: bool = True) -> list
     return out
 
 
+def tables_width(view: View) -> int:
+    """The cells the local and remote tables take with every column shown."""
+    need = 0
+    for columns, section in ((LOCAL_COLUMNS, local_section(view)[0]),
+                             (REMOTE_COLUMNS, remote_section(view.peers)[0])):
+        t = Columns(None, columns)
+        for r in section.rows:
+            t.add_row(*r.cells)
+        need = max(need, t.natural_width())
+    return need
+
+
 def _pinger_rows(view: View) -> list[tuple[str, str | Text]]:
     a = view.agent
     st = view.stats
@@ -309,7 +329,10 @@ def pinger_chips(view: View) -> list[Text]:
 
 
 def event_text(e: Event) -> Text:
-    t = Text(e.time_str(date=False) + " ", style="dim")
+    # An event read off the board at the monitor's start happened at some time before:
+    # said where the time goes, not at the end of the line, which a narrow screen cuts.
+    when = e.time_str(date=False)
+    t = Text(("at start".ljust(len(when)) if e.initial else when) + " ", style="dim")
     t.append(f"{e.kind.value:<14}", style=STATUS_STYLE[e.severity])
     t.append(" " + e.body())
     return t
@@ -347,6 +370,9 @@ def monitor_renderable(view: View, events: Iterable[Event], refresh_hz: float = 
     """
     small = height < SMALL_HEIGHT
     right_w = PINGER_WIDTH if width >= WIDE else 0
+    need = tables_width(view)
+    if right_w and width - right_w - 1 < need <= width:
+        right_w = 0  # beside the tables the pinger box would hide columns: below it hides none
     left_w = width - right_w - (1 if right_w else 0)
     below: list[Text] = []
     if not right_w:
@@ -386,24 +412,23 @@ def run_monitor(board: Board, *, refresh_hz: float = 4.0, console: Console | Non
     period = 1.0 / refresh_hz
     evlog = EventLog()
     frames = 0
+    # Ctrl-C (KeyboardInterrupt) goes through: Live restores the terminal on the way out,
+    # and main() answers it with 130 as for every command
     with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live:
-        try:
-            next_t = time.monotonic()
-            while not stop.is_set():
-                view = read_view(board)
-                evlog.update(view)
-                size = console.size
-                live.update(monitor_renderable(view, evlog.recent, refresh_hz, size.height,
-                                               size.width), refresh=True)
-                frames += 1
-                if max_frames is not None and frames >= max_frames:
-                    break
-                next_t += period
-                wait = next_t - time.monotonic()
-                if wait < 0:
-                    next_t = time.monotonic()
-                    wait = 0
-                stop.wait(wait)
-        except KeyboardInterrupt:
-            log.debug("monitor interrupted after %d frames", frames)
+        next_t = time.monotonic()
+        while not stop.is_set():
+            view = read_view(board)
+            evlog.update(view)
+            size = console.size
+            live.update(monitor_renderable(view, evlog.recent, refresh_hz, size.height,
+                                           size.width), refresh=True)
+            frames += 1
+            if max_frames is not None and frames >= max_frames:
+                break
+            next_t += period
+            wait = next_t - time.monotonic()
+            if wait < 0:
+                next_t = time.monotonic()
+                wait = 0
+            stop.wait(wait)
     return 0

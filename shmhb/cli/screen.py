@@ -205,21 +205,35 @@ class Columns:
     def add_row(self, *cells: str | Text) -> None:
         self.rows.append([c if isinstance(c, Text) else Text(shown(c)) for c in cells])
 
-    def lines(self, width: int | None = None, rule: bool = True) -> list[Text]:
-        """Title, header, rule and rows, one ``Text`` per line; within ``width`` cells
-        if given (columns dropped as above; a last column still too wide is cut with
-        an ellipsis by whoever fits the line to the screen)."""
+    def _widths(self) -> list[int]:
         widths = [len(h) for h in self.heads]
         for r in self.rows:
             for k, c in enumerate(r):
                 widths[k] = max(widths[k], c.cell_len)
+        return widths
+
+    def natural_width(self) -> int:
+        """The cells a line of this table takes with every column shown."""
+        widths = self._widths()
+        return sum(widths) + 3 * (len(widths) - 1)
+
+    def lines(self, width: int | None = None, rule: bool = True) -> list[Text]:
+        """Title, header, rule and rows, one ``Text`` per line; within ``width`` cells
+        if given (columns dropped as above; a last column still too wide is cut with
+        an ellipsis by whoever fits the line to the screen)."""
+        widths = self._widths()
         keep = list(range(len(widths)))
         if width is not None:
             keep = columns_that_fit(widths, 3, width, self.droppable)
         title = self.title
         hidden = [self.heads[k] for k in range(len(widths)) if k not in keep]
         if hidden:
-            title = f"{title or ''}  ({', '.join(hidden)} hidden: too narrow)".strip()
+            note = f"({', '.join(hidden)} hidden: too narrow)"
+            if title and width is not None and len(title) + 2 + len(note) > width:
+                # the note is what must show: the title gives way (cut with an ellipsis)
+                room = width - 2 - len(note)
+                title = (title[:room - 1] + "\u2026") if room > 1 else ""
+            title = f"{title or ''}  {note}".strip()
         out = [Text(title, style="bold")] if title else []
         last = keep[-1]
         head = []

@@ -18,6 +18,7 @@ import os
 import pwd
 import re
 import secrets
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +85,12 @@ class UnitSettings:
         if self.board_mode is not None and not re.match(r"^0?[67][0-7][0-7]$", self.board_mode):
             raise InvalidConfig(f"invalid board mode {self.board_mode!r}: octal bits that let "
                                 "the owner read and write, e.g. 0660")
-        if self.board_group is not None and not _SAFE_ACCOUNT.match(self.board_group):
-            raise InvalidConfig(f"invalid board group name {self.board_group!r}")
+        if self.board_group is not None and not (self.board_group.isdigit()
+                                                 or _SAFE_ACCOUNT.match(self.board_group)):
+            # a numeric gid, as `shmhb pinger --board-group` takes (containers often have
+            # no group database entry)
+            raise InvalidConfig(f"invalid board group {self.board_group!r}: a group name "
+                                "or a numeric gid")
         if not _SAFE_PATH.match(self.env_path):
             raise InvalidConfig(f"invalid environment file path {self.env_path!r}: use an absolute "
                                 "path of letters, digits and / . _ -")
@@ -135,16 +140,33 @@ def given_command(path: str) -> tuple[str, ...]:
         raise InvalidConfig(f"--exec {path!r}: no executable file there: give the shmhb "
                             "console script of the install the service should run, or its "
                             "Python interpreter")
-    if Path(path).name == "shmhb":
-        return (path,)
-    return (path, "-m", "shmhb")
+    cmd = (path,) if Path(path).name == "shmhb" else (path, "-m", "shmhb")
+    # The unit would verify and then fail at start: try it here, as its ExecStart runs it
+    # (an interpreter without shmhb, a console script of a removed environment).
+    try:
+        out = subprocess.run([*cmd, "--version"], capture_output=True, text=True,
+                             timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InvalidConfig(f"--exec {path!r}: cannot run `{' '.join(cmd)} --version`: "
+                            f"{e}") from None
+    if out.returncode != 0 or not out.stdout.startswith("shmhb "):
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}, {out.stdout!r}"])[-1]
+        raise InvalidConfig(f"--exec {path!r}: `{' '.join(cmd)} --version` fails ({last}): "
+                            "give the shmhb console script of the install the service "
+                            "should run, or a Python interpreter that has shmhb installed")
+    return cmd
 
 
 def account(user: str | None, group: str | None) -> tuple[str, str]:
     """``user`` (default: who runs this) and ``group`` (default: the user's primary
     group), both checked against this host's user database."""
-    if user is None:
-        user = pwd.getpwuid(os.getuid()).pw_name
+    if not user:  # not given, or given empty (`--user "$USER"` where $USER is unset)
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            raise InvalidConfig(f"this account (uid {os.getuid()}) has no name in the user "
+                                "database: pass --user with the account the workers run "
+                                "as") from None
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
@@ -207,6 +229,11 @@ ExecStart={s.exec} pinger $SHMHB_PINGER_ARGS
 # embedded meanwhile, and the board keeps every verdict. Always come back.
 Restart=always
 RestartSec=1
+# Exit 2 is a start refused for its settings (a policy the board does not have, an
+# unreadable secret, a bad flag): no restart can fix it, so the unit fails at once with
+# the reason in its log (`systemctl status`) rather than crash-looping; `shmhb status`
+# exits 5 meanwhile (no daemon runs) while a worker holds the role embedded.
+RestartPreventExitStatus=2
 # The agent exits 1 when its loop was stuck and it gave the role up: restarted above.
 # SIGTERM: the agent writes a clean "left" and releases the role at once.
 KillSignal=SIGTERM

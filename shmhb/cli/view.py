@@ -9,20 +9,25 @@ one syscall).  ``events.diff`` compares two Views; it never touches a board.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..board import locks
 from ..board.handle import Board
 from ..board.config import Policy
+from ..board.layout import LOCK_DAEMON
+from ..errors import InvalidConfig
+from ..net.settings import load_config
 from ..status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 
 BAD_PREFIX = "bad_"
 NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
 NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
 
-#: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 1, 0).
+#: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 5, 1, 0).
 #: EXIT_OK also when no worker is registered or every one left and no agent runs because
 #: none ever ran or it left cleanly: an empty board is not an error.
 EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
@@ -30,6 +35,7 @@ EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
 EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli.main)
 EXIT_NO_OBSERVER = 3  # no running agent: none ever ran, its holder is gone, stalled or left
 EXIT_NETWORK = 4  # the configured network half is not working (degraded: see the reason)
+EXIT_NO_DAEMON = 5  # a `shmhb pinger` stored its settings in the board, but no daemon runs
 #: Version of ``shmhb status --json``: bumped when a field changes meaning or goes away
 #: (new fields may appear without a bump).
 STATUS_SCHEMA = 1
@@ -59,6 +65,10 @@ class View:
     lateness_ms: float = 0.0
     policy: Policy | None = None
     network: NetworkStatus = NO_NETWORK
+    #: a ``shmhb pinger`` daemon runs on this board (holding the role or waiting for it)
+    daemon: bool = False
+    #: a ``shmhb pinger`` stored its settings (--listen, --peer, ...) in this board
+    pinger_configured: bool = False
 
     def bad_frames(self) -> dict[str, int]:
         """Bad-frame counters by reason (``bad_auth`` -> ``auth``)."""
@@ -67,6 +77,29 @@ class View:
     def unhealthy(self) -> list[SlotStatus]:
         """Local slots that are neither alive nor left (what makes ``status`` exit 1)."""
         return [s for s in self.slots if s.status not in (Status.ALIVE, Status.LEFT)]
+
+    def holder(self) -> str | None:
+        """Who holds the agent role: "daemon" (``shmhb pinger``), "worker" (embedded in a
+        registered worker), or None (no live holder, or none that can be told)."""
+        a = self.agent
+        if not self.agent_held or a.status is not Status.ALIVE or not a.pid:
+            return None
+        if any(s.pid == a.pid for s in self.slots if s.status in (Status.ALIVE, Status.SUSPECT)):
+            return "worker"
+        return "daemon" if self.daemon else None
+
+    def daemon_problem(self) -> str | None:
+        """Why a daemon that this board was set up for is missing (None: it runs, or no
+        ``shmhb pinger`` ever stored settings here).  A worker's embedded agent keeps the
+        host watched meanwhile, but not once the last worker is gone, and a daemon
+        refused at each restart (a policy or secret it rejects) only shows here."""
+        if not self.pinger_configured or self.daemon:
+            return None
+        who = (f"worker pid {self.agent.pid} holds the agent role embedded"
+               if self.holder() == "worker" else "nothing runs the agent role")
+        return (f"no `shmhb pinger` daemon runs on this board, though one stored its "
+                f"settings here ({who}): see why it stopped (`systemctl status "
+                f"shmhb-pinger`, `journalctl -u shmhb-pinger`, the pod's log)")
 
     def agent_problem(self) -> str | None:
         """Why no agent observes this board now (None: one runs and holds the role).
@@ -90,20 +123,36 @@ class View:
         """``shmhb status``'s exit code (``EXIT_*``) and the problems behind it, worst
         first.  The one place that decides it, for the text and the JSON alike."""
         problems: list[tuple[int, str]] = []
-        a = self.agent
-        # No worker, or every one left: nothing to watch, so a board whose agent never
-        # ran or left cleanly is not unhealthy (an agent that died or stalled still is).
+        # No worker, or every one left (or was forgotten): nothing to watch, so a board
+        # whose role nobody holds is not unhealthy if its agent never ran or left
+        # cleanly, or died with the last worker that ran it embedded (and `forget`
+        # cleared that worker).  A holder that stalled still is, and so is one that died
+        # where a pinger was set up: the host no longer answers its peers.
         quiet = all(s.status is Status.LEFT for s in self.slots)
+        a = self.agent
+        idle = quiet and not self.agent_held and (
+            a.status in (Status.UNKNOWN, Status.LEFT) or not self.pinger_configured)
         agent = self.agent_problem()
-        if agent is not None and not (quiet and (a.status is Status.UNKNOWN or (
-                a.status is Status.LEFT and not self.agent_held))):
+        if agent is not None and not idle:
             problems.append((EXIT_NO_OBSERVER, agent))
+        daemon = self.daemon_problem()
+        # ... unless the host was wound down: every worker gone, the last holder left
+        # cleanly (`systemctl stop` with no worker running)
+        if daemon is not None and not (quiet and not self.agent_held
+                                       and a.status is Status.LEFT):
+            problems.append((EXIT_NO_DAEMON, daemon))
         n = self.network
         if not n.working:
             why = n.reason or "unknown reason"
             problems.append((EXIT_NETWORK, f"the network half is degraded ({why})"
                              + (f": {n.error}" if n.error else "")))
         for p in self.peers:
+            if p.age_s is None and p.status in (Status.SUSPECT, Status.DEAD) \
+                    and not p.auth_failing:
+                problems.append((EXIT_NETWORK, f"host {p.address} has never answered, so it "
+                                 f"reads {p.status.value}: check its address and port "
+                                 "(--peer, the endpoint watched), that its name resolves on "
+                                 "this host, and that its pinger runs and listens there"))
             if p.auth_failing:
                 problems.append((EXIT_NETWORK, f"host {p.address}: authentication fails "
                                  f"({p.auth_failures} frame(s) refused), so it reads "
@@ -114,7 +163,7 @@ class View:
             problems.append((EXIT_SLOTS, f"{len(bad)} local slot(s) not healthy: "
                              + ", ".join(f"{s.key} {s.status.value}" for s in bad[:8])
                              + (" ..." if len(bad) > 8 else "")))
-        order = (EXIT_NO_OBSERVER, EXIT_NETWORK, EXIT_SLOTS)
+        order = (EXIT_NO_OBSERVER, EXIT_NETWORK, EXIT_NO_DAEMON, EXIT_SLOTS)
         problems.sort(key=lambda p: order.index(p[0]))
         return (problems[0][0] if problems else EXIT_OK), [m for _, m in problems]
 
@@ -135,4 +184,25 @@ def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
         lateness_ms=board.lateness_ms(),
         policy=board.policy,
         network=board.network(),
+        daemon=daemon_runs(board),
+        pinger_configured=pinger_configured(board),
     )
+
+
+def daemon_runs(board: Board) -> bool:
+    """Whether a ``shmhb pinger`` daemon runs on ``board``: every one holds LOCK_DAEMON
+    (shared) for its life, holding the role or waiting for it (one syscall pair)."""
+    fd = board.new_fd()
+    try:
+        return locks.is_held(fd, LOCK_DAEMON)
+    finally:
+        os.close(fd)
+
+
+def pinger_configured(board: Board) -> bool:
+    """Whether a ``shmhb pinger`` stored its settings in ``board`` (settings that do
+    not validate were stored too)."""
+    try:
+        return load_config(board) is not None
+    except InvalidConfig:
+        return True

@@ -36,7 +36,7 @@ from ..board.handle import Board
 from ..clock import Clock
 from ..board.config import PingerConfig, parse_hostport
 from ..errors import InvalidConfig
-from .settings import configure_from_args, load_config, read_secret, store_config  # re-exported
+from .settings import board_group, configure_from_args, load_config, read_secret, store_config  # re-exported
 from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
@@ -85,7 +85,7 @@ class NetworkHalf:
         self.plain = not cfg.curve_keys and not cfg.secret_file  # frames unauthenticated
         if cfg.secret_file:
             try:
-                self.secret = read_secret(cfg.secret_file)
+                self.secret = read_secret(cfg.secret_file, shared_gid=board_group(board))
             except InvalidConfig as e:
                 raise NetDown(NetReason.SECRET, str(e)) from None
         self.address = cfg.listen
@@ -264,7 +264,9 @@ class NetworkHalf:
             if t.reachable:
                 t.reachable = False
                 self.following.down.add(t.address)
-                log.info("pinger: no connection to %s; retrying every tick", t.address)
+                log.warning("pinger: no connection to %s (nothing listens there, its name "
+                            "does not resolve, or the network is down); retrying every tick",
+                            t.address)
             return False
         if not t.reachable:
             t.reachable = True

@@ -71,23 +71,47 @@ def load_config(board: Board) -> tuple[int, PingerConfig] | None:
                              ping_budget_pps=budget / 1000 if budget else DEFAULT_BUDGET_PPS)
 
 
-def read_secret(path: str) -> bytes:
+def board_group(board: Board) -> int | None:
+    """The group ``board`` is shared with (its file's gid where the group may read and
+    write it, ``shmhb pinger --board-mode 0660 --board-group G``), else None."""
+    fd = board.new_fd()
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_gid if st.st_mode & 0o060 == 0o060 else None
+
+
+def read_secret(path: str, *, shared_gid: int | None = None) -> bytes:
     """The shared secret in ``path``.  ``InvalidConfig`` (saying what to do) if the file
     cannot be read, is readable or writable by group or others, or holds fewer than 16
-    bytes.  The caller must never fall back to running without it."""
+    bytes.  The caller must never fall back to running without it.
+
+    ``shared_gid``: the group a board is shared with (``board_group``).  Its members'
+    workers may hold the agent role, network half included, so a secret readable by
+    that group alone (mode 0640, that group) is accepted: it reaches no one who could
+    not already write the board."""
+    way = ("give it the board's group, readable by it alone (`chgrp GROUP FILE; chmod 640 "
+           "FILE`), so that a worker of another account that holds the agent role can read "
+           "it" if shared_gid is not None else "run the pinger as the file's owner")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        raise InvalidConfig(f"cannot read the secret file {path!r}: {e.strerror}; make it "
-                            "readable by the account that runs the pinger") from None
+        raise InvalidConfig(f"cannot read the secret file {path!r} as uid {os.geteuid()}: "
+                            f"{e.strerror}; {way}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InvalidConfig(f"the secret file {path!r} is not a regular file")
-        if st.st_mode & 0o077:
+        group_ok = shared_gid is not None and st.st_gid == shared_gid
+        if st.st_mode & (0o037 if group_ok else 0o077):
             raise InvalidConfig(
-                f"run `chmod 600 {path}`: the secret file is accessible by group or "
-                f"others (mode {stat.S_IMODE(st.st_mode):04o})")
+                f"run `chmod {640 if group_ok else 600} {path}`: the secret file is "
+                f"accessible by {'others, or writable by its group' if group_ok else 'group or others'} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}, group {st.st_gid}"
+                + ("" if shared_gid is None or group_ok else
+                   f"; a board shared with group {shared_gid} accepts mode 0640 for that group")
+                + ")")
         with os.fdopen(fd, "rb", closefd=False) as f:
             secret = f.read(4097).strip()
     except OSError as e:
@@ -160,9 +184,9 @@ def configure_from_args(args: argparse.Namespace) -> bool:
     cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                        secret_file=args.secret_file, curve_keys=args.curve_keys,
                        ping_budget_pps=args.ping_budget_pps)
-    if cfg.secret_file:
-        read_secret(cfg.secret_file)  # fail now, with the reason, not in the agent thread
-    with Board.open(args.board) as b:
+    with Board.open(args.board, create=True) as b:
+        if cfg.secret_file:  # fail now, with the reason, not in the agent thread
+            read_secret(cfg.secret_file, shared_gid=board_group(b))
         store_config(b, cfg)
     return True
 

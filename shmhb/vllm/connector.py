@@ -104,7 +104,7 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
             adapter = adapter_for(self.settings.inner["kv_connector"], self.inner)
             self.guard = WorkerGuard(self.settings, adapter, self.engine_id, self.counts)
         else:
-            self._board = Board.open(self.settings.board)
+            self._board = Board.attach(self.settings.board)
         log.info("ShmhbConnector (%s) around %s, board %s", role.name,
                  type(self.inner).__name__, self.settings.board or "$SHMHB_BOARD")
 

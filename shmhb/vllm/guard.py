@@ -61,7 +61,7 @@ class WorkerGuard:
         if self.hb is not None:
             return  # re-initialisation: one registration per rank
         a = self.adapter
-        self.board = Board.open(self.settings.board)
+        self.board = Board.attach(self.settings.board)
         eps = a.endpoints()
         dp, tp, pp = a.rank()
         self.key = rank_key(self.engine_id, dp, tp, pp)

@@ -287,11 +287,11 @@ def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluste
 def test_status_help_documents_every_exit_code() -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--help"], capture_output=True,
                          text=True, timeout=30, env=child_env())
-    for code in ("0", "1", "2", "3", "4"):
+    for code in ("0", "1", "2", "3", "4", "5"):
         assert f"\n  {code}  " in out.stdout, code
     with open(os.path.join(ROOT, "docs", "OPERATIONS.md")) as f:
         doc = f.read()
-    for code in ("0", "1", "2", "3", "4"):
+    for code in ("0", "1", "2", "3", "4", "5"):
         assert f"  | {code} |" in doc, code
 
 

@@ -8,9 +8,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+
+import pytest
 
 import shmhb
 from shmhb import Status
+from shmhb.agent import role
+from shmhb.agent.role import Agent
+from shmhb.board.config import AgentConfig
 
 from ..conftest import Procs, wait_until
 
@@ -80,3 +86,39 @@ def _standby_polled(pid: int) -> bool:
                    if "shmhb-test" in os.readlink(f"/proc/{pid}/fd/{f}")) >= 2
     except OSError:
         return False
+
+
+def test_a_restarted_daemon_gets_the_role_from_long_running_workers_at_once(
+        board: shmhb.Board, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers that lived through an earlier daemon's takeover must leave the role to the
+    # next daemon too: a standby that remembered the free spell it saw then took the
+    # role at the next handover at once, and kept it from the daemon for a minute.
+    monkeypatch.setattr(role, "DAEMON_GRACE_NS", 50_000_000)
+    cfg = AgentConfig(election_poll_s=0.01)
+    holder, standby = (Agent(board.name, config=cfg, network=False) for _ in range(2))
+    first, second = (Agent(board.name, config=cfg, network=False, daemon=True) for _ in range(2))
+    loops = []
+    try:
+        loop = holder.elect(board)
+        assert loop is not None
+        assert first.elect(board) is None  # the first daemon waits for the role
+        holder.resign(loop)  # ... and the embedded holder hands it over
+        assert standby.elect(board) is None  # free, a daemon waits: the standby leaves it
+        loops.append(first.elect(board))
+        assert loops[-1] is not None  # the daemon holds it
+        assert standby.elect(board) is None
+        deadline = time.monotonic() + 2 * role.DAEMON_GRACE_NS / 1e9
+        while time.monotonic() < deadline:  # the grace runs out while the daemon holds it
+            assert standby.elect(board) is None
+        first.resign(loops.pop())  # the daemon stops (a restart) ...
+        loop = holder.elect(board)  # ... an embedded agent keeps the host watched
+        assert loop is not None
+        assert second.elect(board) is None  # the restarted daemon waits for the role
+        holder.resign(loop)  # the holder hands it over
+        assert standby.elect(board) is None, "a standby took the role from the daemon"
+        loops.append(second.elect(board))
+        assert loops[-1] is not None
+    finally:
+        for agent, loop in zip((first, second), loops):
+            if loop is not None:
+                agent.resign(loop)

@@ -64,6 +64,14 @@ def test_hosts_and_default_ports() -> None:
         parse_hostport("a b")
 
 
+def test_an_octet_above_255_is_named_as_such() -> None:
+    # not "it reads as a number": the operator wrote an IPv4 address with a typo
+    with pytest.raises(InvalidAddress, match="300 is above 255"):
+        parse_hostport("127.0.0.300")
+    with pytest.raises(InvalidAddress, match="reads as a number"):
+        parse_hostport("127.1")  # the resolver's shorthand for 127.0.0.1: still refused so
+
+
 def test_invalid_address_is_both_key_and_config_error() -> None:
     e = InvalidAddress("x")
     assert isinstance(e, shmhb.InvalidKey) and isinstance(e, shmhb.InvalidConfig)

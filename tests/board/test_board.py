@@ -42,7 +42,7 @@ def test_create_attach_open_and_unlink(board_name: str) -> None:
 
 def test_default_name_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, board_name: str) -> None:
     monkeypatch.setenv("SHMHB_BOARD", board_name)
-    with shmhb.Board.open() as b:
+    with shmhb.Board.open(create=True) as b:
         assert b.name == board_name
 
 

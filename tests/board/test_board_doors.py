@@ -132,7 +132,7 @@ OPENER = textwrap.dedent("""
     print("up", flush=True)
     sys.stdin.readline()  # all start together
     try:
-        b = shmhb.Board.open(name)
+        b = shmhb.Board.open(name, create=True)
         hb = b.register(key, agent=False)
         hb.beat()
         print(f"ok {b.board_inc} {hb.index}", flush=True)
@@ -336,3 +336,24 @@ def test_the_pinger_survives_bad_watch_rows_and_still_sees_a_kill(
     wait_until(lambda: board.status("victim") is Status.DEAD, timeout_s=10, what="DEAD")
     assert time.monotonic() - t < 1.0, "a local kill took over 1 s to read DEAD"
     assert p.poll() is None, "the pinger died on a bad row"
+
+
+def test_a_wrong_name_creates_no_board_where_one_exists(board_name: str) -> None:
+    # A reader or worker with a mistyped name (or no $SHMHB_BOARD beside a pinger that uses
+    # --board) must not get a private, empty board that answers None for every peer.
+    typo = board_name + "-typo"
+    try:
+        with shmhb.Board.create(board_name):
+            for call in (shmhb.Board.open, shmhb.Board.attach):
+                with pytest.raises(shmhb.BoardNotFound, match=f"'{board_name}'"):
+                    call(typo)
+                assert not os.path.exists(f"/dev/shm/{typo}")
+            out = subprocess.run([sys.executable, "-m", "shmhb", "status", "--board", typo],
+                                 env=ENV, capture_output=True, text=True, timeout=60)
+            assert out.returncode != 0 and "Traceback" not in out.stderr
+            assert f"'{board_name}'" in out.stderr and f"shmhb pinger --board {typo}" in out.stderr
+            assert not os.path.exists(f"/dev/shm/{typo}")
+            with shmhb.Board.open(typo, create=True) as b:  # the pinger's way: created
+                assert b.name == typo
+    finally:
+        unlink_quietly(typo)

@@ -129,6 +129,15 @@ def test_the_instance_slot_shares_no_endpoint_with_a_rank(board: shmhb.Board) ->
     hb.close()
 
 
+def test_a_serving_address_is_taken_as_a_url_too(board: shmhb.Board) -> None:
+    # the form the connector's serving_url takes, and what `shmhb instances` prints
+    hb = board.register("vllm/u/dp0/tp0/pp0", endpoints=("127.0.0.5:8997",), agent=False)
+    register_instance(board, hb, "decode", "u", serving="http://127.0.0.5:8100/", bootstrap=None)
+    (i,) = board_instances(board)
+    assert i.serving == "127.0.0.5:8100" and i.to_json()["url"] == "http://127.0.0.5:8100"
+    hb.close()
+
+
 def engine(procs: Procs, board: shmhb.Board, eng: str, role: str = "prefill",
            nranks: int = 1) -> tuple[subprocess.Popen[str], int]:
     p = procs.python(ENGINE, board.name, eng, role, str(nranks))

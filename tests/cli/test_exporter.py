@@ -118,6 +118,10 @@ def test_probes_beside_metrics(board: shmhb.Board, exporter: Exporter) -> None:
     code, body = get_path("/readyz")  # no agent has run on this board
     assert code == 503 and "no agent has run" in body, body
     assert get_path("/")[0] == 404 and get_path("/metricsx")[0] == 404
+    code, body = get_path("/nope")
+    for served in ("/metrics", "/healthz", "/readyz", "/instances"):  # every path it serves
+        assert served in body, body
+    assert get_path("/instances")[0] == 200
     a = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
     try:
         assert a.holding.wait(5)

@@ -219,3 +219,15 @@ def test_a_lock_held_on_the_segment_keeps_it(names: list[str], procs: Procs) -> 
         assert gc.any_lock_held(fd)
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"),
+                    reason="needs root to run gc as another account")
+def test_gc_run_by_another_account_says_what_it_cannot_read(board_name: str) -> None:
+    with shmhb.Board.create(board_name):  # mode 0600, root's
+        out = subprocess.run(["/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
+                              "--clear-groups", sys.executable, "-m", "shmhb", "gc"],
+                             env=child_env(), capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "cannot read (owner uid 0" in out.stdout and "as their owner" in out.stdout, out.stdout
+    assert os.path.exists(f"/dev/shm/{board_name}")

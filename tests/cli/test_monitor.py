@@ -3,10 +3,13 @@ rich consoles and checked for content, then driven in a real terminal (tmux)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -204,6 +207,36 @@ def test_monitor_command_wants_a_terminal(board: shmhb.Board) -> None:
     assert out.returncode == 2 and "needs a terminal" in out.stderr and not out.stdout
 
 
+def test_monitor_interrupted_by_ctrl_c_exits_130(board: shmhb.Board) -> None:
+    # on a pseudo-terminal, as an operator runs it; Ctrl-C is SIGINT to its process
+    master, slave = os.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "shmhb", "monitor", "--board", board.name],
+                             stdin=slave, stdout=slave, stderr=slave, env=child_env(),
+                             start_new_session=True)
+        os.close(slave)
+        slave = -1
+        seen = bytearray()
+        deadline = time.monotonic() + 60
+        while b"board" not in seen and p.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                try:
+                    seen += os.read(master, 65536)  # drawn: its handler is set up by now
+                except OSError:
+                    break
+        assert b"board" in seen, seen[-2000:]
+        p.send_signal(signal.SIGINT)
+        wait_until(lambda: p.poll() is not None, timeout_s=30, what="monitor exits")
+        assert p.returncode == 130
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_run_monitor_paces_its_frames(board: shmhb.Board, procs: Procs, local_agent: Agent) -> None:
     procs.worker(board.name, "w")
     c = capture()
@@ -325,6 +358,35 @@ def test_a_too_narrow_table_names_the_columns_it_hides() -> None:
     out = c.export_text()
     assert "(INC hidden: too narrow)" in out
     assert "1796053474" not in out and "10.0.0.1:30002" in out
+
+
+def test_at_80_columns_the_hidden_columns_note_and_at_start_stay_in_view() -> None:
+    v = _real_incarnations(synthetic_view())
+    log = EventLog()
+    log.update(v)  # the first read: every event is marked "at start"
+    for width, height in ((80, 24), (60, 40)):
+        c = capture(width=width, height=height)
+        c.print(monitor_renderable(v, log.recent, 4.0, height, width))
+        lines = c.export_text().splitlines()
+        title = next(ln for ln in lines if ln.startswith("remote hosts")).rstrip()
+        if "hidden" in title or width == 60:
+            assert title.endswith("hidden: too narrow)"), title
+        events = [ln for ln in lines if ln.startswith("\u2502 ") and "@10.0.0.3" in ln]
+        assert events and all(ln[2:].startswith("at start") for ln in events), events
+
+
+def test_a_table_that_fits_the_screen_is_not_squeezed_by_the_pinger_box() -> None:
+    # four endpoints per rank: the local table needs ~100 columns, more than beside the
+    # pinger box at 130, fewer than 130: the box goes below and every column shows
+    v = synthetic_view()
+    eps = tuple(f"10.0.0.1:{p}" for p in (30000, 30100, 30200, 30300))
+    v = dataclasses.replace(v, slots=tuple(s._replace(endpoints=eps) for s in v.slots))
+    c = capture(width=130, height=45)
+    c.print(monitor_renderable(v, [], 4.0, 45, 130))
+    out = c.export_text()
+    assert "hidden: too narrow" not in out, out
+    head = next(ln for ln in out.splitlines() if ln.startswith("KEY"))
+    assert "INC" in head and "PID" in head
 
 
 _MANY = """

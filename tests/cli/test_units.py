@@ -107,7 +107,7 @@ def test_a_command_under_private_tmp_is_refused() -> None:
 def test_exec_names_the_install_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "bin" / "shmhb"
     script.parent.mkdir()
-    script.write_text("#!/bin/sh\n")
+    script.write_text("#!/bin/sh\necho shmhb 0.1.0\n")
     script.chmod(0o755)
     assert units.given_command(str(script)) == (str(script),)
     assert units.given_command(sys.executable) == (sys.executable, "-m", "shmhb")
@@ -119,7 +119,7 @@ def test_exec_names_the_install_and_a_bad_one_is_refused(tmp_path: Path) -> None
     tmp_dir = tempfile.mkdtemp(dir="/tmp")
     try:
         under = Path(tmp_dir) / "shmhb"
-        under.write_text("#!/bin/sh\n")
+        under.write_text("#!/bin/sh\necho shmhb 0.1.0\n")
         under.chmod(0o755)
         out = tmp_path / "u"
         r = run_units("--exec", str(under), "--out", str(out), "--user", ME, install=False)
@@ -172,3 +172,27 @@ def test_out_never_follows_a_planted_symlink(tmp_path: Path) -> None:
         assert stat.S_IMODE(path.lstat().st_mode) == want, name
         assert path.read_text().strip(), name
     assert sorted(p.name for p in out.iterdir()) == sorted(victims)  # no temporary left
+
+
+def test_an_exec_that_cannot_run_shmhb_is_refused(tmp_path: Path) -> None:
+    # an interpreter without shmhb: the unit would verify, then fail at every start
+    python = tmp_path / "python3"
+    python.write_text("#!/bin/sh\necho \"No module named shmhb\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    with pytest.raises(InvalidConfig, match="No module named shmhb"):
+        units.given_command(str(python))
+    r = run_units("--exec", str(python), "--out", str(tmp_path / "u"), "--user", ME,
+                  install=False)
+    assert r.returncode == 2 and "No module named shmhb" in r.stderr, r.stderr
+    assert not (tmp_path / "u").exists()
+
+
+def test_an_empty_user_is_the_current_one_and_a_numeric_board_group_is_taken(
+        tmp_path: Path) -> None:
+    # `--user "$USER"` in a container, where $USER is unset
+    r = run_units("--out", str(tmp_path / "u"), "--user", "", "--board-mode", "0660",
+                  "--board-group", "12345")
+    assert r.returncode == 0, r.stderr
+    unit = directives((tmp_path / "u" / units.PINGER_UNIT).read_text())
+    assert unit["User"] == [ME]
+    assert "--board-group 12345" in (tmp_path / "u" / units.ENV_FILE).read_text()
