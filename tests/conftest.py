@@ -8,6 +8,7 @@ import os
 import pwd
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import sysconfig
@@ -285,15 +286,26 @@ def pids_with_cmdline(needle: str) -> list[int]:
 
 def install_args() -> list[str]:
     """``--exec`` for the units, where the running shmhb cannot be named in them: a venv
-    under /tmp (CI makes one there) is refused, as PrivateTmp=yes would hide it.  The
-    interpreter that venv was made from stands in (the units are only verified, never
-    started)."""
+    under /tmp (a clone or CI's venv there) is refused, as PrivateTmp=yes would hide it.
+    The interpreter that venv was made from stands in (the units are only verified, never
+    started); run ``shmhb units`` with :func:`install_env`, so that the stand-in finds
+    this run's packages when ``shmhb units`` tries it (``--exec`` must run shmhb)."""
     if not units.under_private_tmp(units.running_command()[0]):
         return []
     base = os.path.realpath(sys.executable)
     if units.under_private_tmp(base):
         pytest.skip("no Python outside /tmp to name in the units")
     return ["--exec", base]
+
+
+def install_env() -> dict[str, str]:
+    """The environment for ``shmhb units ... *install_args()``: ``child_env``, plus, where
+    the stand-in interpreter is named, this venv's site-packages on ``PYTHONPATH`` (the
+    stand-in has none of shmhb's dependencies of its own)."""
+    env = child_env()
+    if install_args():
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], *site.getsitepackages()])
+    return env
 
 
 # -- the loopback cluster (tests/hosts.py imports this module, so it is imported late) ---------

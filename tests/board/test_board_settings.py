@@ -19,7 +19,7 @@ import shmhb
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 
-from ..conftest import install_args, unlink_quietly, wait_until
+from ..conftest import install_args, install_env, unlink_quietly, wait_until
 
 
 @pytest.fixture
@@ -184,7 +184,7 @@ def test_the_units_carry_the_boards_mode_and_group(tmp_path: Any) -> None:
     gname, _ = _group()
     out = subprocess.run([sys.executable, "-m", "shmhb", "units", "--out", str(tmp_path),
                           "--board-mode", "0660", "--board-group", gname, *install_args()],
-                         env=child_env(), capture_output=True, text=True, timeout=30)
+                         env=install_env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     env = (tmp_path / "shmhb.env").read_text()
     assert f"\nSHMHB_PINGER_ARGS=--board-mode 0660 --board-group {gname}\n" in env

@@ -28,14 +28,15 @@ def busy_board(board: shmhb.Board) -> Iterator[shmhb.Board]:
         hb.close()
 
 
-def run_into_closed_pipe(*args: str) -> subprocess.CompletedProcess[bytes]:
+def run_into_closed_pipe(*args: str, env: dict[str, str] | None = None
+                         ) -> subprocess.CompletedProcess[bytes]:
     """``shmhb ARGS`` with stdout a pipe whose reading end is already closed: its first
     write (or the flush at exit) meets EPIPE, as under ``| head`` once head has exited."""
     r, w = os.pipe()
     os.close(r)
     try:
         return subprocess.run([sys.executable, "-m", "shmhb", *args], cwd=ROOT, stdout=w,
-                              stderr=subprocess.PIPE, timeout=60)
+                              stderr=subprocess.PIPE, timeout=60, env=env)
     finally:
         os.close(w)
 
@@ -52,8 +53,9 @@ def test_a_closed_pipe_ends_the_command_quietly(busy_board: shmhb.Board, args: t
 
 
 def test_a_closed_pipe_ends_units_quietly(tmp_path: object) -> None:
-    from ..conftest import install_args
-    p = run_into_closed_pipe("units", *install_args(), "--out", str(tmp_path), "--user", ME)
+    from ..conftest import install_args, install_env
+    p = run_into_closed_pipe("units", *install_args(), "--out", str(tmp_path), "--user", ME,
+                             env=install_env())
     err = p.stderr.decode(errors="replace")
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert p.returncode == EXIT_BROKEN_PIPE, (p.returncode, err)

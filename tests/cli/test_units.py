@@ -16,7 +16,7 @@ import pytest
 from shmhb.cli import units
 from shmhb.errors import InvalidConfig
 
-from ..conftest import ME, ROOT, install_args
+from ..conftest import ME, ROOT, install_args, install_env
 
 
 def run_units(*args: str, install: bool = True) -> subprocess.CompletedProcess[str]:
@@ -24,7 +24,7 @@ def run_units(*args: str, install: bool = True) -> subprocess.CompletedProcess[s
     (unless ``install`` is False)."""
     extra = install_args() if install else []
     return subprocess.run([sys.executable, "-m", "shmhb", "units", *extra, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=install_env())
 
 
 def directives(text: str) -> dict[str, list[str]]:
