@@ -12,11 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from shmhb.testing.loopback import child_env
 
 from .conftest import ROOT
 
 
+@pytest.mark.system
 def test_bench_smoke_run_completes_and_writes_every_table(tmp_path: Path) -> None:
     out = tmp_path / "RESULTS.md"
     plots = tmp_path / "plots"

@@ -16,11 +16,9 @@ import textwrap
 import tokenize
 from pathlib import Path
 
-import pytest
 
 import shmhb
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 PKG_DIR = Path(shmhb.__file__).parent
 ROOT = PKG_DIR.parent

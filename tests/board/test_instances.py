@@ -90,7 +90,7 @@ def test_the_instance_slot_shares_no_endpoint_with_a_rank(board: shmhb.Board) ->
 
 def engine(procs: Procs, board: shmhb.Board, eng: str, role: str = "prefill",
            nranks: int = 1) -> tuple[subprocess.Popen[str], int]:
-    p = procs.python(ENGINE, board.name, eng, role, str(nranks))
+    p = procs.program(ENGINE, board.name, eng, role, str(nranks))
     return p, int(p.ready_line.split()[1])  # type: ignore[attr-defined]
 
 
