@@ -274,8 +274,8 @@ def q3_section(r: Results, targets: list[Target]) -> list[str]:
                f"{pol.peer_dead_after_s:g} s). Silence counts from the last ack, up to one interval before "
                "the kill, so the figure can sit under peer-dead-after.")
     out.append("- today's stacks (bench.anchors): " + anchors.NOTE
-               + (f" This run checked every {r.profile.sglang_s:g} s instead of 5 s (smoke)."
-                  if r.profile.sglang_s != anchors.SGLANG_INTERVAL_S else ""))
+               + f" These rows are not measured by this run: they come from bench/results_anchors.json, "
+                 f"made by {r.anchors.made_by}.")
     out.append(Q3_NOTES)
     kr = r.kills.rows[1].summary
     targets.append(Target(f"local kill to DEAD <= {TARGETS['kill_ms']:g} ms", f"{kr.median:.2f} ms median",

@@ -1,9 +1,10 @@
 """The whole benchmark suite in one run: ``python -m bench [--quick | --smoke]``.
 
 Five questions, each answered side by side with the alternatives: the scenarios
-(bench/scenarios.py, and bench.board, bench.push, bench.cluster, bench.anchors where they
-answer one) each return their figures as a record; ``run`` gathers them into one
-``Results``; bench/report.py writes bench/RESULTS.md from it and bench/figures.py the
+(bench/scenarios.py, and bench.board, bench.push, bench.cluster where they answer one)
+each return their figures as a record; today's stacks (bench.anchors, part of the design
+study) are read from bench/results_anchors.json, not measured again; ``run`` gathers
+them all into one ``Results``; bench/report.py writes bench/RESULTS.md from it and bench/figures.py the
 plots (only where matplotlib is installed: ``pip install shmhb[bench]``).  Everything a
 scenario starts (processes, boards, the Redis server) is stopped and removed at its end,
 on Ctrl-C and SIGTERM too.  Traffic stays on 127.0.0.0/8.
@@ -52,17 +53,13 @@ class Profile:
     host_kills: int
     push_kills: int  # 0: no remote worker kill
     stress_s: float
-    sglang_kills: int
-    sglang_s: float  # SGLang's check interval
-    etcd_kills: int
     clusters: bool  # bench.cluster's 4 x 16 shape and pinger CPU
 
 
 PROFILES = {
-    # SGLang's checker at a 0.2 s interval: the code path, not its figure
-    "smoke": Profile(15, 3, 3, 2, 1, 1, 0, 3.0, 2, 0.2, 0, clusters=False),
-    "quick": Profile(60, 8, 10, 5, 4, 2, 0, 10.0, 3, anchors.SGLANG_INTERVAL_S, 3, clusters=False),
-    "full": Profile(400, 30, 100, 10, 20, 6, 15, 60.0, 8, anchors.SGLANG_INTERVAL_S, 8, clusters=True),
+    "smoke": Profile(15, 3, 3, 2, 1, 1, 0, 3.0, clusters=False),
+    "quick": Profile(60, 8, 10, 5, 4, 2, 0, 10.0, clusters=False),
+    "full": Profile(400, 30, 100, 10, 20, 6, 15, 60.0, clusters=True),
 }
 
 
@@ -144,8 +141,7 @@ def run(name: str, run_name: str) -> Results:
         push = _scenario("Q3: remote worker kill (bench.push)",
                          lambda st: push_bench.run(st, p.push_kills, log=log))
     shape, cpu = clusters(p)
-    log("Q3: today's stacks (bench.anchors): SGLang's checker, Dynamo's etcd lease")
-    anc = anchors.run(p.sglang_kills, p.etcd_kills, sglang_interval_s=p.sglang_s, log=log)
+    anc = anchors.load()  # the design study's figures: `python -m bench.anchors` made them
     stress = _scenario(f"Q5: false verdicts, {p.stress_s:g} s with every core hogged",
                        lambda st: q5_stress(st, p.stress_s))
     r = Results(run_name, name == "smoke", p, started, info, load0, q1, q2, kills, hang, host,
