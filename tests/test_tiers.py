@@ -12,7 +12,7 @@ import pytest
 
 from shmhb.testing.loopback import child_env
 
-from .tiers import HOW, _Guard
+from .tiers import HOW, TESTS, _Guard, is_system
 
 INNER = '''
 import subprocess
@@ -84,3 +84,23 @@ def test_a_fast_test_that_starts_a_process_fails(tmp_path: Path) -> None:
                            "-p", "no:cacheprovider", str(tmp_path)], cwd=tmp_path,
                           env=child_env(), capture_output=True, text=True, timeout=120)
     assert "3/5 tests collected" in fast.stdout, fast.stdout + fast.stderr
+
+
+class _Item:
+    """What ``is_system`` reads of a pytest item."""
+
+    def __init__(self, path: Path, fixtures: tuple[str, ...] = (), marked: bool = False) -> None:
+        self.path, self.fixturenames, self.marked = path, fixtures, marked
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if self.marked and name == "system" else None
+
+
+def test_a_test_is_system_by_its_mark_its_fixtures_or_its_folder() -> None:
+    here = TESTS / "board" / "test_x.py"
+    assert not is_system(_Item(here, ("board", "tmp_path")))  # type: ignore[arg-type]
+    assert is_system(_Item(here, ("procs",)))  # type: ignore[arg-type]
+    assert is_system(_Item(here, marked=True))  # type: ignore[arg-type]
+    assert is_system(_Item(TESTS / "vllm" / "test_x.py"))  # type: ignore[arg-type]
+    assert is_system(_Item(TESTS / "routers" / "test_x.py"))  # type: ignore[arg-type]
+    assert not is_system(_Item(TESTS / "test_x.py"))  # type: ignore[arg-type]

@@ -3,9 +3,9 @@ in-process boards, agents and loopback sockets: ``python -m pytest -m fast``), a
 ``system``, every test that starts one (workers, pingers, loopback clusters, the CLI:
 ``python -m pytest -m system``).  The default run is both.
 
-A test is ``system`` when it takes one of PROCESS_FIXTURES or is marked
-``pytest.mark.system`` (by itself or by its module's ``pytestmark``); every other test is
-``fast``.  Nobody marks a test ``fast`` by hand, and the marks cannot drift: in every run,
+A test is ``system`` when it takes one of PROCESS_FIXTURES, lives in one of
+SYSTEM_FOLDERS, or is marked ``pytest.mark.system`` (by itself or by its module's
+``pytestmark``); every other test is ``fast``.  Nobody marks a test ``fast`` by hand, and the marks cannot drift: in every run,
 a ``fast`` test that starts a process (``subprocess``, ``os.fork``, ``os.posix_spawn``,
 ``os.system``, an ``exec``) fails, whether or not its code caught the error that the
 start raised.  The hooks below are imported by ``tests/conftest.py``.
@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 #: fixtures that start processes: a test that takes one is ``system``
 PROCESS_FIXTURES = frozenset({"procs", "cluster"})
+
+#: folders of tests/ whose tests run against real third-party stacks in a venv of their
+#: own (.ci/run's later stages), each test through fixtures of the folder that start
+#: the stack's processes: all ``system``
+SYSTEM_FOLDERS = frozenset({"routers", "vllm", "vllm_ascend"})
+
+TESTS = Path(__file__).resolve().parent
 
 #: the audit events (``sys.addaudithook``) that start or replace a process
 PROCESS_EVENTS = frozenset({
@@ -53,8 +61,10 @@ sys.addaudithook(_GUARD.audit)
 
 
 def is_system(item: pytest.Item) -> bool:
-    return item.get_closest_marker("system") is not None or bool(
-        PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
+    path = Path(item.path).resolve()
+    folder = path.relative_to(TESTS).parts[0] if TESTS in path.parents else ""
+    return (item.get_closest_marker("system") is not None or folder in SYSTEM_FOLDERS
+            or bool(PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
