@@ -496,8 +496,7 @@ class CpuResult:
         return cpu_label(mode, self.hosts)
 
 
-CPU_MODES = ("idle", "follow", "both", "both-nat", "both-plain", "v1-follow", "v1-both",
-             "v1-both-nat", "floor-dealers-follow", "floor-dealers-both", "floor-dealers-both-v2",
+CPU_MODES = ("idle", "follow", "both", "both-nat", "both-plain", "floor-dealers-follow", "floor-dealers-both", "floor-dealers-both-v2",
              "floor-router-follow", "floor-router-both", "floor-router-both-v2")
 
 
@@ -508,9 +507,6 @@ def cpu_label(mode: str, hosts: int) -> str:
         "both": f"follow {hosts} hosts + answer their pings",
         "both-nat": f"follow {hosts} hosts + answer their pings, behind NAT (pings name another address)",
         "both-plain": f"follow {hosts} hosts + answer their pings, no mutual pairs",
-        "v1-follow": f"previous release (v1): follow {hosts} hosts",
-        "v1-both": f"previous release (v1): follow {hosts} hosts + answer their pings",
-        "v1-both-nat": f"previous release (v1): follow {hosts} + answer, behind NAT",
         "floor-dealers-follow": f"floor, {hosts} DEALERs: follow {hosts}",
         "floor-dealers-both": f"floor, {hosts} DEALERs: follow + answer {hosts}",
         "floor-dealers-both-v2": f"floor, {hosts} DEALERs: follow + answer {hosts}, mutual pairs' count",
@@ -576,41 +572,6 @@ def _hogged(res: CpuResult, board: shmhb.Board, live: set[str], duration_s: floa
         for hp in hogs:
             stop_process(hp)
     res.hog_s = duration_s
-
-
-def _v1_windows(res: CpuResult, st: contextlib.ExitStack, name: str, listen: str,
-                command: Callable[[str], None], board: shmhb.Board, live: set[str], window_s: float,
-                rounds: int) -> None:
-    """The previous release's pinger (``tests.oldrelease``: built from this repository's
-    history) on the same board, under the same emulated hosts: they speak v1 to it (its
-    acks do not advertise v2) and take their side of a pair by address, as v1 hosts do."""
-    import tempfile
-
-    from tests.oldrelease import Unavailable, build_old_release
-
-    try:
-        old = build_old_release(st.enter_context(tempfile.TemporaryDirectory()))
-    except Unavailable as e:
-        res.problems.append(f"no v1 rows: {e}")
-        return
-    log(f"v1 rows: the previous release built in {old.build_s:.1f} s")
-    p = subprocess.Popen(old.cmd("-m", "shmhb", "pinger", "--board", name, "--listen", listen,
-                                 "--interval-s", str(SHMHB_INTERVAL_S)),
-                         cwd=old.cwd, env=old.env(), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    st.callback(stop_process, p)
-    deadline = time.monotonic() + 60
-    while sum(1 for x in board.peers() if x.status is Status.ALIVE) < len(live):
-        if time.monotonic() > deadline or p.poll() is not None:
-            res.problems.append("the previous release's pinger did not take over")
-            return
-        time.sleep(0.5)
-    for mode, cmd in [(m, c) for _ in range(rounds) for m, c in
-                      (("v1-follow", "ping 0"), ("v1-both", "ping 1"), ("v1-both-nat", "ping 3"))]:
-        command(cmd)
-        _settle(res)
-        _cpu_window(res, mode, p.pid, board, window_s, live)
-    stop_process(p)
 
 
 class _Emulated:
@@ -710,8 +671,7 @@ def _wait_alive(res: CpuResult, board: shmhb.Board, hosts: int) -> None:
 
 
 def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.Random,
-                   hosts: int = CPU_HOSTS, kills: int = 0, hog_s: float = 0.0,
-                   v1_rounds: int = 0) -> CpuResult:
+                   hosts: int = CPU_HOSTS, kills: int = 0, hog_s: float = 0.0) -> CpuResult:
     """One real pinger at the default settings (and then the floor) under the load of
     ``hosts`` emulated hosts; each emulated host pings it as a default-settings pinger
     following the whole cluster would.  Then ``kills`` emulated hosts die one by one
@@ -757,11 +717,7 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             log(f"{hosts} hosts: {hog_s:g} s with every core hogged")
             _hogged(res, board, live, hog_s, st)
             log(f"{hosts} hosts: episodes of live hosts leaving ALIVE: {res.hog_episodes or 0}")
-        # The previous release's pinger in its place, on the same board (the layout is
-        # the same): the v1 rows, side by side with the v2 ones in this run.
         stop_process(pinger)
-        if v1_rounds:
-            _v1_windows(res, st, name, f"{me}:{port}", emu.command, board, live, window_s, v1_rounds)
         for kind in ("dealers", "router") if floor_rounds else ():
             emu.floor_windows(st, kind, f"{me}:{port}", port, floor_rounds)
         emu.p.stdin.close()  # type: ignore[union-attr]
@@ -1123,9 +1079,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-rounds", type=int, default=2, help="--only-cpu: A B B A rounds")
     p.add_argument("--cpu-floor-rounds", type=int, default=1,
                    help="--only-cpu: A B B A rounds of each bare-pyzmq floor (0: none)")
-    p.add_argument("--cpu-v1-rounds", type=int, default=1,
-                   help="--only-cpu: rounds of the previous release's pinger (v1) in the same "
-                        "run (0: none)")
     p.add_argument("--kills", type=int, default=5, help=f"--only-cpu: host kills at {CPU_KILL_HOSTS}")
     p.add_argument("--hog-s", type=float, default=0.0,
                    help=f"--only-cpu: then hog every core this long at {CPU_KILL_HOSTS} hosts")
@@ -1138,7 +1091,6 @@ def only_cpu(a: argparse.Namespace, rng: random.Random) -> int:
     """``--only-cpu``: the pinger CPU runs alone, printed (written only with --out)."""
     t0, info, load0 = time.monotonic(), stats.machine_info(), stats.loadavg()
     cpus = [run_cpu_target(a.cpu_window_s, a.cpu_rounds, a.cpu_floor_rounds, rng, hosts=h,
-                           v1_rounds=a.cpu_v1_rounds,
                            kills=a.kills if h == CPU_KILL_HOSTS else 0,
                            hog_s=a.hog_s if h == CPU_KILL_HOSTS else 0.0) for h in a.cpu_hosts]
     text = report_cpu(cpus, info, time.monotonic() - t0)
