@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from shmhb.testing.loopback import set_base
 
@@ -77,8 +77,8 @@ class Results:
     kills: Kills
     hang: Hang
     host: HostKill
-    push: Any  # bench.push's result, or None
-    shape: Any  # bench.cluster.run_shape's result, or None
+    push: push_bench.PushResult | None  # remote worker kills (full runs only)
+    shape: cluster_bench.ShapeResult | None  # both designs at 4 x 16 (full runs only)
     cpu: list[cluster_bench.CpuResult]
     anchors: anchors.Anchors
     stress: Stress
@@ -103,7 +103,7 @@ def _scenario(what: str, fn: Callable[[contextlib.ExitStack], T]) -> T:
         return fn(st)
 
 
-def clusters(p: Profile) -> tuple[Any, list[cluster_bench.CpuResult]]:
+def clusters(p: Profile) -> tuple[cluster_bench.ShapeResult | None, list[cluster_bench.CpuResult]]:
     """bench.cluster's 4 x 16 shape, both designs at once, and the pinger's CPU with 64
     and 250 emulated hosts (none in a short run)."""
     if not p.clusters:
