@@ -1,6 +1,8 @@
 """What serving stacks run today to notice a dead peer, measured where it can be run here
-and modelled where it cannot.  ``python -m bench.anchors [--quick]`` prints a table; the
-suite (``python -m bench``) puts the same rows into Q3 of bench/RESULTS.md.
+and modelled where it cannot: part of the design study, so not rerun by every
+``python -m bench``.  ``python -m bench.anchors [--quick]`` measures, prints a table and
+writes bench/results_anchors.json (the figures and the run that made them); the suite
+reads that file and puts the same rows into Q3 of bench/RESULTS.md.
 
 - **SGLang's heartbeat checker** (measured): the decode side's thread sleeps
   ``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`` (5 s), then sends ``GET /health`` to every
@@ -44,7 +46,8 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shmhb.testing.loopback import child_env, free_port
@@ -327,12 +330,17 @@ def run_etcd(stack: contextlib.ExitStack, n: int, ttl_s: int = ETCD_TTL_S,
 
 # -- the rows -----------------------------------------------------------------------------
 
+#: the committed figures of the last ``python -m bench.anchors``, which the suite reads
+RESULTS = Path(__file__).resolve().parent / "results_anchors.json"
+
+
 @dataclass
 class Anchors:
     sglang: Measured | None = None
     etcd: Measured | None = None
     etcd_why_not: str = ""
     models: dict[str, list[float]] = field(default_factory=dict)
+    made_by: str = ""  # the command, date and machine of the run that measured them
 
 
 def models() -> dict[str, list[float]]:
@@ -374,8 +382,37 @@ def run(n_sglang: int, n_etcd: int, *, sglang_interval_s: float = SGLANG_INTERVA
         if th is not None:
             th.join()
     if out.etcd is None:
-        out.models[f"Dynamo etcd lease (TTL {ETCD_TTL_S} s, keep-alive every {ETCD_TTL_S / 2:g} s)"] = \
-            lease_model(ETCD_TTL_S, ETCD_TTL_S / 2)
+        out.models.update(etcd_model())
+    return out
+
+
+def etcd_model() -> dict[str, list[float]]:
+    return {f"Dynamo etcd lease (TTL {ETCD_TTL_S} s, keep-alive every {ETCD_TTL_S / 2:g} s)":
+            lease_model(ETCD_TTL_S, ETCD_TTL_S / 2)}
+
+
+def save(a: Anchors, path: Path = RESULTS) -> None:
+    """The measured figures and who made them, as JSON (the models are recomputed)."""
+    doc = {"made_by": a.made_by, "etcd_why_not": a.etcd_why_not,
+           "sglang": asdict(a.sglang) if a.sglang else None,
+           "etcd": asdict(a.etcd) if a.etcd else None}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load(path: Path = RESULTS) -> Anchors:
+    """The figures ``save`` wrote, with the models; a clear error where the file is
+    missing or not such a document."""
+    try:
+        doc = json.loads(path.read_text())
+        out = Anchors(sglang=Measured(**doc["sglang"]) if doc["sglang"] else None,
+                      etcd=Measured(**doc["etcd"]) if doc["etcd"] else None,
+                      etcd_why_not=str(doc["etcd_why_not"]), models=models(),
+                      made_by=str(doc["made_by"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RuntimeError(f"{path}: no figures of today's stacks ({e!r}): run "
+                           "`python -m bench.anchors` to measure them") from e
+    if out.etcd is None:
+        out.models.update(etcd_model())
     return out
 
 
@@ -406,10 +443,20 @@ def _dist_s(v: list[float]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.anchors", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer kills")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where to write the figures (default: bench/results_anchors.json; "
+                         "with --quick nowhere)")
     a = ap.parse_args(argv)
     n = 3 if a.quick else 8
+    started = time.strftime("%Y-%m-%d %H:%M %Z")
     res = run(n, n)
+    res.made_by = (f"`python -m bench.anchors{' --quick' if a.quick else ''}`, run {started}; "
+                   f"{stats.machine_info()[0][1]}")
     print(stats.table(["event", "verdict", "median", "p99", "how", "note"], rows(res)))
+    out = a.out or (None if a.quick else RESULTS)
+    if out is not None:
+        save(res, out)
+        print(f"wrote {out}")
     return 0
 
 

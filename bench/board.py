@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -358,6 +358,31 @@ def start_agent(stack: contextlib.ExitStack, board: shmhb.Board, tick_s: float) 
         time.sleep(0.02)
 
 
+def _time_kill(status: Callable[[str], Status | None], key: str, pid: int,
+               poll_s: float) -> tuple[float, float] | None:
+    """SIGKILL ``pid`` and poll ``status(key)`` until it reads DEAD: (ms to DEAD, ms to
+    the floor, our own pidfd on the victim turning readable, checked by the same polling
+    loop), or None where it did not read DEAD within 2 s."""
+    clock, sleep = time.perf_counter_ns, time.sleep
+    pidfd = os.pidfd_open(pid)
+    exited = select.poll()
+    exited.register(pidfd, select.POLLIN)
+    t_exit = 0
+    deadline = clock() + 2_000_000_000
+    t0 = clock()
+    os.kill(pid, signal.SIGKILL)
+    while True:
+        if not t_exit and exited.poll(0):
+            t_exit = clock()
+        st = status(key)
+        t1 = clock()
+        if st is Status.DEAD or t1 > deadline:
+            break
+        sleep(poll_s)
+    os.close(pidfd)
+    return ((t1 - t0) / 1e6, (t_exit - t0) / 1e6) if st is Status.DEAD else None
+
+
 def bench_kill(stack: contextlib.ExitStack, kills: int, pool: int, tick_s: float = 0.05,
                poll_s: float = 50e-6) -> tuple[list[Row], list[str]]:
     """Kill ``kills`` workers one at a time; time SIGKILL to ``status(key) is DEAD``.
@@ -377,7 +402,7 @@ def bench_kill(stack: contextlib.ExitStack, kills: int, pool: int, tick_s: float
     for _ in keys:
         since[victims.wait_ready()[0]] = time.monotonic()
     settle_s = 4 * tick_s
-    status, clock, sleep = board.status, time.perf_counter_ns, time.sleep
+    status, sleep = board.status, time.sleep
     dead_ms: list[float] = []
     exit_ms: list[float] = []
     missed = 0
@@ -386,27 +411,10 @@ def bench_kill(stack: contextlib.ExitStack, kills: int, pool: int, tick_s: float
         sleep(max(0.0, since[key] + settle_s - time.monotonic()))
         if status(key) is not Status.ALIVE:  # also caches the new incarnation for the reader
             raise RuntimeError(f"victim {key!r} reads {status(key)} before the kill")
-        pid = victims.live.pop(key)
-        # The floor: our own pidfd on the victim, checked by the same polling loop.
-        pidfd = os.pidfd_open(pid)
-        exited = select.poll()
-        exited.register(pidfd, select.POLLIN)
-        t_exit = 0
-        deadline = clock() + 2_000_000_000
-        t0 = clock()
-        os.kill(pid, signal.SIGKILL)
-        while True:
-            if not t_exit and exited.poll(0):
-                t_exit = clock()
-            st = status(key)
-            t1 = clock()
-            if st is Status.DEAD or t1 > deadline:
-                break
-            sleep(poll_s)
-        os.close(pidfd)
-        if st is Status.DEAD:
-            dead_ms.append((t1 - t0) / 1e6)
-            exit_ms.append((t_exit - t0) / 1e6)
+        got_ms = _time_kill(status, key, victims.live.pop(key), poll_s)
+        if got_ms is not None:
+            dead_ms.append(got_ms[0])
+            exit_ms.append(got_ms[1])
         else:
             missed += 1
         victims.request(key)

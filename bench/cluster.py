@@ -382,6 +382,17 @@ def shmhb_kills(res: ShapeResult, sh: ShmhbCluster, n: int, rng: random.Random) 
         last_change[vh] = time.monotonic()
 
 
+def _shape_ports(H: int, R: int, rng: random.Random) -> tuple[int, int]:
+    """The pingers' port and the first of the seed ranks' ``R`` ports (apart), free on
+    the ``H`` hosts' loopback addresses."""
+    addrs = loopback_addrs(H)
+    ps = free_port(addrs, rng=rng)
+    pb = ps
+    while ps in range(pb, pb + R):
+        pb = free_port(addrs, span=R, rng=rng)
+    return ps, pb
+
+
 def run_shape(H: int, R: int, *, window_s: float, subwindows: int, sh_kills: int, seed_kills_n: int,
               seed_monitor_hosts: int, seed_monitor_ranks: int, concurrent: bool,
               rng: random.Random) -> ShapeResult:
@@ -391,11 +402,7 @@ def run_shape(H: int, R: int, *, window_s: float, subwindows: int, sh_kills: int
     together would overload the machine."""
     res = ShapeResult(H, R, concurrent=concurrent)
     load0 = stats.loadavg()
-    addrs = loopback_addrs(H)
-    ps = free_port(addrs, rng=rng)
-    pb = ps
-    while ps in range(pb, pb + R):
-        pb = free_port(addrs, span=R, rng=rng)
+    ps, pb = _shape_ports(H, R, rng)
 
     def seed_up(st: contextlib.ExitStack) -> SeedCluster:
         seed = SeedCluster(st, H, R, pb, seed_monitor_hosts, seed_monitor_ranks)
@@ -489,8 +496,7 @@ class CpuResult:
         return cpu_label(mode, self.hosts)
 
 
-CPU_MODES = ("idle", "follow", "both", "both-nat", "both-plain", "v1-follow", "v1-both",
-             "v1-both-nat", "floor-dealers-follow", "floor-dealers-both", "floor-dealers-both-v2",
+CPU_MODES = ("idle", "follow", "both", "both-nat", "both-plain", "floor-dealers-follow", "floor-dealers-both", "floor-dealers-both-v2",
              "floor-router-follow", "floor-router-both", "floor-router-both-v2")
 
 
@@ -501,9 +507,6 @@ def cpu_label(mode: str, hosts: int) -> str:
         "both": f"follow {hosts} hosts + answer their pings",
         "both-nat": f"follow {hosts} hosts + answer their pings, behind NAT (pings name another address)",
         "both-plain": f"follow {hosts} hosts + answer their pings, no mutual pairs",
-        "v1-follow": f"previous release (v1): follow {hosts} hosts",
-        "v1-both": f"previous release (v1): follow {hosts} hosts + answer their pings",
-        "v1-both-nat": f"previous release (v1): follow {hosts} + answer, behind NAT",
         "floor-dealers-follow": f"floor, {hosts} DEALERs: follow {hosts}",
         "floor-dealers-both": f"floor, {hosts} DEALERs: follow + answer {hosts}",
         "floor-dealers-both-v2": f"floor, {hosts} DEALERs: follow + answer {hosts}, mutual pairs' count",
@@ -571,44 +574,104 @@ def _hogged(res: CpuResult, board: shmhb.Board, live: set[str], duration_s: floa
     res.hog_s = duration_s
 
 
-def _v1_windows(res: CpuResult, st: contextlib.ExitStack, name: str, listen: str,
-                command: Callable[[str], None], board: shmhb.Board, live: set[str], window_s: float,
-                rounds: int) -> None:
-    """The previous release's pinger (``tests.oldrelease``: built from this repository's
-    history) on the same board, under the same emulated hosts: they speak v1 to it (its
-    acks do not advertise v2) and take their side of a pair by address, as v1 hosts do."""
-    import tempfile
+class _Emulated:
+    """The emulator process (``bench.emulator``) and the windows measured against it."""
 
-    from tests.oldrelease import Unavailable, build_old_release
+    PINGS = {"follow": "ping 0", "both": "ping 1", "both-plain": "ping 2", "both-nat": "ping 3"}
 
-    try:
-        old = build_old_release(st.enter_context(tempfile.TemporaryDirectory()))
-    except Unavailable as e:
-        res.problems.append(f"no v1 rows: {e}")
-        return
-    log(f"v1 rows: the previous release built in {old.build_s:.1f} s")
-    p = subprocess.Popen(old.cmd("-m", "shmhb", "pinger", "--board", name, "--listen", listen,
-                                 "--interval-s", str(SHMHB_INTERVAL_S)),
-                         cwd=old.cwd, env=old.env(), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    st.callback(stop_process, p)
+    def __init__(self, st: contextlib.ExitStack, res: CpuResult, port: int, target: str,
+                 window_s: float, live: set[str]) -> None:
+        self.res, self.window_s, self.live = res, window_s, live
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "bench.emulator", "--hosts", str(res.hosts), "--port", str(port),
+             "--target", target, "--interval-s", str(res.interval_s)],
+            cwd=REPO, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            bufsize=1)
+        st.callback(stop_process, self.p)
+        assert self.p.stdin is not None and self.p.stdout is not None
+        if self.p.stdout.readline().strip() != "ready":
+            raise RuntimeError("the emulator did not start")
+
+    def command(self, line: str) -> tuple[int, int]:
+        """A command to the emulator; its counts so far, as the process under test sees
+        them: (pings it sent that the emulated hosts answered, pings they sent it)."""
+        self.p.stdin.write(line + "\n")  # type: ignore[union-attr]
+        self.p.stdin.flush()  # type: ignore[union-attr]
+        got = self.p.stdout.readline().split()  # type: ignore[union-attr]
+        return (int(got[1]), int(got[2])) if len(got) == 4 and got[0] == "stats" else (0, 0)
+
+    def abba(self, pid: int, a: str, b: str, brd: shmhb.Board | None, rounds: int) -> None:
+        """Windows of modes ``a`` and ``b`` in ABBA order."""
+        for k in range(rounds * 2):
+            mode = (a, b)[k % 2] if (k // 2) % 2 == 0 else (b, a)[k % 2]
+            self.command(self.PINGS.get(mode, "ping 1" if mode == b else "ping 0"))
+            _settle(self.res)
+            _cpu_window(self.res, mode, pid, brd, self.window_s, self.live if brd else None,
+                        counts=None if brd else (lambda: self.command("stats")))
+
+    def host_kills(self, board: shmhb.Board, addrs: list[str], kills: int,
+                   rng: random.Random) -> None:
+        """``kills`` emulated hosts die one by one (the others go on pinging): the time
+        to DEAD on ``board``."""
+        self.command("ping 1")
+        dead_after = board.policy.peer_dead_after_s
+        for i in rng.sample(range(len(addrs)), kills):
+            time.sleep(rng.uniform(0, 1.0))  # a random phase of the ping cycle
+            self.live.discard(addrs[i])
+            self.command(f"kill {i}")
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < dead_after + 10:
+                p = board.peer(addrs[i])
+                if p is not None and p.status is Status.DEAD:
+                    self.res.kills_s.append(time.monotonic() - t0)
+                    break
+                time.sleep(0.005)
+            else:
+                self.res.kills_missed += 1
+        log(f"{self.res.hosts} hosts: host kill -> DEAD "
+            f"{', '.join(f'{x:.2f}' for x in self.res.kills_s)} s")
+
+    def floor_windows(self, st: contextlib.ExitStack, kind: str, listen: str, port: int,
+                      rounds: int) -> None:
+        """A floor pinger (``bench.emulator --floor KIND``) in the pinger's place (same
+        address; the emulator reconnects), and its windows."""
+        floor = subprocess.Popen(
+            [sys.executable, "-m", "bench.emulator", "--floor", kind, "--listen", listen,
+             "--hosts", str(self.res.hosts), "--port", str(port), "--target", "-",
+             "--interval-s", str(self.res.interval_s)],
+            cwd=REPO, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        st.callback(stop_process, floor)
+        assert floor.stdout is not None and floor.stdin is not None
+        if floor.stdout.readline().strip() != "ready":
+            raise RuntimeError("the floor pinger did not start")
+        time.sleep(1.0)
+        self.abba(floor.pid, f"floor-{kind}-follow", f"floor-{kind}-both", None, rounds)
+        # the same messages as this release's pinger in "both": mutual pairs, one side
+        # pinging every interval and the other once per refresh
+        floor.stdin.write("mutual 1\n")
+        floor.stdin.flush()
+        floor.stdout.readline()
+        self.command("ping 4")
+        for _ in range(rounds):
+            _settle(self.res)
+            _cpu_window(self.res, f"floor-{kind}-both-v2", floor.pid, None, self.window_s,
+                        counts=lambda: self.command("stats"))
+        stop_process(floor)
+
+
+def _wait_alive(res: CpuResult, board: shmhb.Board, hosts: int) -> None:
     deadline = time.monotonic() + 60
-    while sum(1 for x in board.peers() if x.status is Status.ALIVE) < len(live):
-        if time.monotonic() > deadline or p.poll() is not None:
-            res.problems.append("the previous release's pinger did not take over")
-            return
+    while time.monotonic() < deadline:
+        if sum(1 for p in board.peers() if p.status is Status.ALIVE) == hosts:
+            break
         time.sleep(0.5)
-    for mode, cmd in [(m, c) for _ in range(rounds) for m, c in
-                      (("v1-follow", "ping 0"), ("v1-both", "ping 1"), ("v1-both-nat", "ping 3"))]:
-        command(cmd)
-        _settle(res)
-        _cpu_window(res, mode, p.pid, board, window_s, live)
-    stop_process(p)
+    res.peers_alive = sum(1 for p in board.peers() if p.status is Status.ALIVE)
+    if res.peers_alive != hosts:
+        res.problems.append(f"only {res.peers_alive}/{hosts} emulated hosts ALIVE")
 
 
 def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.Random,
-                   hosts: int = CPU_HOSTS, kills: int = 0, hog_s: float = 0.0,
-                   v1_rounds: int = 0) -> CpuResult:
+                   hosts: int = CPU_HOSTS, kills: int = 0, hog_s: float = 0.0) -> CpuResult:
     """One real pinger at the default settings (and then the floor) under the load of
     ``hosts`` emulated hosts; each emulated host pings it as a default-settings pinger
     following the whole cluster would.  Then ``kills`` emulated hosts die one by one
@@ -632,109 +695,32 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
         hs.wait_ranks(1)
         time.sleep(1.0)
         _cpu_window(res, "idle", pinger.pid, board, window_s)
-        emu = subprocess.Popen(
-            [sys.executable, "-m", "bench.emulator", "--hosts", str(hosts), "--port", str(port),
-             "--target", f"{me}:{port}", "--interval-s", str(res.interval_s)],
-            cwd=REPO, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            bufsize=1)
-        st.callback(stop_process, emu)
-        assert emu.stdin is not None and emu.stdout is not None
-        if emu.stdout.readline().strip() != "ready":
-            raise RuntimeError("the emulator did not start")
+        live = {f"{a}:{port}" for a in emu_addrs}
+        emu = _Emulated(st, res, port, f"{me}:{port}", window_s, live)
         for a in emu_addrs:
             board.watch(f"{a}:30000")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if sum(1 for p in board.peers() if p.status is Status.ALIVE) == hosts:
-                break
-            time.sleep(0.5)
-        res.peers_alive = sum(1 for p in board.peers() if p.status is Status.ALIVE)
-        if res.peers_alive != hosts:
-            res.problems.append(f"only {res.peers_alive}/{hosts} emulated hosts ALIVE")
-        live = {f"{a}:{port}" for a in emu_addrs}
-
-        def command(line: str) -> tuple[int, int]:
-            """A command to the emulator; its counts so far, as the process under test
-            sees them: (pings it sent that the emulated hosts answered, pings they sent
-            it)."""
-            emu.stdin.write(line + "\n")  # type: ignore[union-attr]
-            emu.stdin.flush()  # type: ignore[union-attr]
-            got = emu.stdout.readline().split()  # type: ignore[union-attr]
-            return (int(got[1]), int(got[2])) if len(got) == 4 and got[0] == "stats" else (0, 0)
-
-        pings = {"follow": "ping 0", "both": "ping 1", "both-plain": "ping 2", "both-nat": "ping 3"}
-
-        def abba(pid: int, a: str, b: str, brd: shmhb.Board | None, rounds: int) -> None:
-            for k in range(rounds * 2):
-                mode = (a, b)[k % 2] if (k // 2) % 2 == 0 else (b, a)[k % 2]
-                command(pings.get(mode, "ping 1" if mode == b else "ping 0"))
-                _settle(res)
-                _cpu_window(res, mode, pid, brd, window_s, live if brd else None,
-                            counts=None if brd else (lambda: command("stats")))
-
-        abba(pinger.pid, "follow", "both", board, rounds)
+        _wait_alive(res, board, hosts)
+        emu.abba(pinger.pid, "follow", "both", board, rounds)
         # hosts known by another address than the one they name (NAT, a name): since v2
         # their pings count by identity, and the pairs are mutual as in "both"
-        abba(pinger.pid, "both", "both-nat", board, rounds)
+        emu.abba(pinger.pid, "both", "both-nat", board, rounds)
         # what a cluster pays where no pair is mutual (peers that predate challenges):
         # both sides of every pair ping every interval
         for _ in range(rounds):
-            command("ping 2")
+            emu.command("ping 2")
             _settle(res)
             _cpu_window(res, "both-plain", pinger.pid, board, window_s, live)
         if kills:
-            command("ping 1")
-            dead_after = board.policy.peer_dead_after_s
-            for i in rng.sample(range(hosts), kills):
-                time.sleep(rng.uniform(0, 1.0))  # a random phase of the ping cycle
-                addr = f"{emu_addrs[i]}:{port}"
-                live.discard(addr)
-                command(f"kill {i}")
-                t0 = time.monotonic()
-                while time.monotonic() - t0 < dead_after + 10:
-                    p = board.peer(addr)
-                    if p is not None and p.status is Status.DEAD:
-                        res.kills_s.append(time.monotonic() - t0)
-                        break
-                    time.sleep(0.005)
-                else:
-                    res.kills_missed += 1
-            log(f"{hosts} hosts: host kill -> DEAD {', '.join(f'{x:.2f}' for x in res.kills_s)} s")
+            emu.host_kills(board, [f"{a}:{port}" for a in emu_addrs], kills, rng)
         if hog_s:
-            command("ping 1")
+            emu.command("ping 1")
             log(f"{hosts} hosts: {hog_s:g} s with every core hogged")
             _hogged(res, board, live, hog_s, st)
             log(f"{hosts} hosts: episodes of live hosts leaving ALIVE: {res.hog_episodes or 0}")
-        # The previous release's pinger in its place, on the same board (the layout is
-        # the same): the v1 rows, side by side with the v2 ones in this run.
         stop_process(pinger)
-        if v1_rounds:
-            _v1_windows(res, st, name, f"{me}:{port}", command, board, live, window_s, v1_rounds)
-        # The floors take the pinger's place (same address; the emulator reconnects).
         for kind in ("dealers", "router") if floor_rounds else ():
-            floor = subprocess.Popen(
-                [sys.executable, "-m", "bench.emulator", "--floor", kind, "--listen", f"{me}:{port}",
-                 "--hosts", str(hosts), "--port", str(port), "--target", "-",
-                 "--interval-s", str(res.interval_s)],
-                cwd=REPO, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            st.callback(stop_process, floor)
-            assert floor.stdout is not None
-            if floor.stdout.readline().strip() != "ready":
-                raise RuntimeError("the floor pinger did not start")
-            time.sleep(1.0)
-            abba(floor.pid, f"floor-{kind}-follow", f"floor-{kind}-both", None, floor_rounds)
-            # the same messages as this release's pinger in "both": mutual pairs, one side
-            # pinging every interval and the other once per refresh
-            floor.stdin.write("mutual 1\n")  # type: ignore[union-attr]
-            floor.stdin.flush()  # type: ignore[union-attr]
-            floor.stdout.readline()
-            command("ping 4")
-            for _ in range(floor_rounds):
-                _settle(res)
-                _cpu_window(res, f"floor-{kind}-both-v2", floor.pid, None, window_s,
-                            counts=lambda: command("stats"))
-            stop_process(floor)
-        emu.stdin.close()
+            emu.floor_windows(st, kind, f"{me}:{port}", port, floor_rounds)
+        emu.p.stdin.close()  # type: ignore[union-attr]
     return res
 
 
@@ -860,15 +846,28 @@ def report_cpu(cpus: list[CpuResult], info: list[tuple[str, str]], wall_s: float
 
 def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.PushResult,
            info: list[tuple[str, str]], wall_s: float, quick: bool) -> tuple[str, list[bool]]:
-    out: list[str] = []
-    met: list[bool] = []
-    out.append("# shmhb vs the seed's per-connector heartbeat: cluster benchmark\n")
-    out.append(f"`python -m bench.cluster{' --quick' if quick else ''}`, {wall_s:.0f} s wall. "
-               "Written by the run; figures differ run to run (2 shared cores).\n")
-    for k, v in info:
-        out.append(f"- {k}: {v}")
+    """bench/results_cluster.md's text, and each target's verdict."""
+    out = ["# shmhb vs the seed's per-connector heartbeat: cluster benchmark\n",
+           f"`python -m bench.cluster{' --quick' if quick else ''}`, {wall_s:.0f} s wall. "
+           "Written by the run; figures differ run to run (2 shared cores).\n"]
+    out += [f"- {k}: {v}" for k, v in info]
     out.append("")
+    out += steady_section(shapes) + kills_section(shapes)
+    out += [cpu_section(cpu) for cpu in cpus]
+    out += pushes_section(pr)
+    text, met = targets_section(shapes, cpus, pr)
+    out += text
+    probs = [p for s in shapes for p in s.problems] + [p for c in cpus for p in c.problems]
+    if probs:
+        out.append("## Problems seen\n")
+        out.extend(f"- {p}" for p in probs[:20])
+        out.append("")
+    out.append(MEASURED_VS_COMPUTED)
+    return "\n".join(out), met
 
+
+def steady_section(shapes: list[ShapeResult]) -> list[str]:
+    out: list[str] = []
     out.append("## Steady state: messages and CPU\n")
     rows = []
     for s in shapes:
@@ -909,6 +908,11 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
                    f"Seed launcher: {s.ready}. Load average {s.load[0]:.1f} before, {s.load[1]:.1f} after.")
     out.append("")
 
+    return out
+
+
+def kills_section(shapes: list[ShapeResult]) -> list[str]:
+    out: list[str] = []
     out.append("## Kill a remote worker: time to the verdict on a watching host\n")
     rows = []
     for s in shapes:
@@ -942,8 +946,11 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
                        f"within {dev:.0f} ms (checker polls every 2 ms).")
     out.append("")
 
-    for cpu in cpus:
-        out.append(cpu_section(cpu))
+    return out
+
+
+def pushes_section(pr: push_bench.PushResult) -> list[str]:
+    out: list[str] = []
     out.append("## Pushes: remote kill -> DEAD, ping interval 1 s\n")
     out.append(stats.table(push_bench.HEADERS, push_bench.rows(pr)))
     out.append(f"\n- pings only: the watcher follows the victim's host through a relay that drops "
@@ -953,6 +960,13 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
                "puts it at a random phase of the ping cycle.")
     out.append("")
 
+    return out
+
+
+def targets_section(shapes: list[ShapeResult], cpus: list[CpuResult],
+                    pr: push_bench.PushResult) -> tuple[list[str], list[bool]]:
+    out: list[str] = []
+    met: list[bool] = []
     out.append("## Targets\n")
     trows = []
     for s in shapes:
@@ -986,13 +1000,7 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
     trows.append(["pushes: remote kill -> DEAD median <= 10 ms, interval 1 s", why, "met" if ok else "MISSED"])
     out.append(stats.table(["target", "figure", ""], trows))
     out.append("")
-    probs = [p for s in shapes for p in s.problems] + [p for c in cpus for p in c.problems]
-    if probs:
-        out.append("## Problems seen\n")
-        out.extend(f"- {p}" for p in probs[:20])
-        out.append("")
-    out.append(MEASURED_VS_COMPUTED)
-    return "\n".join(out), met
+    return out, met
 
 
 MEASURED_VS_COMPUTED = """## What is measured, what is computed
@@ -1052,7 +1060,7 @@ MEASURED_VS_COMPUTED = """## What is measured, what is computed
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="4 x 16 only, short windows, fewer kills, no floors (< 1 min)")
@@ -1071,34 +1079,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-rounds", type=int, default=2, help="--only-cpu: A B B A rounds")
     p.add_argument("--cpu-floor-rounds", type=int, default=1,
                    help="--only-cpu: A B B A rounds of each bare-pyzmq floor (0: none)")
-    p.add_argument("--cpu-v1-rounds", type=int, default=1,
-                   help="--only-cpu: rounds of the previous release's pinger (v1) in the same "
-                        "run (0: none)")
     p.add_argument("--kills", type=int, default=5, help=f"--only-cpu: host kills at {CPU_KILL_HOSTS}")
     p.add_argument("--hog-s", type=float, default=0.0,
                    help=f"--only-cpu: then hog every core this long at {CPU_KILL_HOSTS} hosts")
     a = p.parse_args(argv)
     a.out_set = "--out" in (argv if argv is not None else sys.argv)
+    return a
+
+
+def only_cpu(a: argparse.Namespace, rng: random.Random) -> int:
+    """``--only-cpu``: the pinger CPU runs alone, printed (written only with --out)."""
+    t0, info, load0 = time.monotonic(), stats.machine_info(), stats.loadavg()
+    cpus = [run_cpu_target(a.cpu_window_s, a.cpu_rounds, a.cpu_floor_rounds, rng, hosts=h,
+                           kills=a.kills if h == CPU_KILL_HOSTS else 0,
+                           hog_s=a.hog_s if h == CPU_KILL_HOSTS else 0.0) for h in a.cpu_hosts]
+    text = report_cpu(cpus, info, time.monotonic() - t0)
+    note = stats.noise_note(load0, stats.loadavg())
+    text += f"\n- load average (1 min) {load0:.1f} before, {stats.loadavg():.1f} after\n"
+    if note:
+        text += "\n" + note + "\n"
+    print(text)
+    if a.out_set:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     rng = random.Random(a.seed)
+    if a.only_cpu:
+        return only_cpu(a, rng)
     t0 = time.monotonic()
     info = stats.machine_info()
     load0 = stats.loadavg()
     shapes: list[ShapeResult] = []
-    if a.only_cpu:
-        cpus = [run_cpu_target(a.cpu_window_s, a.cpu_rounds, a.cpu_floor_rounds, rng, hosts=h,
-                               v1_rounds=a.cpu_v1_rounds,
-                               kills=a.kills if h == CPU_KILL_HOSTS else 0,
-                               hog_s=a.hog_s if h == CPU_KILL_HOSTS else 0.0) for h in a.cpu_hosts]
-        text = report_cpu(cpus, info, time.monotonic() - t0)
-        note = stats.noise_note(load0, stats.loadavg())
-        text += f"\n- load average (1 min) {load0:.1f} before, {stats.loadavg():.1f} after\n"
-        if note:
-            text += "\n" + note + "\n"
-        print(text)
-        if a.out_set:
-            with open(a.out, "w") as f:
-                f.write(text)
-        return 0
     if a.quick:
         shapes.append(run_shape(4, 16, window_s=3.0, subwindows=2, sh_kills=20, seed_kills_n=8,
                                 seed_monitor_hosts=4, seed_monitor_ranks=16, concurrent=True, rng=rng))

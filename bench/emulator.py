@@ -53,6 +53,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -112,6 +113,169 @@ class Host:
         self.every = 0.0  # without a plan: its ping period (``ping 2``, ``ping 4``)
 
 
+class Emulator:
+    """The emulated hosts, their sockets, and what they counted."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.ctx = zmq.Context()
+        self.hosts = [Host(self.ctx, address(i), a.port, a.slots) for i in range(a.hosts)]
+        self.by_sock: dict[zmq.Socket, tuple[Host, bool]] = {}
+        self.poller = zmq.Poller()
+        for h in self.hosts:
+            d = self.ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.IMMEDIATE, 1)
+            d.connect(f"tcp://{h.addr.rsplit(':', 1)[0]}:0;{a.target}")  # from its own address
+            h.dealer = d
+            self.by_sock[h.router] = (h, True)
+            self.by_sock[d] = (h, False)
+            self.poller.register(h.router, zmq.POLLIN)
+            self.poller.register(d, zmq.POLLIN)
+        self.stdin = sys.stdin.fileno()
+        self.poller.register(self.stdin, zmq.POLLIN)
+        self.pinging = False
+        self.answered = self.sent = self.acks = 0
+
+    def run(self) -> int:
+        print("ready", flush=True)
+        while True:
+            timeout = None
+            if self.pinging:
+                now = time.monotonic()
+                self.send_due(now)
+                wake = min((h.next_ping for h in self.hosts if not h.dead), default=now + 1)
+                timeout = max(0, math.ceil((wake - time.monotonic()) * 1000))  # int ms: never spin
+            for sock, _ in self.poller.poll(timeout):
+                if sock == self.stdin:
+                    line = os.read(self.stdin, 256).decode()
+                    if not line:
+                        return 0
+                    for cmd in line.split("\n"):
+                        self.command(cmd)
+                elif sock in self.by_sock:
+                    self.receive(sock)
+
+    def send_due(self, now: float) -> None:
+        """Ping the real pinger from every host whose turn it is."""
+        now_ns = int(now * 1e9)
+        for h in self.hosts:
+            if now < h.next_ping or h.dead:
+                continue
+            if h.plan is not None:
+                due = bool(h.plan.due(now_ns))
+                nxt = h.plan.next_ns()
+                h.next_ping = now + 1 if nxt is None else max(nxt / 1e9, now + 0.001)
+                if not due:
+                    continue
+            else:
+                h.next_ping = max(h.next_ping + h.every, now)
+            h.nonce += 1
+            ch = new_challenge()
+            h.issued = issue(h.issued, ch)
+            v2 = h.v2 and h.answered  # as the pinger: v1 after an unanswered ping
+            frame = encode_ping(Ping(h.identity, h.named, h.nonce, h.known[0], h.known[1],
+                                     ch, h.theirs, advertised(h.gen) if v2 else 0,
+                                     2 if v2 else 1))
+            try:
+                h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
+                h.answered = False
+                self.sent += 1
+            except zmq.Again:
+                pass
+
+    def stats(self) -> None:
+        print(f"stats {self.answered} {self.sent} {self.acks}", flush=True)
+
+    def command(self, cmd: str) -> None:
+        """One stdin command (see the module docstring)."""
+        if cmd.startswith("kill "):
+            h = self.hosts[int(cmd.split()[1])]
+            for sock in (h.router, h.dealer):
+                if sock is not None and not sock.closed:
+                    self.poller.unregister(sock)
+                    self.by_sock.pop(sock, None)
+                    sock.close(0)
+            h.dead = True
+            self.stats()
+        if cmd == "stats":
+            self.stats()
+        if cmd.startswith("ping "):
+            self.ping_mode(cmd.split()[1])
+            self.stats()
+
+    def ping_mode(self, mode: str) -> None:
+        a = self.a
+        self.pinging = mode in ("1", "2", "3", "4")
+        if not self.pinging:
+            return
+        t = time.monotonic()
+        for k, h in enumerate(self.hosts):  # spread the pings over one interval
+            h.next_ping = t + random.uniform(0, a.interval_s)
+            h.plan = None
+            h.every = REFRESH_S if mode == "4" and k % 2 == 0 else a.interval_s
+            # a new mode starts from no challenge: the pinger may still hold one from
+            # the last mode, and a v1 pinger that cannot tell a NAT'd host's pings
+            # apart would echo it for good
+            h.issued = ()
+            h.named = f"10.{k // 250}.{k % 250}.1:{a.port}" if mode == "3" else h.addr
+            if not a.no_mutual and mode in ("1", "3"):
+                h.plan = PingPlan(DEFAULT_BUDGET_PPS, int(a.interval_s * 1e9), DEAD_AFTER_NS)
+                h.plan.set_hosts([a.target], int(h.next_ping * 1e9))
+
+    def receive(self, sock: zmq.Socket) -> None:
+        """What waits on one host's socket: pings to answer, acks to count."""
+        h, is_router = self.by_sock[sock]
+        for _ in range(256):
+            try:
+                if is_router:
+                    rid, frame, _ = recv_routed(sock)
+                    parts = [rid, frame] if frame is not None else []
+                else:
+                    parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if not parts:
+                continue
+            try:
+                msg = decode(parts[-1])
+            except FrameRejected:
+                continue
+            if is_router and isinstance(msg, Ping) and len(parts) == 2:
+                self.answer(h, sock, parts[0], msg)
+            elif not is_router and isinstance(msg, Ack):
+                self.acks += 1
+                h.v2, h.answered = speaks_v2(msg.gen), True
+                if msg.full:
+                    h.known = (msg.gen, msg.identity)
+
+    def answer(self, h: Host, sock: zmq.Socket, rid: bytes, msg: Ping) -> None:
+        """Ack a ping of the real pinger, first counting it as evidence where the
+        pinger's own rule would."""
+        target = self.a.target
+        if msg.address == target and msg.challenge:
+            h.theirs = msg.challenge
+        if (h.plan is not None and msg.address == target
+                and counts_as_evidence(msg, authenticated=False, known=h.known[1],
+                                       last_nonce=h.evidence_nonce, me=h.identity,
+                                       my_gen=advertised(h.gen),
+                                       echoed=echoed(h.issued, msg.echo))):
+            h.evidence_nonce = msg.nonce
+            assert h.known[1] is not None  # counts_as_evidence checked it
+            # toward a v1 pinger, a v1 host's rule: the larger address is passive
+            side = passive(h.identity, h.known[1]) if h.v2 else h.addr > target
+            h.plan.evidence(target, int(time.monotonic() * 1e9), passive=side,
+                            tells_gen=msg.version > 1)
+        full = wants_full_digest(msg, h.identity, advertised(h.gen))
+        ack = encode_ack_raw(msg.nonce, h.identity, h.addr, advertised(h.gen),
+                             h.body if full else None, version=msg.version)
+        try:
+            sock.send_multipart([rid, ack], zmq.NOBLOCK)
+            self.answered += 1
+        except zmq.ZMQError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.emulator")
     p.add_argument("--hosts", type=int, default=64)
@@ -125,142 +289,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-mutual", action="store_true",
                    help="ping every interval, whatever the pinger's pings to us say")
     a = p.parse_args(argv)
-    if a.floor:
-        return floor(a)
-    ctx = zmq.Context()
-    hosts = [Host(ctx, address(i), a.port, a.slots) for i in range(a.hosts)]
-    by_sock: dict[zmq.Socket, tuple[Host, bool]] = {}
-    poller = zmq.Poller()
-    for h in hosts:
+    return floor(a) if a.floor else Emulator(a).run()
+
+
+def _floor_sender(ctx: zmq.Context, poller: zmq.Poller, how: str, peers: list[str],
+                  pings: list[bytes]) -> Callable[[int], None]:
+    """The floor's sockets toward the emulated hosts (``how``: one DEALER each, or one
+    ROUTER connected to all), registered with ``poller``; a function that sends host
+    ``i`` its ping."""
+    if how == "router":
+        out = ctx.socket(zmq.ROUTER)
+        out.setsockopt(zmq.LINGER, 0)
+        for i, peer in enumerate(peers):
+            out.setsockopt(zmq.CONNECT_ROUTING_ID, b"p%d" % i)
+            out.connect(f"tcp://{peer}")
+        poller.register(out, zmq.POLLIN)
+
+        def send_routed(i: int) -> None:
+            try:
+                out.send_multipart([b"p%d" % i, pings[i]], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        return send_routed
+    dealers = []
+    for peer in peers:
         d = ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
         d.setsockopt(zmq.IMMEDIATE, 1)
-        d.connect(f"tcp://{h.addr.rsplit(':', 1)[0]}:0;{a.target}")  # from its own address
-        h.dealer = d
-        by_sock[h.router] = (h, True)
-        by_sock[d] = (h, False)
-        poller.register(h.router, zmq.POLLIN)
+        d.connect(f"tcp://{peer}")
         poller.register(d, zmq.POLLIN)
-    stdin = sys.stdin.fileno()
-    poller.register(stdin, zmq.POLLIN)
-    print("ready", flush=True)
-    pinging = False
-    answered = sent = acks = 0
-    while True:
-        now = time.monotonic()
-        if pinging:
-            now_ns = int(now * 1e9)
-            for h in hosts:
-                if now >= h.next_ping and not h.dead:
-                    if h.plan is not None:
-                        due = bool(h.plan.due(now_ns))
-                        nxt = h.plan.next_ns()
-                        h.next_ping = now + 1 if nxt is None else max(nxt / 1e9, now + 0.001)
-                        if not due:
-                            continue
-                    else:
-                        h.next_ping = max(h.next_ping + h.every, now)
-                    h.nonce += 1
-                    ch = new_challenge()
-                    h.issued = issue(h.issued, ch)
-                    v2 = h.v2 and h.answered  # as the pinger: v1 after an unanswered ping
-                    frame = encode_ping(Ping(h.identity, h.named, h.nonce, h.known[0], h.known[1],
-                                             ch, h.theirs, advertised(h.gen) if v2 else 0,
-                                             2 if v2 else 1))
-                    try:
-                        h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
-                        h.answered = False
-                        sent += 1
-                    except zmq.Again:
-                        pass
-            wake = min((h.next_ping for h in hosts if not h.dead), default=now + 1)
-            timeout = max(0, math.ceil((wake - time.monotonic()) * 1000))  # int ms: never spin
-        else:
-            timeout = None
-        for sock, _ in poller.poll(timeout):
-            if sock == stdin:
-                line = os.read(stdin, 256).decode()
-                if not line:
-                    return 0
-                for cmd in line.split("\n"):
-                    if cmd.startswith("kill "):
-                        h = hosts[int(cmd.split()[1])]
-                        for sock in (h.router, h.dealer):
-                            if sock is not None and not sock.closed:
-                                poller.unregister(sock)
-                                by_sock.pop(sock, None)
-                                sock.close(0)
-                        h.dead = True
-                        print(f"stats {answered} {sent} {acks}", flush=True)
-                    if cmd == "stats":
-                        print(f"stats {answered} {sent} {acks}", flush=True)
-                    if cmd.startswith("ping "):
-                        mode = cmd.split()[1]
-                        pinging = mode in ("1", "2", "3", "4")
-                        if pinging:
-                            t = time.monotonic()
-                            for k, h in enumerate(hosts):  # spread the pings over one interval
-                                h.next_ping = t + random.uniform(0, a.interval_s)
-                                h.plan = None
-                                h.every = (REFRESH_S if mode == "4" and k % 2 == 0
-                                           else a.interval_s)
-                                # a new mode starts from no challenge: the pinger may still
-                                # hold one from the last mode, and a v1 pinger that cannot
-                                # tell a NAT'd host's pings apart would echo it for good
-                                h.issued = ()
-                                h.named = (f"10.{k // 250}.{k % 250}.1:{a.port}" if mode == "3"
-                                           else h.addr)
-                                if not a.no_mutual and mode in ("1", "3"):
-                                    h.plan = PingPlan(DEFAULT_BUDGET_PPS, int(a.interval_s * 1e9),
-                                                      DEAD_AFTER_NS)
-                                    h.plan.set_hosts([a.target], int(h.next_ping * 1e9))
-                        print(f"stats {answered} {sent} {acks}", flush=True)
-                continue
-            if sock not in by_sock:
-                continue
-            h, is_router = by_sock[sock]
-            for _ in range(256):
-                try:
-                    if is_router:
-                        rid, frame, _ = recv_routed(sock)
-                        parts = [rid, frame] if frame is not None else []
-                    else:
-                        parts = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if not parts:
-                    continue
-                try:
-                    msg = decode(parts[-1])
-                except FrameRejected:
-                    continue
-                if is_router and isinstance(msg, Ping) and len(parts) == 2:
-                    if msg.address == a.target and msg.challenge:
-                        h.theirs = msg.challenge
-                    if (h.plan is not None and msg.address == a.target
-                            and counts_as_evidence(msg, authenticated=False, known=h.known[1],
-                                                   last_nonce=h.evidence_nonce, me=h.identity,
-                                                   my_gen=advertised(h.gen),
-                                                   echoed=echoed(h.issued, msg.echo))):
-                        h.evidence_nonce = msg.nonce
-                        assert h.known[1] is not None  # counts_as_evidence checked it
-                        # toward a v1 pinger, a v1 host's rule: the larger address is passive
-                        side = passive(h.identity, h.known[1]) if h.v2 else h.addr > a.target
-                        h.plan.evidence(a.target, int(time.monotonic() * 1e9), passive=side,
-                                        tells_gen=msg.version > 1)
-                    full = wants_full_digest(msg, h.identity, advertised(h.gen))
-                    ack = encode_ack_raw(msg.nonce, h.identity, h.addr, advertised(h.gen),
-                                         h.body if full else None, version=msg.version)
-                    try:
-                        sock.send_multipart([parts[0], ack], zmq.NOBLOCK)
-                        answered += 1
-                    except zmq.ZMQError:
-                        pass
-                elif not is_router and isinstance(msg, Ack):
-                    acks += 1
-                    h.v2, h.answered = speaks_v2(msg.gen), True
-                    if msg.full:
-                        h.known = (msg.gen, msg.identity)
+        dealers.append(d)
+
+    def send(i: int) -> None:
+        try:
+            dealers[i].send(pings[i], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+    return send
 
 
 def floor(a: argparse.Namespace) -> int:
@@ -282,34 +347,7 @@ def floor(a: argparse.Namespace) -> int:
     pings = [encode_ping(Ping(ident, a.listen, 1 + i)) for i in range(a.hosts)]
     t0 = time.monotonic()
     due = [t0 + random.uniform(0, a.interval_s) for _ in peers]
-    if a.floor == "router":
-        out = ctx.socket(zmq.ROUTER)
-        out.setsockopt(zmq.LINGER, 0)
-        for i, peer in enumerate(peers):
-            out.setsockopt(zmq.CONNECT_ROUTING_ID, b"p%d" % i)
-            out.connect(f"tcp://{peer}")
-        poller.register(out, zmq.POLLIN)
-
-        def send(i: int) -> None:
-            try:
-                out.send_multipart([b"p%d" % i, pings[i]], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-    else:
-        dealers = []
-        for peer in peers:
-            d = ctx.socket(zmq.DEALER)
-            d.setsockopt(zmq.LINGER, 0)
-            d.setsockopt(zmq.IMMEDIATE, 1)
-            d.connect(f"tcp://{peer}")
-            poller.register(d, zmq.POLLIN)
-            dealers.append(d)
-
-        def send(i: int) -> None:
-            try:
-                dealers[i].send(pings[i], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+    send = _floor_sender(ctx, poller, a.floor, peers, pings)
     stdin = sys.stdin.fileno()
     poller.register(stdin, zmq.POLLIN)
     print("ready", flush=True)

@@ -77,6 +77,35 @@ def _table_with(ts: list[Table], col: str) -> Table:
     raise ResultsFormatError(f"RESULTS.md has no table with a column {col!r}")
 
 
+def _picked(md: str) -> dict[str, dict[str, str]]:
+    """The rows of RESULTS.md the headline quotes, by a short name."""
+    t = tables(md)
+    q1 = _table_with(_section(t, "1."), "heartbeat median")
+    q2 = _table_with(_section(t, "2."), "step median")
+    q3 = _table_with(_section(t, "3."), "verdict")
+    q4 = _section(t, "4.")
+    msgs = _table_with(q4, "msgs/s")
+    cpu = _table_with(q4, "pings sent")
+    col4 = "measured now, 4 x 16 (bench.cluster.run_shape)"
+    cpu_col = "pinger CPU (% of a core), default settings"
+    return {
+        "c": _row(q1, "mechanism", "shmhb, C path"), "py": _row(q1, "mechanism", "shmhb, pure-Python"),
+        "floor": _row(q1, "mechanism", "physical floor"), "seed": _row(q1, "mechanism", "seed"),
+        "mgr": _row(q1, "mechanism", "multiprocessing.Manager"),
+        "plain": _row(q2, "step loop", "no heartbeat"), "thread": _row(q2, "step loop", "beat thread"),
+        "per": _row(q2, "step loop", "beat() per step"),
+        "kill": _row(q3, "verdict", "shmhb: DEAD via the agent's pidfd"),
+        "kfloor": _row(q3, "verdict", "floor: the kernel"),
+        "push": _row(q3, "verdict", "shmhb: DEAD on the watching host (push)"),
+        "purge": _row(q3, "verdict", "seed: cached link info purged"),
+        "sglang": _row(q3, "verdict", "SGLang heartbeat checker (GET"),
+        "etcd": _row(q3, "verdict", "Dynamo etcd lease"),
+        "shape": _row(msgs, col4, "shmhb"), "seed_shape": _row(msgs, col4, "seed (every"),
+        "f64": _row(cpu, cpu_col, "follow 64 hosts"),
+        "f250": _row(cpu, cpu_col, "follow 250 hosts + answer their pings"),
+    }
+
+
 def render(md: str) -> str:
     """The README block (without its markers) for results text ``md``."""
     first = next((ln for ln in md.splitlines() if ln.startswith("`python -m bench")), "")
@@ -87,67 +116,49 @@ def render(md: str) -> str:
         raise ResultsFormatError(f"RESULTS.md holds a {run.group(1)!r} run, not a full one")
     load = re.search(r"^- load average \(1/5/15 min\) at the start: ([^;]*)", md, re.M)
     t = tables(md)
-    q1 = _table_with(_section(t, "1."), "heartbeat median")
-    c, py, floor = (_row(q1, "mechanism", k) for k in ("shmhb, C path", "shmhb, pure-Python",
-                                                       "physical floor"))
-    seed, mgr = _row(q1, "mechanism", "seed"), _row(q1, "mechanism", "multiprocessing.Manager")
-    q2 = _table_with(_section(t, "2."), "step median")
-    plain, thread, per = (_row(q2, "step loop", k) for k in ("no heartbeat", "beat thread",
-                                                             "beat() per step"))
-    q3 = _table_with(_section(t, "3."), "verdict")
-    kill = _row(q3, "verdict", "shmhb: DEAD via the agent's pidfd")
-    kfloor = _row(q3, "verdict", "floor: the kernel")
-    push = _row(q3, "verdict", "shmhb: DEAD on the watching host (push)")
-    purge = _row(q3, "verdict", "seed: cached link info purged")
-    sglang = _row(q3, "verdict", "SGLang heartbeat checker (GET")
-    etcd = _row(q3, "verdict", "Dynamo etcd lease")
-    q4 = _section(t, "4.")
-    shape = _row(_table_with(q4, "msgs/s"), "measured now, 4 x 16 (bench.cluster.run_shape)",
-                 "shmhb")
-    seed_shape = _row(_table_with(q4, "msgs/s"),
-                      "measured now, 4 x 16 (bench.cluster.run_shape)", "seed (every")
-    cpu = _table_with(q4, "pings sent")
-    f64 = _row(cpu, "pinger CPU (% of a core), default settings", "follow 64 hosts")
-    f250 = _row(cpu, "pinger CPU (% of a core), default settings",
-                "follow 250 hosts + answer their pings")
     q5 = _table_with(_section(t, "5."), "DEAD polls (episodes)")
-    dead = sum(int(r["DEAD polls (episodes)"].split()[0]) for r in q5)
-    susp = ", ".join(f"{r['watched']} {r['SUSPECT polls (episodes)']}" for r in q5)
     targets = _table_with(_section(t, "Targets"), "figure")
-    hb, rd = "heartbeat median", "liveness read median"
-    rows = [
-        ["one heartbeat", f"{c[hb]} (`beat()`, C path), {py[hb]} (pure Python); floor {floor[hb]}",
-         f"{seed[hb]} ZMQ round trip ({seed['x shmhb']}), {mgr[hb]} Manager dict ({mgr['x shmhb']})"],
-        ["one liveness read", f"{c[rd]} (`board.slot()`, C path), {py[rd]} (pure Python); floor {floor[rd]}",
-         f"{seed[rd]} ZMQ round trip ({seed['x shmhb (2)']}), {mgr[rd]} Manager dict "
-         f"({mgr['x shmhb (2)']})"],
-        [f"step-loop overhead, {plain['step median']} numpy step",
-         f"{thread['overhead (median of paired ratios)']} (beat thread), "
-         f"{per['overhead (median of paired ratios)']} (`beat()` per step); 10th..90th pct "
-         f"{thread['10th..90th pct of paired ratios']} and {per['10th..90th pct of paired ratios']}",
-         "-"],
-        ["local kill -> DEAD", f"{kill['median']} (kernel floor {kfloor['median']})",
-         f"seed: purged after {purge['median']} (model)"],
-        ["remote worker kill -> DEAD", f"{push['median']} (push)", "-"],
-        ["a dead peer's links dropped", "the verdict above + one `LinkReaper.poll()`",
-         f"SGLang's `/health` checker {sglang['median']}, Dynamo's etcd lease {etcd['median']} "
-         "(measured here)"],
-        ["messages/s at 4 x 16 (measured on loopback, where no pair is mutual)", shape["msgs/s"],
-         f"seed: {seed_shape['msgs/s']}"],
-        ["false DEAD verdicts, 60 s with both cores hogged", f"{dead} (SUSPECT polls: {susp})", "-"],
-        ["pinger CPU, following 64 hosts", f"{f64['median']} ({f64['target']})", "-"],
-        ["pinger CPU, following 250 hosts and followed by them", f"{f250['median']} ({f250['target']})",
-         "-"],
-    ]
     head = (f"From the full run in `bench/RESULTS.md` ({run.group(2)}, {run.group(3)}"
             + (f"; 1/5/15-min load at the start {load.group(1)}" if load else "")
             + "; medians). \"seed\" is the first design proposed for this problem: a ZMQ ping "
             "thread in every connector of every rank (`bench/seed_baseline.py`).")
     tgt = [[r["target (medians)"], r["figure"], r[""]] for r in targets]
-    return "\n\n".join([head, stats.table(["", "shmhb", "alternative"], rows),
+    return "\n\n".join([head, stats.table(["", "shmhb", "alternative"], _rows(_picked(md), q5)),
                         "Targets of that run (bench/RESULTS.md, \"Targets\", where a missed one "
                         "says why):",
                         stats.table(["target (medians)", "figure", "verdict"], tgt)])
+
+
+def _rows(r: dict[str, dict[str, str]], q5: Table) -> list[list[str]]:
+    """The headline table's rows, from the picked rows and the stress table."""
+    dead = sum(int(x["DEAD polls (episodes)"].split()[0]) for x in q5)
+    susp = ", ".join(f"{x['watched']} {x['SUSPECT polls (episodes)']}" for x in q5)
+    c, py, floor, seed, mgr = r["c"], r["py"], r["floor"], r["seed"], r["mgr"]
+    thread, per = r["thread"], r["per"]
+    hb, rd, ov = "heartbeat median", "liveness read median", "overhead (median of paired ratios)"
+    pct = "10th..90th pct of paired ratios"
+    return [
+        ["one heartbeat", f"{c[hb]} (`beat()`, C path), {py[hb]} (pure Python); floor {floor[hb]}",
+         f"{seed[hb]} ZMQ round trip ({seed['x shmhb']}), {mgr[hb]} Manager dict ({mgr['x shmhb']})"],
+        ["one liveness read", f"{c[rd]} (`board.slot()`, C path), {py[rd]} (pure Python); floor {floor[rd]}",
+         f"{seed[rd]} ZMQ round trip ({seed['x shmhb (2)']}), {mgr[rd]} Manager dict "
+         f"({mgr['x shmhb (2)']})"],
+        [f"step-loop overhead, {r['plain']['step median']} numpy step",
+         f"{thread[ov]} (beat thread), {per[ov]} (`beat()` per step); 10th..90th pct "
+         f"{thread[pct]} and {per[pct]}", "-"],
+        ["local kill -> DEAD", f"{r['kill']['median']} (kernel floor {r['kfloor']['median']})",
+         f"seed: purged after {r['purge']['median']} (model)"],
+        ["remote worker kill -> DEAD", f"{r['push']['median']} (push)", "-"],
+        ["a dead peer's links dropped", "the verdict above + one `LinkReaper.poll()`",
+         f"SGLang's `/health` checker {r['sglang']['median']}, Dynamo's etcd lease "
+         f"{r['etcd']['median']} (measured here)"],
+        ["messages/s at 4 x 16 (measured on loopback, where no pair is mutual)",
+         r["shape"]["msgs/s"], f"seed: {r['seed_shape']['msgs/s']}"],
+        ["false DEAD verdicts, 60 s with both cores hogged", f"{dead} (SUSPECT polls: {susp})", "-"],
+        ["pinger CPU, following 64 hosts", f"{r['f64']['median']} ({r['f64']['target']})", "-"],
+        ["pinger CPU, following 250 hosts and followed by them",
+         f"{r['f250']['median']} ({r['f250']['target']})", "-"],
+    ]
 
 
 def update(readme: str, results_md: str) -> str:

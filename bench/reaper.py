@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import shmhb
-from shmhb import LinkReaper, Status
+from shmhb import Heartbeat, LinkReaper, Status
 from shmhb.testing.loopback import child_env, free_port, loopback_addrs
 
 from . import stats
@@ -195,6 +195,58 @@ def bench_one_change(hosts: Hosts, local: LinkReaper, remote: LinkReaper, sample
                 Summary.of(rem, len(rem)))]
 
 
+@dataclass
+class Reapers:
+    """The reapers the rows measure, every link tracked and settled."""
+    local: LinkReaper  # the workers' own board: local links
+    remote: LinkReaper  # the other host's board: remote links
+    pending: LinkReaper  # the remote links plus links no report names
+    last: Heartbeat  # the 125th worker, whose 8 links make 1,000
+    pure: tuple[LinkReaper, LinkReaper] | None  # local and remote through pure-Python handles
+
+
+def reapers(stack: contextlib.ExitStack, hosts: Hosts) -> Reapers:
+    """Track every link (see ``Reapers``); the pure-Python pair only where the C path is
+    active."""
+    local = LinkReaper(hosts.remote)  # the workers' own board: local links
+    remote = LinkReaper(hosts.watcher)  # the other host's board: remote links
+    for i, hb in enumerate(hosts.hbs):
+        for ep in hosts.endpoints(i):
+            local.track(ep)
+            remote.track(ep, incarnation=hb.incarnation)
+    hosts.settle(local)
+    hosts.settle(remote)
+    # the 125th worker's 8 links make 1,000 for the nothing-changed rows
+    last = hosts.remote.register(f"w{WORKERS - 1}", endpoints=hosts.endpoints(WORKERS - 1),
+                                 agent=False)
+    for ep in hosts.endpoints(WORKERS - 1):
+        local.track(ep)
+        remote.track(ep, incarnation=last.incarnation)
+    hosts.settle(local)
+    hosts.settle(remote)
+    assert len(local.links()) == len(remote.links()) == WORKERS * PER
+    pure = None
+    if shmhb.native:  # the same links through pure-Python handles, side by side
+        plocal = LinkReaper(pure_handle(stack, hosts.remote))
+        premote = LinkReaper(pure_handle(stack, hosts.watcher))
+        for i, hb in enumerate(hosts.hbs + [last]):
+            for ep in hosts.endpoints(i):
+                plocal.track(ep)
+                premote.track(ep, incarnation=hb.incarnation)
+        hosts.settle(plocal)
+        hosts.settle(premote)
+        pure = (plocal, premote)
+    # the same 1,000 remote links plus 100 that no report names (no incarnation given)
+    pending = LinkReaper(hosts.watcher)
+    for lk in remote.links():
+        pending.track(lk.endpoint, incarnation=lk.incarnation)
+    for j in range(PENDING):
+        pending.track(f"{IPS[1]}:{40000 + j}")
+    wait(lambda: pending.poll() == [] and len(pending.links()) == WORKERS * PER + PENDING
+         and pending.pending, 30, "the pending links")
+    return Reapers(local, remote, pending, last, pure)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.reaper", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
@@ -207,42 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with contextlib.ExitStack() as stack:
         hosts = Hosts(stack)
-        local = LinkReaper(hosts.remote)  # the workers' own board: local links
-        remote = LinkReaper(hosts.watcher)  # the other host's board: remote links
-        for i, hb in enumerate(hosts.hbs):
-            for ep in hosts.endpoints(i):
-                local.track(ep)
-                remote.track(ep, incarnation=hb.incarnation)
-        hosts.settle(local)
-        hosts.settle(remote)
-        # the 125th worker's 8 links make 1,000 for the nothing-changed rows
-        last = hosts.remote.register(f"w{WORKERS - 1}", endpoints=hosts.endpoints(WORKERS - 1),
-                                     agent=False)
-        for ep in hosts.endpoints(WORKERS - 1):
-            local.track(ep)
-            remote.track(ep, incarnation=last.incarnation)
-        hosts.settle(local)
-        hosts.settle(remote)
-        assert len(local.links()) == len(remote.links()) == WORKERS * PER
-        pure = None
-        if shmhb.native:  # the same links through pure-Python handles, side by side
-            plocal = LinkReaper(pure_handle(stack, hosts.remote))
-            premote = LinkReaper(pure_handle(stack, hosts.watcher))
-            for i, hb in enumerate(hosts.hbs + [last]):
-                for ep in hosts.endpoints(i):
-                    plocal.track(ep)
-                    premote.track(ep, incarnation=hb.incarnation)
-            hosts.settle(plocal)
-            hosts.settle(premote)
-            pure = (plocal, premote)
-        # the same 1,000 remote links plus 100 that no report names (no incarnation given)
-        pending = LinkReaper(hosts.watcher)
-        for lk in remote.links():
-            pending.track(lk.endpoint, incarnation=lk.incarnation)
-        for j in range(PENDING):
-            pending.track(f"{IPS[1]}:{40000 + j}")
-        wait(lambda: pending.poll() == [] and len(pending.links()) == WORKERS * PER + PENDING
-             and pending.pending, 30, "the pending links")
+        rp = reapers(stack, hosts)
+        local, remote, pending, last, pure = rp.local, rp.remote, rp.pending, rp.last, rp.pure
         rows = bench_nothing_changed(hosts, local, remote, pending, samples, pure)
         if pure is not None:
             for r in pure:

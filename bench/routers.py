@@ -268,7 +268,7 @@ def write_section(text: str, path: Path = OUT) -> None:
 
 def keep_section(old: str, new: str) -> str:
     """``new`` (a whole report being rewritten) with the routers section of ``old``
-    carried over: for bench/suite.py, which rewrites RESULTS.md whole."""
+    carried over: for bench/report.py, which rewrites RESULTS.md whole."""
     if BEGIN not in old or END not in old or BEGIN in new:
         return new
     sec = BEGIN + old.split(BEGIN, 1)[1].split(END, 1)[0] + END

@@ -7,12 +7,10 @@ import importlib
 import os
 import pwd
 import shutil
-import signal
 import site
 import subprocess
 import sys
 import sysconfig
-import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +25,11 @@ from shmhb import Status
 from shmhb.cli import units
 from shmhb.board.instances import Instance
 from shmhb.testing.loopback import OFFLINE_ENV, child_env
+
+from .children import child
+from .stopping import end, resume
+from .tiers import (  # noqa: F401  (the hooks that sort tests into tiers)
+    pytest_collection_modifyitems, pytest_runtest_makereport, pytest_runtest_protocol)
 
 if TYPE_CHECKING:
     from .hosts import Cluster, FakePeer
@@ -121,26 +124,7 @@ def board(board_name: str, request: pytest.FixtureRequest) -> Iterator[shmhb.Boa
     b.close()
 
 
-WORKER = textwrap.dedent("""
-    import os, signal, sys, time
-    import shmhb
-    name, key, interval, agent = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
-    eps = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] else ()
-    b = shmhb.Board.attach(name)
-    try:
-        hb = b.register(key, endpoints=eps, agent=agent)
-    except shmhb.KeyInUse:
-        print("keyinuse", flush=True)
-        sys.exit(3)
-    hb.start(interval)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    print(f"ready {hb.incarnation} {hb.index}", flush=True)
-    while not stop:
-        signal.pause()
-    hb.close()
-    print("closed", flush=True)
-""")
+WORKER = child("worker")
 
 
 class Procs:
@@ -162,23 +146,16 @@ class Procs:
 
     def worker(self, name: str, key: str, *, interval_s: float = 0.02, agent: bool = False,
                endpoints: str = "", ready: bool = True) -> subprocess.Popen[str]:
-        return self.spawn([sys.executable, "-c", WORKER, name, key, str(interval_s),
+        return self.spawn([sys.executable, WORKER, name, key, str(interval_s),
                            "1" if agent else "0", endpoints], ready=ready)
 
-    def python(self, code: str, *args: str, ready: bool = True) -> subprocess.Popen[str]:
-        return self.spawn([sys.executable, "-c", textwrap.dedent(code), *args], ready=ready)
+    def program(self, path: str, *args: str, ready: bool = True) -> subprocess.Popen[str]:
+        """Run a child program (``tests.children.child(NAME)``) with ``args``."""
+        return self.spawn([sys.executable, path, *args], ready=ready)
 
     def cleanup(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                p.kill()
-            p.wait(10)
-            if p.stdout:
-                p.stdout.close()
+            end(p)
 
 
 @pytest.fixture
@@ -211,14 +188,7 @@ def local_agent(board: shmhb.Board) -> Iterator[Any]:
     a.stop()
 
 
-REGISTRY_STALL = textwrap.dedent("""
-    import os, signal, sys
-    import shmhb
-    b = shmhb.Board.attach(sys.argv[1])
-    with b.registry():
-        print("held", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-""")
+REGISTRY_STALL = child("registry_holder")
 
 
 class Stall:
@@ -226,40 +196,19 @@ class Stall:
 
     def __init__(self, board: str) -> None:
         env = child_env()
-        self.p = subprocess.Popen([sys.executable, "-c", REGISTRY_STALL, board],
+        self.p = subprocess.Popen([sys.executable, REGISTRY_STALL, board],
                                   stdout=subprocess.PIPE, env=env)
         assert self.p.stdout is not None and self.p.stdout.readline().strip() == b"held"
 
     def release(self) -> None:
-        if self.p.poll() is None:
-            os.kill(self.p.pid, signal.SIGCONT)
+        """Let it go on: it leaves the lock and exits."""
+        resume(self.p.pid)
         self.p.wait(10)
         if self.p.stdout is not None:
             self.p.stdout.close()
 
 
-#: ``procs.python(ENGINE, BOARD, ENGINE_ID, ROLE, NRANKS[, IP])``: an engine's ranks and
-#: its instance slot (``shmhb.board.instances``), until SIGTERM
-ENGINE = """
-    import signal, sys
-    import shmhb
-    from shmhb.board.instances import register_instance
-    name, engine, role, nranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    ip = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.5"
-    b = shmhb.Board.attach(name)
-    hbs = [b.register(f"vllm/{engine}/dp0/tp{i}/pp0", endpoints=(f"{ip}:{31000 + i}",),
-                      agent=False).start(0.02) for i in range(nranks)]
-    inst = register_instance(b, hbs[0], role, engine, serving=f"{ip}:8000",
-                             bootstrap=f"{ip}:8998" if role == "prefill" else None,
-                             interval_s=0.02)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    print(f"ready {inst.incarnation}", flush=True)
-    while not stop:
-        signal.pause()
-    for hb in hbs:
-        hb.close()
-"""
+ENGINE = child("engine")
 
 
 def inst(engine: str, st: Status, *, serving: str | None = "127.0.0.5:8000",

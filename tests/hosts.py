@@ -19,11 +19,9 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,7 +38,9 @@ from shmhb.net.protocol import (
     Ack, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack, encode_ping, encode_push,
 )
 
+from .children import child
 from .conftest import Procs, unlink_quietly, wait_until
+from .stopping import kill
 
 #: Local slots and remote hosts both judged on short timeouts, so tests stay quick.
 FAST = shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.5,
@@ -50,17 +50,7 @@ MAX_HOSTS = 8  # 127.0.0.2 .. 127.0.0.9 are checked free when the port is chosen
 
 
 
-#: ``python -c WALL_SHIFTED OFFSET_S ARGS...``: ``python -m shmhb ARGS...`` with the
-#: process's wall clock (``time.time``, ``time.time_ns``) shifted by OFFSET_S seconds.
-WALL_SHIFTED = textwrap.dedent("""
-    import runpy, sys, time
-    off_ns = int(float(sys.argv[1]) * 1e9)
-    real_ns, real = time.time_ns, time.time
-    time.time_ns = lambda: real_ns() + off_ns
-    time.time = lambda: real() + off_ns / 1e9
-    sys.argv = ["shmhb", *sys.argv[2:]]
-    runpy.run_module("shmhb", run_name="__main__", alter_sys=True)
-""")
+WALL_SHIFTED = child("wall_shifted")
 
 
 def rss_kb(pid: int) -> int:
@@ -116,7 +106,7 @@ class Host:
         """``wall_offset_s``: run it with CLOCK_REALTIME shifted by that much, as after
         a wall-clock step (Python's ``time.time``/``time_ns`` of that process; stepping
         the real clock needs root and would move every process of the machine)."""
-        run = ["-c", WALL_SHIFTED, repr(wall_offset_s)] if wall_offset_s else ["-m", "shmhb"]
+        run = [WALL_SHIFTED, repr(wall_offset_s)] if wall_offset_s else ["-m", "shmhb"]
         cmd = [sys.executable, *run, "pinger", "--board", self.name, "--tick-s", "0.02"]
         if configure:
             cmd += ["--listen", self.listen, "--interval-s", str(self.interval_s)]
@@ -180,7 +170,7 @@ class Host:
     def gated_worker(self, key: str, *endpoints: str) -> GatedWorker:
         """A worker process started now that registers only when told (:meth:`GatedWorker.go`),
         so a test can time its registration to the millisecond."""
-        p = self.cluster.spawn_text([sys.executable, "-c", GATED_WORKER, self.name, key,
+        p = self.cluster.spawn_text([sys.executable, GATED_WORKER, self.name, key,
                                      ",".join(endpoints)])
         return GatedWorker(p)
 
@@ -262,13 +252,8 @@ class Cluster:
         return ""
 
     def close(self) -> None:
-        for p, _ in self._spawned:
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)  # a stopped process cannot die cleanly
-                except ProcessLookupError:
-                    pass
-                p.kill()
+        for p, _ in self._spawned:  # all killed at once, then each reaped
+            kill(p)
         for p, _ in self._spawned:
             try:
                 p.wait(10)
@@ -513,23 +498,7 @@ def entry(key: str, inc: int, status: Status, *endpoints: str, pid: int = 4242) 
 
 # -- a worker that registers on command ----------------------------------------------------
 
-GATED_WORKER = textwrap.dedent("""
-    import signal, sys
-    import shmhb
-    name, key, eps = sys.argv[1], sys.argv[2], tuple(e for e in sys.argv[3].split(",") if e)
-    b = shmhb.Board.attach(name)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    print("started", flush=True)
-    sys.stdin.readline()
-    hb = b.register(key, endpoints=eps, agent=False)
-    hb.start(0.05)
-    print(f"ready {hb.incarnation}", flush=True)
-    while not stop:
-        signal.pause()
-    hb.close()
-    print("closed", flush=True)
-""")
+GATED_WORKER = child("gated_worker")
 
 
 class GatedWorker:
@@ -552,37 +521,7 @@ class GatedWorker:
 
 # -- many workers in one process group -----------------------------------------------------
 
-FORKED_WORKERS = textwrap.dedent("""
-    import os, signal, sys, time
-    import shmhb
-    name, n, ip = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    r, w = os.pipe()
-    kids = []
-    for i in range(n):
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            b = shmhb.Board.attach(name)
-            hb = b.register(f"burst-{i}", endpoints=(f"{ip}:{31000 + i}",), agent=False)
-            hb.start(0.05)
-            os.write(w, b"x")
-            while True:
-                signal.pause()
-        kids.append(pid)
-        if i == 0:
-            os.setpgid(pid, pid)
-        else:
-            os.setpgid(pid, kids[0])
-    os.close(w)
-    got = 0
-    while got < n:
-        got += len(os.read(r, n))
-    print("ready", kids[0], flush=True)
-    for _ in kids:  # reap the workers when the test kills their group
-        os.wait()
-    print("reaped", flush=True)
-    signal.pause()
-""")
+FORKED_WORKERS = child("forked_workers")
 
 
 # -- network namespaces ------------------------------------------------------------------
@@ -697,53 +636,7 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-#: ``python -c FLOODER HOST PORT N``: a connection flood at a pinger (see its comment)
-FLOODER = textwrap.dedent("""
-    # Keeps up to N TCP connections open to host:port, reconnecting those the server
-    # drops, every other one sending half a ZMTP greeting and then nothing; on the
-    # first stdin line it stops reconnecting and holds what it has; on the second, exits.
-    import selectors, socket, sys, threading, time
-    host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    sel = selectors.DefaultSelector()
-    hold = threading.Event()
-    quit_ = threading.Event()
-    def stdin():
-        sys.stdin.readline(); hold.set(); sys.stdin.readline(); quit_.set()
-    threading.Thread(target=stdin, daemon=True).start()
-    opened = [0]
-    def one(k):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect((host, port))
-        except BlockingIOError:
-            pass
-        sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, k)
-        opened[0] += 1
-    for k in range(n):
-        one(k)
-    print("ready", flush=True)
-    while not quit_.is_set():
-        for key, ev in sel.select(0.05):
-            s, k = key.fileobj, key.data
-            if ev & selectors.EVENT_WRITE:
-                sel.modify(s, selectors.EVENT_READ, k)
-                if k % 2:
-                    try:
-                        s.send(bytes([0xFF]) + bytes(8) + bytes([0x7F]))  # half a greeting
-                    except OSError:
-                        pass
-            elif ev & selectors.EVENT_READ:
-                try:
-                    data = s.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:  # dropped by the server: come back (unless holding)
-                    sel.unregister(s)
-                    s.close()
-                    if not hold.is_set():
-                        one(k)
-""")
+FLOODER = child("flooder")
 
 
 

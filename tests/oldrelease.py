@@ -177,7 +177,7 @@ class MixedCluster(Cluster):
     def old_worker(self, h: Host, key: str, *endpoints: str,
                    interval_s: float = 0.05) -> subprocess.Popen[str]:
         """``tests.conftest.WORKER`` run by the old release on ``h``'s board."""
-        p = subprocess.Popen(self.old.cmd("-c", WORKER, h.name, key, str(interval_s), "0",
+        p = subprocess.Popen(self.old.cmd(WORKER, h.name, key, str(interval_s), "0",
                                           ",".join(endpoints)),
                              stdout=subprocess.PIPE, text=True, env=self.old.env(),
                              cwd=self.old.cwd)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from bench.routers import BEGIN, END, keep_section, phase, write_section
 from tests.routers.stack import Result
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 S = 1_000_000_000
 

@@ -15,6 +15,8 @@ import pytest
 
 from .chaos import ChaosConfig, run
 
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
+
 #: its 45 s schedule holds every kind of fault at least once (with 5 hosts: as root)
 SEED = 13
 

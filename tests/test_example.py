@@ -8,9 +8,13 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from shmhb.testing.loopback import child_env
 
 from .conftest import ROOT, pids_with_cmdline, wait_until
+
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
 
 EXAMPLE = os.path.join(ROOT, "examples", "pd_disagg.py")
 ENV = child_env()

@@ -14,7 +14,11 @@ import shmhb
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 
+from .children import child
 from .conftest import Procs, native_extension, pids_with_cmdline, wait_until
+from .stopping import resume
+
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
 
 
 def status_of(board: shmhb.Board, key: str) -> Status | None:
@@ -50,7 +54,7 @@ def test_sigstop_goes_suspect_then_dead_then_alive_again(board: shmhb.Board, pro
     wait_until(lambda: status_of(board, "hang") is Status.SUSPECT, what="SUSPECT")
     wait_until(lambda: status_of(board, "hang") is Status.DEAD, what="DEAD")
     assert board.stats()["deaths_seen"] == 0  # staleness, not a kill
-    os.kill(p.pid, signal.SIGCONT)
+    resume(p.pid)
     wait_until(lambda: status_of(board, "hang") is Status.ALIVE, what="ALIVE again")
     assert board.slot("hang").incarnation == inc
 
@@ -92,28 +96,11 @@ def test_thirty_two_concurrent_registrations_get_distinct_slots(board: shmhb.Boa
     assert len(set(incs)) == 32
 
 
-FORKER = r"""
-import os, sys, signal, time
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-hb = b.register("parent", agent=False)
-hb.start(0.02)
-pid = os.fork()
-if pid == 0:
-    try:
-        hb.beat()
-        os.write(1, b"child-beat-allowed\n")
-    except shmhb.HeartbeatClosed:
-        os.write(1, b"child-beat-refused\n")
-    time.sleep(120)
-    os._exit(0)
-os.write(1, f"ready {pid}\n".encode())
-time.sleep(120)
-"""
+FORKER = child("forker")
 
 
 def test_forked_child_neither_beats_nor_keeps_the_parents_lock(board: shmhb.Board, procs: Procs, agent) -> None:  # type: ignore[no-untyped-def]
-    p = procs.python(FORKER, board.name, ready=False)
+    p = procs.program(FORKER, board.name, ready=False)
     lines = sorted([p.stdout.readline().strip(), p.stdout.readline().strip()])  # either order
     child = int(lines[1].split()[1])
     try:
@@ -163,7 +150,7 @@ def test_agent_failover_within_a_second_and_stalled_agent_reads_suspect(board: s
     os.kill(a1.pid, signal.SIGSTOP)
     wait_until(lambda: board.agent().status is Status.SUSPECT, what="stalled agent")
     assert board.agent_held() and board.agent().pid == a1.pid
-    os.kill(a1.pid, signal.SIGCONT)
+    resume(a1.pid)
     wait_until(lambda: board.agent().status is Status.ALIVE)
     t0 = time.monotonic()
     a1.kill()
@@ -193,23 +180,7 @@ def test_embedded_agent_by_default(board: shmhb.Board, procs: Procs) -> None:
     assert status_of(board, other) is Status.ALIVE
 
 
-TORN_WRITER = """
-import sys, shmhb
-class PatternClock:
-    # ts units k carry their own check: bits 20..38 repeat bits 0..18, so a value
-    # stitched from two different stores fails the check
-    def __init__(self): self.k = 0
-    def monotonic_ns(self):
-        self.k = (self.k + 0x9E3779B1) & 0x7FFFF
-        return (self.k | (self.k << 20)) << 20
-b = shmhb.Board.attach(sys.argv[1], clock=PatternClock())
-hb = b.register("torn", agent=False)
-print("ready", hb.incarnation, hb.index, shmhb.native, flush=True)
-beat = hb.beat
-while True:
-    for _ in range(10000):
-        beat()
-"""
+TORN_WRITER = child("torn_writer")
 
 
 @pytest.mark.parametrize("path", ["native", "pure"])
@@ -225,7 +196,7 @@ def test_no_torn_or_inconsistent_reads_under_a_hammering_writer(board: shmhb.Boa
         load = words.load
     else:
         load = board._q.__getitem__
-    p = procs.spawn([sys.executable, "-c", TORN_WRITER, board.name],
+    p = procs.spawn([sys.executable, TORN_WRITER, board.name],
                     env={"SHMHB_PURE_PYTHON": "1" if path == "pure" else "0"})
     assert p.ready_line.split()[3] == ("True" if path == "native" else "False")
     inc, index = (int(x) for x in p.ready_line.split()[1:3])
@@ -305,7 +276,7 @@ def test_worker_in_another_pid_namespace_is_watched_through_its_slot_lock(board:
     probe = subprocess.run(["unshare", "-p", "-f", "--kill-child", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot create a pid namespace here: {probe.stderr.decode().strip()}")
-    p = procs.spawn(["unshare", "-p", "-f", "--kill-child", sys.executable, "-c", WORKER,
+    p = procs.spawn(["unshare", "-p", "-f", "--kill-child", sys.executable, WORKER,
                      board.name, "ns-worker", "0.02", "0", ""])
     s = board.slot("ns-worker")
     assert s is not None and s.pid == 1 and s.status is Status.ALIVE

@@ -10,7 +10,6 @@ import pytest
 from shmhb.clock import FakeClock
 from shmhb.ratelog import RateLimitedLog
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 
 def test_it_is_timed_by_the_injected_clock_and_counts_what_it_held_back(

@@ -32,6 +32,8 @@ from .oldrelease import (
     mixed_fixture, start_pinger_of,
 )
 
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
+
 #: added to every bound derived from the policy, for a loaded 2-core machine
 SLACK_S = 3.0
 #: a worker SIGKILLed: its host sees it at once (pidfd) or, at worst, after dead-after of

@@ -1,6 +1,6 @@
 """The package's structure, checked from its source: imports only go down (no cycle in
-the import graph, and no module imports one of a higher layer), each layer's modules live
-in its folder, the board and the vocabulary below it import neither zmq nor rich, no
+the import graph, and no module imports one of a higher layer, a layer being a folder
+of the package), the board and the vocabulary below it import neither zmq nor rich, no
 module or function is over its length limit, words are decoded only by the decoders,
 and no module touches another object's private attributes.
 
@@ -16,11 +16,9 @@ import textwrap
 import tokenize
 from pathlib import Path
 
-import pytest
 
 import shmhb
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 PKG_DIR = Path(shmhb.__file__).parent
 ROOT = PKG_DIR.parent
@@ -66,9 +64,10 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
 }
 
-#: the package's layers: each module (named relative to the package, "" for its
-#: ``__init__``) belongs to exactly one, and each layer has a folder of its own (see
-#: FOLDERS).  Lowest first:
+#: the package's layers, lowest first.  A layer is a folder: a module's layer is the
+#: first folder of its path (``board/layout.py`` is in ``board``), a module at the
+#: package's top is in ``base``, the package's ``__init__`` is ``package``; so a new
+#: module needs no entry here, a new folder does (until then its modules are in no layer).
 #:
 #: base     the package's shared vocabulary, at its top: errors, statuses, clocks,
 #:          rate-limited logging, periodic threads, /proc and time-namespace facts
@@ -85,43 +84,8 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
 #:          exporter, gc, check, router feeds, the demo
 #: vllm     the vLLM connector (``shmhb/vllm/``, a client of the board like any worker)
 #: package  the package's facade (``shmhb``)
-LAYERS: dict[str, frozenset[str]] = {
-    "base": frozenset({
-        "clock", "errors", "periodic", "procinfo", "ratelog", "status", "timens", "version",
-    }),
-    "board": frozenset({
-        "board", "board.address", "board.agentterm", "board.config", "board.core",
-        "board.handle", "board.heartbeat", "board.instances", "board.judge", "board.layout",
-        "board.localreads", "board.locks", "board.native", "board.netword", "board.reaper",
-        "board.records", "board.registration", "board.registrylock", "board.remotereads",
-        "board.segment", "board.watchtable", "board.words",
-    }),
-    "net": frozenset({
-        "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
-        "net.exchange", "net.following", "net.frames", "net.frametag", "net.pinger", "net.plan",
-        "net.protocol", "net.reports", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
-        "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
-    }),
-    "agent": frozenset({
-        "agent", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",
-    }),
-    "testing": frozenset({"testing", "testing.loopback", "testing.network"}),
-    "cli": frozenset({
-        "__main__", "cli", "cli.boardopts", "cli.check", "cli.demo", "cli.events",
-        "cli.exporter", "cli.feed", "cli.feeder", "cli.gc", "cli.httpserve", "cli.instview",
-        "cli.main", "cli.monitor", "cli.pipes", "cli.routerapi", "cli.screen", "cli.sdnotify",
-        "cli.stopsignal", "cli.units", "cli.view",
-    }),
-    "vllm": frozenset({
-        "vllm", "vllm.adapters", "vllm.connector", "vllm.fence", "vllm.fencewire", "vllm.guard",
-        "vllm.grants", "vllm.inner", "vllm.instance", "vllm.loads", "vllm.mooncake_adapter",
-        "vllm.mooncake_pulls", "vllm.nixl_adapter", "vllm.settings", "vllm.stats",
-        "vllm.verdict",
-    }),
-    "package": frozenset({""}),
-}
-
-#: which layers a module of each layer may import (its own included)
+#:
+#: each layer with the layers its modules may import (its own included)
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
     "board": frozenset({"base", "board"}),
@@ -133,16 +97,12 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "package": frozenset({"base", "board", "net", "agent"}),
 }
 
-#: the folder of each layer ("" for the package's top); a module lives in its layer's
-#: folder, but for TOP_LEVEL_EXCEPTIONS
-FOLDERS: dict[str, str] = {
-    "base": "", "board": "board", "net": "net", "agent": "agent", "testing": "testing",
-    "cli": "cli", "vllm": "vllm", "package": "",
-}
+#: the layers that are no folder: the package's top and its ``__init__``
+TOP_LAYERS = frozenset({"base", "package"})
 
 #: modules at the package's top that belong to another layer, with the reason
-TOP_LEVEL_EXCEPTIONS: dict[str, str] = {
-    "__main__": "``python -m shmhb`` needs it there; it only calls ``shmhb.cli.main``",
+TOP_LEVEL_EXCEPTIONS: dict[str, tuple[str, str]] = {
+    "__main__": ("cli", "``python -m shmhb`` needs it there; it only calls ``shmhb.cli.main``"),
 }
 
 #: third-party packages that a layer may not import (the board is read inside every
@@ -288,61 +248,60 @@ def long_modules(pkg_dir: Path, limit: int = MAX_LINES) -> dict[str, int]:
     return out
 
 
-def layer_violations(graph: dict[str, set[str]], root: str, layers: dict[str, frozenset[str]],
-                     may_import: dict[str, frozenset[str]]) -> list[str]:
-    """``a (layer) imports b (layer)`` for every edge of the import graph that goes up or
-    sideways to a layer its own may not import, ``a: in no layer`` / ``in layers ...``
-    for a module the map does not place exactly once, and ``a: no such module`` for a
-    stale entry of the map."""
-    def short(m: str) -> str:
-        return "" if m == root else m[len(root) + 1:]
+def packages_of(pkg_dir: Path) -> set[str]:
+    """The dotted names of the package and its subpackages (each folder with an
+    ``__init__.py``)."""
+    return {m for m, p in _modules(pkg_dir).items() if p.name == "__init__.py"}
 
-    where: dict[str, list[str]] = {}
-    for layer, mods in layers.items():
-        for m in mods:
-            where.setdefault(m, []).append(layer)
-    out = [f"{root}.{m}: no such module" for m in sorted(set(where) - {short(g) for g in graph})]
+
+def layer_of(module: str, packages: set[str], root: str,
+             may_import: dict[str, frozenset[str]] = MAY_IMPORT,
+             exceptions: dict[str, tuple[str, str]] = TOP_LEVEL_EXCEPTIONS) -> str | None:
+    """The layer of ``module`` (a dotted name in the package ``root``, whose
+    ``packages`` are its folders), from its folder: ``package`` for the package itself, ``base`` for a module at its
+    top (but for ``exceptions``), else its first folder's, or None where that folder is
+    no layer."""
+    if module == root:
+        return "package"
+    short = module[len(root) + 1:]
+    if short in exceptions:
+        return exceptions[short][0]
+    folder, dot, _ = short.partition(".")
+    if not dot and module not in packages:
+        return "base"  # a module at the top, not a folder's __init__
+    return folder if folder in may_import and folder not in TOP_LAYERS else None
+
+
+def layer_violations(graph: dict[str, set[str]], root: str, packages: set[str],
+                     may_import: dict[str, frozenset[str]] = MAY_IMPORT,
+                     exceptions: dict[str, tuple[str, str]] = TOP_LEVEL_EXCEPTIONS) -> list[str]:
+    """``a (layer) imports b (layer)`` for every edge of the import graph that goes up or
+    sideways to a layer its own may not import, and ``a: in no layer`` for a module in a
+    folder that is no layer."""
+    where = {m: layer_of(m, packages, root, may_import, exceptions) for m in graph}
+    out = [f"{m}: in no layer (its folder is not in MAY_IMPORT)"
+           for m in sorted(graph) if where[m] is None]
     for m in sorted(graph):
-        got = where.get(short(m), [])
-        if len(got) != 1:
-            out.append(f"{m}: in {'no layer' if not got else 'layers ' + ', '.join(got)}")
-    for m in sorted(graph):
-        mine = where.get(short(m), [])
-        if len(mine) != 1:
+        mine = where[m]
+        if mine is None:
             continue
         for dep in sorted(graph[m]):
-            theirs = where.get(short(dep), [])
-            if len(theirs) == 1 and theirs[0] not in may_import[mine[0]]:
-                out.append(f"{m} ({mine[0]}) imports {dep} ({theirs[0]})")
+            theirs = where.get(dep)
+            if theirs is not None and theirs not in may_import[mine]:
+                out.append(f"{m} ({mine}) imports {dep} ({theirs})")
     return out
 
 
-def misplaced_modules(root: str, modules: set[str], layers: dict[str, frozenset[str]],
-                      folders: dict[str, str], exceptions: dict[str, str]) -> list[str]:
-    """``a (layer) is not in folder/`` for every module of the map that does not live in
-    its layer's folder (a module named ``f.x`` or the package ``f`` is in folder ``f``;
-    one without a dot, in the top, ""), but for ``exceptions``."""
-    out = []
-    for layer, mods in sorted(layers.items()):
-        for m in sorted(mods):
-            if m in exceptions or f"{root}.{m}".rstrip(".") not in modules:
-                continue
-            folder = m.split(".")[0] if "." in m or m in folders.values() else ""
-            if folder != folders[layer]:
-                out.append(f"{root}.{m} ({layer}) is not in {folders[layer] or 'the top'}/")
-    return out
-
-
-def third_party_imports(pkg_dir: Path, layers: dict[str, frozenset[str]],
-                        forbidden: dict[str, frozenset[str]]) -> list[str]:
+def third_party_imports(pkg_dir: Path, forbidden: dict[str, frozenset[str]],
+                        may_import: dict[str, frozenset[str]] = MAY_IMPORT) -> list[str]:
     """``file:line: imports x`` for every import (function-level ones included) of a
     third-party package that the module's layer may not import."""
     root = pkg_dir.name
-    where = {m: layer for layer, mods in layers.items() for m in mods}
+    packages = packages_of(pkg_dir)
     out = []
     for mod, path in _modules(pkg_dir).items():
-        short = "" if mod == root else mod[len(root) + 1:]
-        banned = forbidden.get(where.get(short, ""), frozenset())
+        layer = layer_of(mod, packages, root, may_import)
+        banned = forbidden.get(layer or "", frozenset())
         for n in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
                 [n.module] if isinstance(n, ast.ImportFrom) and not n.level and n.module else []
@@ -528,39 +487,43 @@ def test_length_check_counts_lines(tmp_path: Path) -> None:
 def test_layer_check_flags_upward_and_unplaced_modules(tmp_path: Path) -> None:
     pkg = _package(tmp_path, {
         "__init__.py": "from .top import T\n",
-        "low.py": "def f():\n    from .mid import g  # a late upward import still counts\n",
-        "mid.py": "from . import low\n",
-        "top.py": "from .mid import g\nclass T: ...\n",
-        "side.py": "from .top import T\n",
-        "stray.py": "",
+        "__main__.py": "from .top import T\n",
+        "util.py": "",
+        "low/__init__.py": "", "low/a.py": "def f():\n    from ..mid import b  # a late upward import still counts\n",
+        "mid/__init__.py": "", "mid/b.py": "from ..low import a\nfrom .. import util\n",
+        "top/__init__.py": "from ..mid.b import f\nclass T: ...\n",
+        "stray/__init__.py": "", "stray/c.py": "from ..top import T\n",
+        "side/deep/d.py": "from ...top import T\n",
     })
-    layers = {"low": frozenset({"low", "gone"}), "mid": frozenset({"mid"}),
-              "top": frozenset({"top", ""}), "side": frozenset({"side", "top"})}
-    may = {"low": frozenset({"low"}), "mid": frozenset({"low", "mid"}),
-           "top": frozenset({"low", "mid", "top"}), "side": frozenset({"low", "side"})}
-    got = layer_violations(import_graph(pkg), "pkg", layers, may)
-    assert got == ["pkg.gone: no such module", "pkg.stray: in no layer",
-                   "pkg.top: in layers top, side",
-                   "pkg.low (low) imports pkg.mid (mid)"], got
-    layers["side"] = frozenset({"side", "stray"})
-    layers["low"] = frozenset({"low"})
-    got = layer_violations(import_graph(pkg), "pkg", layers, may)
-    assert got == ["pkg.low (low) imports pkg.mid (mid)",
-                   "pkg.side (side) imports pkg.top (top)"], got
+    may = {"base": frozenset({"base"}), "low": frozenset({"base", "low"}),
+           "mid": frozenset({"base", "low", "mid"}), "top": frozenset({"base", "low", "mid", "top"}),
+           "side": frozenset({"base", "low", "side"}), "package": frozenset({"top"})}
+    exceptions = {"__main__": ("top", "why")}
+    g, packages = import_graph(pkg), packages_of(pkg)
+    assert {m: layer_of(m, packages, "pkg", may, exceptions) for m in g} == {
+        "pkg": "package", "pkg.__main__": "top", "pkg.util": "base", "pkg.low": "low",
+        "pkg.low.a": "low", "pkg.mid": "mid", "pkg.mid.b": "mid", "pkg.top": "top",
+        "pkg.stray": None, "pkg.stray.c": None, "pkg.side.deep.d": "side"}
+    got = layer_violations(g, "pkg", packages, may, exceptions)
+    assert got == ["pkg.stray: in no layer (its folder is not in MAY_IMPORT)",
+                   "pkg.stray.c: in no layer (its folder is not in MAY_IMPORT)",
+                   "pkg.low.a (low) imports pkg.mid.b (mid)",
+                   "pkg.side.deep.d (side) imports pkg.top (top)"], got
+    # a new module in a layer's folder needs no entry; one at the top is base
+    (pkg / "low/e.py").write_text("from ..top import T\n")
+    (pkg / "new.py").write_text("from .low import a\n")
+    got = layer_violations(import_graph(pkg), "pkg", packages, may, exceptions)
+    assert "pkg.low.e (low) imports pkg.top (top)" in got
+    assert "pkg.new (base) imports pkg.low.a (low)" in got
 
 
-def test_folder_check_flags_a_module_outside_its_layers_folder(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, {"__init__.py": "", "__main__.py": "", "top.py": "",
-                              "low/__init__.py": "", "low/a.py": "", "low/b.py": "",
+def test_third_party_check_follows_the_folders(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {"__init__.py": "", "top.py": "import zmq.green\n",
+                              "low/__init__.py": "", "low/a.py": "def f():\n    import zmq\n",
                               "high/__init__.py": "", "high/c.py": "import zmq\n"})
-    mods = set(import_graph(pkg))
-    layers = {"base": frozenset({"top"}), "low": frozenset({"low", "low.a", "high.c"}),
-              "high": frozenset({"high", "low.b", "__main__"})}
-    folders = {"base": "", "low": "low", "high": "high"}
-    got = misplaced_modules("pkg", mods, layers, folders, {"__main__": "why"})
-    assert got == ["pkg.low.b (high) is not in high/", "pkg.high.c (low) is not in low/"], got
-    got = third_party_imports(pkg, layers, {"low": frozenset({"zmq"})})
-    assert got == ["high/c.py:1: imports zmq"], got
+    may = {"base": frozenset(), "low": frozenset(), "high": frozenset()}
+    got = third_party_imports(pkg, {"low": frozenset({"zmq"}), "base": frozenset({"zmq"})}, may)
+    assert got == ["low/a.py:2: imports zmq", "top.py:1: imports zmq.green"], got
 
 
 def test_the_real_map_refuses_a_wrong_way_import() -> None:
@@ -572,7 +535,7 @@ def test_the_real_map_refuses_a_wrong_way_import() -> None:
                  ("vllm.guard", "agent.embedded"), ("", "cli.main"), ("clock", "board.layout")]:
         bad = {m: set(d) for m, d in graph.items()}
         bad[f"shmhb.{a}".rstrip(".")].add(f"shmhb.{b}")
-        got = layer_violations(bad, "shmhb", LAYERS, MAY_IMPORT)
+        got = layer_violations(bad, "shmhb", packages_of(PKG_DIR))
         assert len(got) == 1 and got[0].startswith(f"shmhb.{a}".rstrip(".") + " ("), (a, b, got)
 
 
@@ -661,19 +624,13 @@ def test_no_module_over_the_limit() -> None:
 
 
 def test_imports_go_down_the_layers() -> None:
-    got = layer_violations(import_graph(PKG_DIR), PKG_DIR.name, LAYERS, MAY_IMPORT)
-    assert not got, ("imports against the layers (move what is shared down, or place a new "
-                     "module in LAYERS):\n" + "\n".join(got))
-
-
-def test_every_module_is_in_its_layers_folder() -> None:
-    got = misplaced_modules(PKG_DIR.name, set(import_graph(PKG_DIR)), LAYERS, FOLDERS,
-                            TOP_LEVEL_EXCEPTIONS)
-    assert not got, "modules outside their layer's folder (move them):\n" + "\n".join(got)
+    got = layer_violations(import_graph(PKG_DIR), PKG_DIR.name, packages_of(PKG_DIR))
+    assert not got, ("imports against the layers (move what is shared down, or give a new "
+                     "folder its layer in MAY_IMPORT):\n" + "\n".join(got))
 
 
 def test_the_lower_layers_import_neither_zmq_nor_rich() -> None:
-    got = third_party_imports(PKG_DIR, LAYERS, FORBIDDEN_THIRD_PARTY)
+    got = third_party_imports(PKG_DIR, FORBIDDEN_THIRD_PARTY)
     assert not got, "third-party imports a layer may not make:\n" + "\n".join(got)
 
 

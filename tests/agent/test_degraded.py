@@ -29,6 +29,9 @@ from ..hosts import (
     Cluster, FakePeer, Host, kill_is_dead_within_bound, listening, status, wait_held, wait_net,
     write_secret,
 )
+from ..stopping import stopped
+
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -245,13 +248,10 @@ def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
     w = cluster.procs.worker(a.name, "w1", agent=False)
     p = a.start_pinger()
     assert status(a)[0] == 0
-    p.send_signal(signal.SIGSTOP)
-    try:
+    with stopped(p.pid):
         wait_until(lambda: a.board.agent().status is Status.SUSPECT, what="agent stale")
         rc, doc = status(a)
         assert rc == 3 and "stalled" in doc["health"]["problems"][0]
-    finally:
-        p.send_signal(signal.SIGCONT)
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
     rc, doc = status(a)

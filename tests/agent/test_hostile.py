@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import textwrap
 import threading
 import time
 from typing import Any
@@ -26,6 +25,8 @@ from ..hosts import (
     FLOODER, KILL_BOUND_S, Cluster, FakePeer, entry, kill_is_dead_within_bound, open_fds, status,
     wait_held, wait_net, write_secret,
 )
+from ..children import child
+from ..stopping import stopped
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -206,7 +207,7 @@ def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs:
     a.wait_pinger(p)
     old = a.worker("old", a.endpoint(1))
     wait_until(lambda: b.peer_status(a) is Status.ALIVE, what="a alive on b")
-    flooder = cluster.spawn_text([sys.executable, "-c", FLOODER, a.ip, str(a.port), "1100"])
+    flooder = cluster.spawn_text([sys.executable, FLOODER, a.ip, str(a.port), "1100"])
     assert flooder.stdout is not None and flooder.stdin is not None
     assert flooder.stdout.readline().startswith("ready")
     most = [0]
@@ -236,25 +237,7 @@ def test_a_connection_flood_at_the_fd_limit_is_survived(cluster: Cluster, procs:
 
 # -- a stuck loop gives the role up; an unexpected ZMQ error restarts only the network half ----
 
-STUCK_AGENT = textwrap.dedent("""
-    import os, signal, sys, threading
-    import shmhb
-    from shmhb.agent import localwatch
-    from shmhb.agent.role import Agent
-    name, flag = sys.argv[1], sys.argv[2]
-    orig = localwatch.LocalWatch.tick
-    def tick(self, now_ns, late_ns):
-        if os.path.exists(flag):
-            threading.Event().wait()  # a call that blocks for good (a hung /proc read)
-        return orig(self, now_ns, late_ns)
-    localwatch.LocalWatch.tick = tick
-    a = Agent(name, config=shmhb.AgentConfig(tick_s=0.02, watchdog_s=1.0), network=False).start()
-    assert a.holding.wait(5)
-    print("ready", flush=True)
-    a.deposed.wait()
-    print("deposed", flush=True)
-    signal.pause()
-""")
+STUCK_AGENT = child("stuck_agent")
 
 
 def test_a_stuck_agent_loop_gives_the_role_up(board: shmhb.Board, procs: Procs,
@@ -262,7 +245,7 @@ def test_a_stuck_agent_loop_gives_the_role_up(board: shmhb.Board, procs: Procs,
     from shmhb.agent.role import Agent
 
     flag = os.path.join(str(tmp_path), "stick")
-    stuck = procs.python(STUCK_AGENT, board.name, flag)
+    stuck = procs.program(STUCK_AGENT, board.name, flag)
     wait_until(lambda: board.agent().pid == stuck.pid, what="the doomed agent holds the role")
     standby = Agent(board.name, config=shmhb.AgentConfig(tick_s=0.02), network=False).start()
     try:
@@ -283,28 +266,14 @@ def test_a_stuck_agent_loop_gives_the_role_up(board: shmhb.Board, procs: Procs,
         standby.stop()
 
 
-ZMQ_FAULT = textwrap.dedent("""
-    import errno, sys
-    import zmq
-    from shmhb.net import pinger
-    orig = pinger.NetworkHalf.tick
-    fired = []
-    def tick(self, now_ns, late_ns):
-        if not fired:
-            fired.append(1)
-            raise zmq.ZMQError(errno.EPROTO)
-        return orig(self, now_ns, late_ns)
-    pinger.NetworkHalf.tick = tick
-    from shmhb.cli.main import main
-    sys.exit(main(sys.argv[1:]))
-""")
+ZMQ_FAULT = child("zmq_fault")
 
 
 def test_an_unexpected_zmq_error_restarts_only_the_network_half(cluster: Cluster) -> None:
     b = cluster.host()
     a = cluster.host(start=False)
     b.watch(a)
-    p = cluster.spawn([sys.executable, "-c", ZMQ_FAULT, *a.pinger_cmd()[3:]], f"{a.name}-fault")
+    p = cluster.spawn([sys.executable, ZMQ_FAULT, *a.pinger_cmd()[3:]], f"{a.name}-fault")
     wait_held(a, p)
     wait_until(lambda: a.stats()["net_failures"] >= 1, what="the fault hit")
     wait_net(a, "listening")
@@ -316,17 +285,12 @@ def test_an_unexpected_zmq_error_restarts_only_the_network_half(cluster: Cluster
 
 
 def test_a_stopped_holder_is_not_deposed_by_its_own_watchdog(cluster: Cluster) -> None:
-    import signal
-
     a = cluster.host(start=False)
     p = cluster.spawn([*a.pinger_cmd(), "--watchdog-s", "1"], f"{a.name}-wd1")
     a.wait_pinger(p)
     term = a.board.agent().term
-    p.send_signal(signal.SIGSTOP)
-    try:
+    with stopped(p.pid):
         time.sleep(3.0)  # the fault itself: stopped past the 1 s watchdog bound
-    finally:
-        p.send_signal(signal.SIGCONT)
     wait_until(lambda: a.board.agent().status is Status.ALIVE, what="the holder beats again")
     kill_is_dead_within_bound(a, "w")
     assert p.poll() is None and a.board.agent().pid == p.pid and a.board.agent().term == term

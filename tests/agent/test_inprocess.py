@@ -33,7 +33,6 @@ from shmhb.net.transport import Transport
 
 from ..conftest import Procs, unlink_quietly
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 TICK_S = 0.05
 INTERVAL_S = 0.1

@@ -19,6 +19,7 @@ from shmhb.agent.role import Agent
 from shmhb.board.config import AgentConfig
 
 from ..conftest import Procs, wait_until
+from ..stopping import resume, stopped
 
 PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
 
@@ -40,7 +41,7 @@ def test_a_daemon_takes_the_role_from_an_embedded_holder_and_survives_its_stop(
                    what="a kill DEAD within 1 s while the old holder is stopped")
         assert board.agent().status is Status.ALIVE and board.status("other") is Status.ALIVE
     finally:
-        os.kill(holder.pid, signal.SIGCONT)
+        resume(holder.pid)
     assert board.agent().pid == daemon.pid
     # the daemon gone, a worker takes the role again
     daemon.kill()
@@ -65,8 +66,7 @@ def test_a_stopped_waiting_daemon_does_not_leave_the_host_without_an_agent(
     third = procs.spawn(PINGER + ["--board", board.name], ready=False)
     wait_until(lambda: board.agent().pid == second.pid and third.poll() is None, timeout_s=5)
     wait_until(lambda: _standby_polled(third.pid), timeout_s=10, what="third is a standby")
-    os.kill(third.pid, signal.SIGSTOP)
-    try:
+    with stopped(third.pid):
         second.kill()
         second.wait()
         wait_until(lambda: board.agent().pid in (holder.pid, standby.pid)
@@ -75,8 +75,6 @@ def test_a_stopped_waiting_daemon_does_not_leave_the_host_without_an_agent(
         victim = procs.worker(board.name, "victim")
         victim.kill()
         wait_until(lambda: board.status("victim") is Status.DEAD, timeout_s=1.0, poll_s=0.001)
-    finally:
-        os.kill(third.pid, signal.SIGCONT)
 
 
 def _standby_polled(pid: int) -> bool:

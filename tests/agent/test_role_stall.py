@@ -10,34 +10,24 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 import shmhb
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 
+from ..children import child
 from ..conftest import Procs, wait_until
+from ..stopping import resume, stopped
+
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
 
 PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
 
-#: a worker whose embedded agent logs to stderr; "stall" on stdin makes its main thread
-#: block in read(2) called through ctypes.PyDLL, which keeps the GIL held for the call
-WORKER = textwrap.dedent("""
-    import ctypes, logging, sys
-    import shmhb
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-    b = shmhb.Board.attach(sys.argv[1])
-    hb = b.register(sys.argv[2], agent=True).start(0.02)
-    print("ready", flush=True)
-    libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
-    for line in sys.stdin:
-        if line.strip() == "stall":
-            buf = ctypes.create_string_buffer(1)
-            libc.read(0, buf, 1)  # until the test writes a byte: GIL held throughout
-            print("resumed", flush=True)
-""")
+WORKER = child("stalling_worker")
 
 
 def _spawn(procs: Procs, args: list[str], log: Path, *, ready: bool) -> subprocess.Popen[str]:
@@ -53,7 +43,7 @@ def _spawn(procs: Procs, args: list[str], log: Path, *, ready: bool) -> subproce
 
 
 def _worker(procs: Procs, board: shmhb.Board, key: str, tmp: Path) -> subprocess.Popen[str]:
-    return _spawn(procs, [sys.executable, "-c", WORKER, board.name, key], tmp / f"{key}.log",
+    return _spawn(procs, [sys.executable, WORKER, board.name, key], tmp / f"{key}.log",
                   ready=True)
 
 
@@ -101,7 +91,7 @@ def test_a_daemon_replaces_a_stopped_embedded_holder_which_stands_down_on_resume
         _kill_is_dead(procs, board, "victim")
         term1 = board.agent().term
     finally:
-        os.kill(holder.pid, signal.SIGCONT)
+        resume(holder.pid)
     log = tmp_path / "holder.log"
     wait_until(lambda: "standing down" in log.read_text(), timeout_s=10,
                what="the resumed holder says it stands down")
@@ -159,13 +149,10 @@ def test_racing_standbys_one_holder_per_term(board: shmhb.Board, procs: Procs,
     downs: dict[int, int] = {}
     for _round in range(4):
         old = board.agent().pid
-        os.kill(old, signal.SIGSTOP)
-        try:
+        with stopped(old):
             wait_until(lambda: board.agent().pid in pids - {old}
                        and board.agent().status is Status.ALIVE, timeout_s=15,
                        what="another daemon took over from the stopped holder")
-        finally:
-            os.kill(old, signal.SIGCONT)
         new = board.agent().pid
         downs[old] = downs.get(old, 0) + 1
         wait_until(lambda: (tmp_path / f"pinger{_index(daemons, old)}.log").read_text()
@@ -198,46 +185,26 @@ def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
     second = _pinger(procs, board, tmp_path, 1)  # a bare standby: settings are the board's
     wait_until(lambda: "waiting for the agent role" in (tmp_path / "pinger1.log").read_text(),
                timeout_s=10, what="the standby runs")
-    os.kill(first.pid, signal.SIGSTOP)
-    try:
+    with stopped(first.pid):
         wait_until(lambda: _holds(board, second.pid), timeout_s=15,
                    what="the standby replaced the stopped holder")
         _kill_is_dead(procs, board, "victim")
         # the stopped process still has the address bound: degraded, retried
         wait_until(lambda: board.network().state == "degraded", timeout_s=10,
                    what="degraded while the stopped holder keeps the address")
-    finally:
-        os.kill(first.pid, signal.SIGCONT)
     wait_until(lambda: _holds(board, second.pid) and board.network().state == "listening",
                timeout_s=10, what="listening once the resumed holder stood down")
     assert first.poll() is None and "standing down" in (tmp_path / "pinger0.log").read_text()
 
 
-CLAIMER = textwrap.dedent("""
-    import os, sys
-    import shmhb
-    from shmhb.board import agentterm, locks
-    b = shmhb.Board.attach(sys.argv[1])
-    fd = b.new_fd()
-    print("ready", flush=True)
-    for line in sys.stdin:
-        cmd, t, flag = line.split()
-        if cmd == "go":  # armed: spin until the flag appears, then all claim at once
-            print("armed", flush=True)
-            while not os.path.exists(flag):
-                pass
-            print(1 if agentterm.claim(fd, b.words, int(t)) else 0, flush=True)
-        else:  # let the term's byte go, as a holder standing down does
-            locks.unlock(fd, agentterm.term_byte(int(t)))
-            print("released", flush=True)
-""")
+CLAIMER = child("term_claimer")
 
 
 def test_processes_claiming_one_term_at_once_exactly_one_wins(
         board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
     from shmhb.board.agentterm import TERM_WORD
 
-    claimers = [_spawn(procs, [sys.executable, "-c", CLAIMER, board.name],
+    claimers = [_spawn(procs, [sys.executable, CLAIMER, board.name],
                        tmp_path / f"claimer{i}.log", ready=True) for i in range(6)]
     for _round in range(10):
         t = int(board.words[TERM_WORD])
@@ -311,11 +278,8 @@ def test_the_systemd_watchdog_is_fed_through_a_takeover_and_a_stand_down(
         wait_until(lambda: any("WATCHDOG=1" in m for _t, m in nb.got), timeout_s=15,
                    what="b runs as a standby, fed")
         t0 = time.monotonic()
-        os.kill(a.pid, signal.SIGSTOP)
-        try:
+        with stopped(a.pid):
             wait_until(lambda: _holds(board, b.pid), timeout_s=15, what="b replaced a")
-        finally:
-            os.kill(a.pid, signal.SIGCONT)
         t1 = time.monotonic()
         wait_until(lambda: "standing down" in (tmp_path / "a.log").read_text(), timeout_s=10,
                    what="a stood down")
@@ -333,17 +297,7 @@ def test_the_systemd_watchdog_is_fed_through_a_takeover_and_a_stand_down(
         nb.close()
 
 
-OLD_HOLDER = """
-import sys
-import shmhb
-from shmhb.board import locks
-from shmhb.board.layout import LOCK_AGENT
-b = shmhb.Board.attach(sys.argv[1])
-fd = b.new_fd()
-assert locks.try_lock(fd, LOCK_AGENT)  # what a holder of an earlier version holds
-print("held", flush=True)
-sys.stdin.readline()
-"""
+OLD_HOLDER = child("old_holder")
 
 
 def test_a_holder_of_an_earlier_version_keeps_the_role_from_this_one(board: shmhb.Board) -> None:
@@ -355,7 +309,7 @@ def test_a_holder_of_an_earlier_version_keeps_the_role_from_this_one(board: shmh
 
     from shmhb.agent.role import Agent
     from shmhb.testing.loopback import child_env
-    old = subprocess.Popen([sys.executable, "-c", OLD_HOLDER, board.name], stdin=subprocess.PIPE,
+    old = subprocess.Popen([sys.executable, OLD_HOLDER, board.name], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, env=child_env())
     a = None
     try:

@@ -13,7 +13,6 @@ from shmhb.board.config import PingerConfig, parse_hostport
 from shmhb.errors import InvalidAddress
 from shmhb.net.protocol import MAX_ENDPOINT_BYTES
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 K8S = "decode-rank-3.decode-headless.llm-inference-prod.svc.cluster.local:30003"
 

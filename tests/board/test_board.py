@@ -17,6 +17,7 @@ import shmhb
 from shmhb.board import layout as L
 from shmhb.testing.loopback import child_env
 
+from ..children import child
 from ..conftest import unlink_quietly
 
 
@@ -146,30 +147,25 @@ def test_board_of_a_crashed_creator_is_recovered(board_name: str) -> None:
         assert b.register("k", agent=False).incarnation > 0
 
 
+@pytest.mark.system
 def test_no_permission(board_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to another user")
     shmhb.Board.create(board_name, mode=0o600).close()
-    code = ("import os, shmhb, sys\n"
-            "os.setgid(65534); os.setuid(65534)\n"
-            "try:\n    shmhb.Board.attach(sys.argv[1])\n"
-            "except shmhb.BoardPermissionError as e:\n"
-            "    assert isinstance(e, PermissionError); print('refused', e)\n")
-    out = subprocess.run([sys.executable, "-c", code, board_name], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, child("attach_as_nobody"), board_name], capture_output=True, text=True,
                          env=child_env(), timeout=60)
     assert out.stdout.startswith("refused"), out.stderr
 
 
+@pytest.mark.system
 def test_full_shm_fails_up_front_not_with_sigbus(board_name: str) -> None:
     """A real tiny /dev/shm, in a private mount namespace: creation must fail cleanly."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private /dev/shm")
-    code = ("import shmhb, sys\n"
-            "try:\n    shmhb.Board.create(sys.argv[1], slots=4096)\n"
-            "except shmhb.BoardSpaceError as e:\n    print('nospace', e)\n")
     script = (f"mount -t tmpfs -o size=256k tmpfs /dev/shm && "
-              f"{sys.executable} -c \"$0\" {board_name}")
-    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, code],
+              f"{sys.executable} \"$0\" {board_name} 4096")
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script,
+                          child("shm_full")],
                          capture_output=True, text=True, env=child_env(),
                          timeout=60)
     if "mount" in out.stderr and "nospace" not in out.stdout:
@@ -253,21 +249,20 @@ def test_watches_are_counted_per_process(board: shmhb.Board) -> None:
     assert board.watched_hosts() == {}
 
 
+@pytest.mark.system
 def test_dead_watchers_lose_their_watches_but_other_namespaces_are_left_alone(board: shmhb.Board) -> None:
     """reclaim_watches judges owners by pid and start time, which only mean something in
     our own pid namespace."""
-    code = ("import shmhb, sys, os\n"
-            "shmhb.Board.attach(sys.argv[1]).watch(sys.argv[2])\n"
-            "os._exit(0)\n")  # dies without unwatching
+    code = child("watch_and_die")  # exits without unwatching
     env = child_env()
-    subprocess.run([sys.executable, "-c", code, board.name, "10.1.1.1:1"], check=True, env=env,
+    subprocess.run([sys.executable, code, board.name, "10.1.1.1:1"], check=True, env=env,
                    timeout=60)
     assert board.watched_hosts() == {"10.1.1.1": 1}
     assert board.reclaim_watches() == 1
     assert board.watched_hosts() == {}
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private pid namespace")
-    out = subprocess.run(["unshare", "-p", "-f", "--kill-child", sys.executable, "-c", code,
+    out = subprocess.run(["unshare", "-p", "-f", "--kill-child", sys.executable, code,
                           board.name, "10.1.1.2:1"], env=env, timeout=60, capture_output=True)
     if out.returncode != 0:
         pytest.skip(f"cannot create a pid namespace here: {out.stderr.decode().strip()}")

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 
@@ -25,6 +24,7 @@ from shmhb import Status
 from shmhb.testing.loopback import child_env, free_port
 from shmhb.procinfo import own_pid_namespace, start_time
 
+from ..children import child
 from ..conftest import Procs, unlink_quietly, wait_until
 
 ENV = child_env()
@@ -63,6 +63,7 @@ def _held_elsewhere(board: shmhb.Board) -> bool:
 
 # -- forked children sharing one handle ------------------------------------------------------
 
+@pytest.mark.system
 def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registry(
         board: shmhb.Board) -> None:
     to_child_r, to_child_w = os.pipe()
@@ -115,31 +116,9 @@ def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registr
 
 # -- a stale board opened by 8 processes at once ------------------------------------------
 
-DIE_CREATING = textwrap.dedent("""
-    import os, signal, sys
-    from shmhb.board import segment
-    from shmhb.board.config import Capacity
-    from shmhb.board.layout import Sizes
-    c = Capacity()
-    segment.Segment.create(sys.argv[1], Sizes(c.slots, c.peers, c.remote_slots, c.watches), 0o600)
-    os.kill(os.getpid(), signal.SIGKILL)  # before READY, holding the registry lock
-""")
+DIE_CREATING = child("die_creating")
 
-OPENER = textwrap.dedent("""
-    import sys
-    import shmhb
-    name, key = sys.argv[1], sys.argv[2]
-    print("up", flush=True)
-    sys.stdin.readline()  # all start together
-    try:
-        b = shmhb.Board.open(name, create=True)
-        hb = b.register(key, agent=False)
-        hb.beat()
-        print(f"ok {b.board_inc} {hb.index}", flush=True)
-    except shmhb.ShmhbError as e:
-        print(f"error {type(e).__name__}: {e}", flush=True)
-    sys.stdin.readline()  # keep the slot until told
-""")
+OPENER = child("opener")
 
 
 @pytest.fixture
@@ -161,20 +140,21 @@ def _earlier_boot(name: str) -> None:
     b.close()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("stale", ["creator killed before READY", "earlier boot"])
 def test_stale_board_opened_by_eight_processes_at_once_stays_one_board(
         board_name: str, openers: list[subprocess.Popen[str]], stale: str) -> None:
     if stale == "earlier boot":
         _earlier_boot(board_name)
     else:
-        r = subprocess.run([sys.executable, "-c", DIE_CREATING, board_name], env=ENV, timeout=60,
+        r = subprocess.run([sys.executable, DIE_CREATING, board_name], env=ENV, timeout=60,
                            capture_output=True, text=True)
         assert r.returncode == -signal.SIGKILL, r.stderr
     assert os.path.exists(f"/dev/shm/{board_name}")
     with pytest.raises(shmhb.StaleBoard):
         shmhb.Board.attach(board_name)
     for k in range(8):
-        openers.append(subprocess.Popen([sys.executable, "-c", OPENER, board_name, f"k{k}"],
+        openers.append(subprocess.Popen([sys.executable, OPENER, board_name, f"k{k}"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, env=ENV))
     for p in openers:
@@ -230,6 +210,7 @@ def test_a_board_created_anew_is_not_locked_through_its_old_handle(board_name: s
 
 # -- what /dev/shm may hold under a board's name --------------------------------------------
 
+@pytest.mark.system
 @pytest.mark.parametrize("kind", ["dir", "symlink", "dangling"])
 def test_not_a_board_under_the_name_is_a_clear_error(board_name: str, kind: str) -> None:
     path = f"/dev/shm/{board_name}"

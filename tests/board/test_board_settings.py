@@ -42,6 +42,7 @@ def _stop(p: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.mark.system
 def test_the_pinger_creates_the_board_with_its_policy_flags(name: str) -> None:
     p = _pinger(name, "--suspect-after-s", "3", "--dead-after-s", "30",
                 "--peer-dead-after-s", "8", "--forget-after-s", "600")
@@ -61,6 +62,7 @@ def test_the_pinger_creates_the_board_with_its_policy_flags(name: str) -> None:
         _stop(p)
 
 
+@pytest.mark.system
 def test_the_pinger_refuses_a_board_with_another_policy_naming_both(name: str) -> None:
     with shmhb.Board.create(name) as b:  # defaults: dead after 10 s
         p = _pinger(name, "--dead-after-s", "30")
@@ -98,6 +100,7 @@ def test_a_library_open_asking_for_another_policy_is_warned_or_refused(
             shmhb.Board.open(name, policy=asked, strict_policy=True)
 
 
+@pytest.mark.system
 def test_policy_flags_are_checked_before_any_board_is_touched(name: str) -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "pinger", "--board", name,
                           "--suspect-after-s", "5", "--dead-after-s", "2"],
@@ -134,6 +137,7 @@ def _wait_held(name: str, p: subprocess.Popen[str]) -> None:
     wait_until(up, timeout_s=20, what="the pinger holds the role")
 
 
+@pytest.mark.system
 def test_the_pinger_creates_the_board_for_a_group(name: str) -> None:
     import os
     import stat
@@ -148,6 +152,7 @@ def test_the_pinger_creates_the_board_for_a_group(name: str) -> None:
         _stop(p)
 
 
+@pytest.mark.system
 def test_the_pinger_widens_an_existing_board_and_refuses_bad_modes(name: str) -> None:
     import os
     import stat
@@ -180,6 +185,7 @@ def test_the_pinger_widens_an_existing_board_and_refuses_bad_modes(name: str) ->
         assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o640  # untouched
 
 
+@pytest.mark.system
 def test_the_units_carry_the_boards_mode_and_group(tmp_path: Any) -> None:
     gname, _ = _group()
     out = subprocess.run([sys.executable, "-m", "shmhb", "units", "--out", str(tmp_path),

@@ -11,37 +11,15 @@ import pytest
 import shmhb
 from shmhb.status import Status
 from tests.conftest import Procs, wait_until
+from ..children import child
 
-BOUND_FORKER = r"""
-import os, sys, time
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-hb = b.register("parent", agent=False)
-beat = hb.beat          # bound once, as a step loop does
-beat()
-pid = os.fork()
-if pid == 0:
-    said = False
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 60:
-        try:
-            beat()       # the child keeps calling what its parent bound
-            what = b"child-beat-allowed"
-        except shmhb.HeartbeatClosed:
-            what = b"child-beat-refused"
-        if not said:
-            os.write(1, b"ready " + what + b"\n")
-            said = True
-        time.sleep(0.01)
-    os._exit(0)
-time.sleep(120)          # the parent hangs: it never beats again, but lives on
-"""
+BOUND_FORKER = child("bound_forker")
 
 
 @pytest.mark.parametrize("pure", ["0", "1"], ids=["native", "pure"])
 def test_child_of_a_bound_beat_cannot_keep_the_hung_parent_alive(
         board: shmhb.Board, procs: Procs, agent: object, pure: str) -> None:
-    p = procs.spawn([sys.executable, "-c", BOUND_FORKER, board.name], ready=False,
+    p = procs.spawn([sys.executable, BOUND_FORKER, board.name], ready=False,
                     env={"SHMHB_PURE_PYTHON": pure})
     assert p.stdout is not None
     line = p.stdout.readline().strip()

@@ -21,7 +21,9 @@ from shmhb.agent.role import Agent
 from shmhb.board.layout import HEADER_DTYPE
 from shmhb.testing.loopback import child_env
 
+from ..children import child
 from ..conftest import Procs, unlink_quietly, wait_until
+from ..stopping import resume
 
 ENV = child_env()
 
@@ -76,7 +78,7 @@ def test_forget_refuses_a_live_slot_and_a_hung_one(board: shmhb.Board, procs: Pr
             board.forget("busy")
         assert board.slot("busy") is not None
     finally:
-        os.kill(w.pid, signal.SIGCONT)
+        resume(w.pid)
     with pytest.raises(shmhb.KeyNotFound):
         board.forget("never-registered")
 
@@ -107,7 +109,7 @@ def test_forget_after_s_clears_dead_slots_but_not_hung_ones(board_name: str, pro
         assert hung_slot is not None and hung_slot.status is Status.DEAD
         wait_until(lambda: (s := b.slot("hung")) is not None and s.age_s > 1.5, what="time")
         assert b.slot("hung") is not None, "a hung worker's slot was forgotten"
-        os.kill(hung.pid, signal.SIGCONT)
+        resume(hung.pid)
     finally:
         a.stop()
         b.close()
@@ -168,41 +170,32 @@ def _unshare(*flags: str) -> bool:
     return subprocess.run(["unshare", *flags, "true"], capture_output=True).returncode == 0
 
 
-REGISTER = ("import shmhb, sys\n"
-            "b = shmhb.Board.attach(sys.argv[1])\n"
-            "try:\n"
-            "    b.register('ns-worker', agent=False)\n"
-            "except shmhb.InvalidConfig as e:\n"
-            "    print('refused:', e)\n"
-            "else:\n"
-            "    print('registered')\n")
+REGISTER = child("ns_register")
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not _unshare("--time", "--monotonic=1000"),
                     reason="needs time namespaces (root and Linux >= 5.6)")
 def test_a_worker_in_another_time_namespace_is_refused(board: shmhb.Board) -> None:
-    out = subprocess.run(["unshare", "--time", "--monotonic=1000", sys.executable, "-c",
-                          REGISTER, board.name], env=ENV, capture_output=True, text=True,
+    out = subprocess.run(["unshare", "--time", "--monotonic=1000", sys.executable, REGISTER, board.name], env=ENV, capture_output=True, text=True,
                          timeout=60)
     assert "refused:" in out.stdout and "time namespace" in out.stdout, out.stdout + out.stderr
     assert board.slot("ns-worker") is None
-    same = subprocess.run(["unshare", "--time", sys.executable, "-c", REGISTER, board.name],
+    same = subprocess.run(["unshare", "--time", sys.executable, REGISTER, board.name],
                           env=ENV, capture_output=True, text=True, timeout=60)
     assert "registered" in same.stdout, same.stdout + same.stderr  # offset 0: same clock
 
 
-WATCH_AND_DIE = ("import os, shmhb, sys\n"
-                 "b = shmhb.Board.attach(sys.argv[1])\n"
-                 "b.watch(sys.argv[2])\n"
-                 "os.kill(os.getpid(), 9)\n")
+WATCH_AND_DIE = child("watch_and_die")
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not _unshare("--pid", "--fork"), reason="needs pid namespaces (root)")
 def test_watch_rows_of_dead_owners_in_another_pid_namespace_are_reclaimed(board_name: str) -> None:
     b = shmhb.Board.create(board_name, watches=2)
     try:
         for k in range(2):
-            subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", WATCH_AND_DIE,
+            subprocess.run(["unshare", "--pid", "--fork", sys.executable, WATCH_AND_DIE,
                             board_name, f"10.0.0.{k + 1}:1"], env=ENV, timeout=60)
         assert sorted(b.watched_hosts()) == ["10.0.0.1", "10.0.0.2"]
         b.watch("10.0.0.9:1")  # the table was full of the dead: reclaimed, no WatchTableFull
@@ -212,15 +205,12 @@ def test_watch_rows_of_dead_owners_in_another_pid_namespace_are_reclaimed(board_
         unlink_quietly(board_name)
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not _unshare("--pid", "--fork"), reason="needs pid namespaces (root)")
 def test_watch_rows_of_live_owners_in_another_pid_namespace_are_kept(board_name: str) -> None:
     b = shmhb.Board.create(board_name, watches=1)
-    code = ("import shmhb, sys\n"
-            "b = shmhb.Board.attach(sys.argv[1])\n"
-            "b.watch(sys.argv[2])\n"
-            "print('watching', flush=True)\n"
-            "sys.stdin.readline()\n")
-    p = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code, board_name,
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable,
+                          child("watch_until_line"), board_name,
                           "10.0.0.1:1"], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     try:
@@ -240,6 +230,7 @@ def test_watch_rows_of_live_owners_in_another_pid_namespace_are_kept(board_name:
         unlink_quietly(board_name)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("argv,what", [
     (["status", "--board", "a/b"], "invalid board name"),
     (["pinger", "--listen", "*:1"], "invalid listen address"),

@@ -26,7 +26,7 @@ def test_forget_while_out_of_fds_neither_stops_the_agent_nor_is_given_up(
                       f"{a.name}-limited")
     a.wait_pinger(p)
     victim = a.worker("victim")
-    flooder = cluster.spawn_text([sys.executable, "-c", FLOODER, a.ip, str(a.port),
+    flooder = cluster.spawn_text([sys.executable, FLOODER, a.ip, str(a.port),
                                   str(LIMIT + 50)])
     assert flooder.stdout is not None and flooder.stdin is not None
     assert flooder.stdout.readline().startswith("ready")

@@ -140,7 +140,7 @@ def test_a_serving_address_is_taken_as_a_url_too(board: shmhb.Board) -> None:
 
 def engine(procs: Procs, board: shmhb.Board, eng: str, role: str = "prefill",
            nranks: int = 1) -> tuple[subprocess.Popen[str], int]:
-    p = procs.python(ENGINE, board.name, eng, role, str(nranks))
+    p = procs.program(ENGINE, board.name, eng, role, str(nranks))
     return p, int(p.ready_line.split()[1])  # type: ignore[attr-defined]
 
 

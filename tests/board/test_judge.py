@@ -12,7 +12,6 @@ from shmhb.board.judge import (
     judge_local_array_numpy, judge_row, peer_verdict,
 )
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 TH = Thresholds(suspect=L.ts_units(2 * 10**9), dead=L.ts_units(10 * 10**9),
                 agent_stale=L.ts_units(10**9), peer_suspect=L.ts_units(10**9),

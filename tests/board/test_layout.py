@@ -7,7 +7,6 @@ import pytest
 
 from shmhb.board import layout as L
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 
 def test_header_fits_and_words_are_aligned() -> None:

@@ -297,6 +297,7 @@ def test_beat_uses_the_real_clock(hot_path: str, board_name: str) -> None:
         b.close()
 
 
+@pytest.mark.system
 def test_pure_python_env_forces_the_fallback(board_name: str) -> None:
     code = "import shmhb; print(shmhb.native)"
     env = child_env(SHMHB_PURE_PYTHON="1")
@@ -364,6 +365,7 @@ def test_c_reader_prints_what_status_json_prints(board: shmhb.Board, procs: Proc
 
 # -- packaging: the extension is optional ----------------------------------------------------
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.parametrize("cc", ["false", None])
 def test_build_with_and_without_a_compiler(tmp_path: Any, cc: str | None) -> None:

@@ -31,6 +31,7 @@ from shmhb import DropReason, Link, LinkReaper, Status
 from shmhb.testing.loopback import free_port
 
 from ..conftest import Procs, unlink_quietly, wait_until
+from ..stopping import resume, stopped
 
 #: every test here runs on the C and on the pure-Python hot path (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("hot_path")
@@ -343,7 +344,7 @@ def test_retracking_after_a_drop_starts_afresh(make_site: Callable[..., Site], k
             assert reaper.poll() == [], "a fresh link was judged by an older report"
     finally:
         if site.peer_pinger is not None:
-            os.kill(site.peer_pinger.pid, signal.SIGCONT)
+            resume(site.peer_pinger.pid)
     site.wait_seen(site.ep(1), inc_of(w2))
     site.wait_seen(site.ep(2), inc_of(w3))
     assert reaper.poll() == []
@@ -365,15 +366,12 @@ def test_flap_drops_nothing_unless_drop_suspect(make_site: Callable[..., Site], 
     w = site.worker("rank-0", site.ep(1))
     tracked(site, r1, site.ep(1), inc_of(w))
     tracked(site, r2, site.ep(1), inc_of(w))
-    os.kill(w.pid, signal.SIGSTOP)
-    try:
+    with stopped(w.pid):
         dropped = poll_until(r2, what="the SUSPECT drop")
         assert [r for _, r in dropped] == [DropReason.SUSPECT]
         assert site.seen(site.ep(1)).status is Status.SUSPECT  # type: ignore[union-attr]
         for _ in range(20):
             assert r1.poll() == []
-    finally:
-        os.kill(w.pid, signal.SIGCONT)
     site.wait_seen(site.ep(1), inc_of(w), Status.ALIVE)
     assert r1.poll() == [] and patient.calls == []
     assert len(r1.links()) == 1 and r2.links() == []
@@ -398,7 +396,7 @@ def test_unknown_never_drops(make_site: Callable[..., Site]) -> None:
             assert site.seen(site.ep(1)).status is Status.UNKNOWN  # type: ignore[union-attr]
             time.sleep(0.005)
     finally:
-        os.kill(site.pinger.pid, signal.SIGCONT)
+        resume(site.pinger.pid)
     dropped = poll_until(reaper, what="the drop once the observer is back")
     assert [r for _, r in dropped] == [DropReason.DEAD] and rec.calls == dropped
 

@@ -14,7 +14,6 @@ from shmhb.status import Status
 
 from ..conftest import wait_until
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 
 def test_register_starts_the_embedded_agent_and_the_last_close_stops_it(board: Board) -> None:

@@ -5,11 +5,8 @@ distinct, growing incarnations, and a key is held by one live process at most.""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -18,28 +15,15 @@ from shmhb import Status
 from shmhb.testing.loopback import child_env
 from shmhb.board.registration import LOCKFREE_GAP, issue_incarnation, key_bucket
 
+from ..children import child
 from ..conftest import Procs, Stall
+from ..stopping import resume
 
-RACER = textwrap.dedent("""
-    import json, sys
-    import shmhb
-    b = shmhb.Board.attach(sys.argv[1])
-    sys.stdin.readline()  # all start together
-    got, hbs = [], []
-    for key in sys.argv[2].split(","):
-        try:
-            hb = b.register(key, agent=False)
-            hbs.append(hb)
-            got.append([key, hb.index, hb.incarnation])
-        except shmhb.KeyInUse:
-            got.append([key, -1, 0])
-    print(json.dumps(got), flush=True)
-    sys.stdin.readline()
-""")
+RACER = child("racer")
 
 
 def _race(board: shmhb.Board, keysets: list[list[str]]) -> list[list[list]]:  # type: ignore[type-arg]
-    ps = [subprocess.Popen([sys.executable, "-c", RACER, board.name, ",".join(ks)],
+    ps = [subprocess.Popen([sys.executable, RACER, board.name, ",".join(ks)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                            env=child_env()) for ks in keysets]
     try:
@@ -61,6 +45,7 @@ def _race(board: shmhb.Board, keysets: list[list[str]]) -> list[list[list]]:  # 
                     f.close()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("stalled", [True, False], ids=["lock-stalled", "lock-free-to-take"])
 def test_racing_registrants_get_distinct_incarnations_and_one_holder_per_key(
         board_name: str, stalled: bool) -> None:
@@ -90,6 +75,7 @@ def test_racing_registrants_get_distinct_incarnations_and_one_holder_per_key(
     # lock reads newer than all of them
 
 
+@pytest.mark.system
 def test_after_a_stall_registrations_with_the_lock_read_newer(board: shmhb.Board) -> None:
     stall = Stall(board.name)
     try:
@@ -101,17 +87,7 @@ def test_after_a_stall_registrations_with_the_lock_read_newer(board: shmhb.Board
         assert past < hb2.incarnation < hb3.incarnation
 
 
-HOLD_BUCKET = textwrap.dedent("""
-    import os, signal, sys
-    import shmhb
-    from shmhb.board import locks
-    from shmhb.board.registration import key_bucket
-    b = shmhb.Board.attach(sys.argv[1])
-    fd = b.new_fd()
-    assert locks.try_lock(fd, key_bucket(sys.argv[2].encode()))
-    print("held", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-""")
+HOLD_BUCKET = child("hold_bucket")
 
 
 def test_a_registrant_stopped_mid_way_delays_only_its_key_and_is_named(
@@ -119,7 +95,7 @@ def test_a_registrant_stopped_mid_way_delays_only_its_key_and_is_named(
     """A registrant stopped while it claims ``x`` (it holds ``x``'s bucket): ``x`` cannot
     be registered meanwhile, and the error names the stopped process; every other key
     can (a key of another bucket, which is all but 1 in 65,536)."""
-    p = procs.python(HOLD_BUCKET, board.name, "x", ready=False)
+    p = procs.program(HOLD_BUCKET, board.name, "x", ready=False)
     assert p.stdout is not None and p.stdout.readline().strip() == "held"
     other = next(k for k in (f"y{i}" for i in range(100))
                  if key_bucket(k.encode()) != key_bucket(b"x"))
@@ -127,7 +103,7 @@ def test_a_registrant_stopped_mid_way_delays_only_its_key_and_is_named(
         assert board.status(other) is Status.ALIVE
     with pytest.raises(shmhb.LockTimeout, match=rf"pid {p.pid} \(stopped\)"):
         board.register("x", agent=False)
-    os.kill(p.pid, signal.SIGCONT)
+    resume(p.pid)
     p.wait(10)
     with board.register("x", agent=False):
         assert board.status("x") is Status.ALIVE

@@ -12,27 +12,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 import time
 from typing import Any
 
+
+import pytest
 
 import shmhb
 from shmhb import DropReason, LinkReaper, Status
 from shmhb.agent.role import Agent
 from shmhb.testing.loopback import child_env
 
+from ..children import child
 from ..conftest import Procs, Stall, wait_until
 from ..hosts import Cluster
 
-WATCHER = textwrap.dedent("""
-    import signal, sys
-    import shmhb
-    b = shmhb.Board.attach(sys.argv[1])
-    b.watch(sys.argv[2])
-    print("ready", flush=True)
-    signal.pause()
-""")
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
+
+WATCHER = child("watcher")
 
 
 def refs(board: shmhb.Board, host: str) -> int:
@@ -93,7 +90,7 @@ def test_the_pinger_survives_reclaiming_watches_under_a_held_lock(cluster: Clust
     b = cluster.host()
     a.watch(b)
     env = child_env()
-    w = subprocess.Popen([sys.executable, "-c", WATCHER, a.name, b.endpoint(7)],
+    w = subprocess.Popen([sys.executable, WATCHER, a.name, b.endpoint(7)],
                          stdout=subprocess.PIPE, env=env)
     assert w.stdout is not None and w.stdout.readline().strip() == b"ready"
     w.stdout.close()

@@ -8,27 +8,17 @@ lock, SIGKILLed half-way (the window is microseconds wide: no timing could hit i
 from __future__ import annotations
 
 import sys
-import textwrap
 
 
+from ..children import child
 from ..conftest import wait_until
 from ..hosts import Cluster, kill_is_dead_within_bound, status, wait_held, wait_net
 
-TEARER = textwrap.dedent("""
-    import os, signal, sys
-    import shmhb
-    b = shmhb.Board.attach(sys.argv[1])
-    with b.registry():                  # store_config's first steps, then killed
-        h = b.header
-        h["cfg_checksum"] = 0
-        h["cfg_gen"] = int(h["cfg_gen"]) + 1
-        h["cfg_listen"] = sys.argv[2].encode()
-        os.kill(os.getpid(), signal.SIGKILL)
-""")
+TEARER = child("settings_tearer")
 
 
 def _tear(cluster: Cluster, name: str, listen: str) -> None:
-    p = cluster.spawn_text([sys.executable, "-c", TEARER, name, listen])
+    p = cluster.spawn_text([sys.executable, TEARER, name, listen])
     assert p.wait(30) == -9
 
 

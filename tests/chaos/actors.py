@@ -35,6 +35,8 @@ from typing import Any
 import zmq
 
 from shmhb.net.protocol import Ack, DigestEntry, Identity, Ping, Push, decode, encode_ack, encode_ping, encode_push
+from ..children import child
+from ..stopping import end
 
 ALIVE = 1
 
@@ -204,7 +206,7 @@ def badconfig(variant: str, ip: str, port: int, tmp: str) -> dict[str, Any]:
         rc = _shmhb("status", "--board", name).returncode
         if rc != 4:
             return {"ok": False, "why": f"status exited {rc} while degraded"}
-        w = subprocess.Popen([sys.executable, "-c", _WORKER, name], stdout=subprocess.PIPE, text=True)
+        w = subprocess.Popen([sys.executable, _WORKER, name], stdout=subprocess.PIPE, text=True)
         procs.append(w)
         assert w.stdout is not None
         if w.stdout.readline().strip() != "ready":
@@ -227,26 +229,14 @@ def badconfig(variant: str, ip: str, port: int, tmp: str) -> dict[str, Any]:
                 "variant": variant}
     finally:
         for q in procs:
-            if q.poll() is None:
-                q.kill()
-            q.wait(10)
-            if q.stdout:
-                q.stdout.close()
+            end(q)
         if blocker is not None:
             blocker.close()
         board.close()
         board.unlink()
 
 
-_WORKER = """
-import signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-hb = b.register("victim", agent=False)
-hb.start(0.05)
-print("ready", flush=True)
-signal.pause()
-"""
+_WORKER = child("victim")
 
 
 def forge(x_identity: str, x_listen: str, y_listen: str, duration_s: float) -> None:

@@ -17,23 +17,10 @@ import sys
 import time
 import uuid
 from typing import Any
+from ..children import child
 
 BOUND_S = 5.0
-#: a process holding N registrations of a board, beating them until SIGTERM
-BULK = """
-import signal, sys, time
-import shmhb
-name, prefix, n, ip, port0 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-b = shmhb.Board.attach(name)
-hbs = [b.register(f"{prefix}{i}", endpoints=(f"{ip}:{port0 + i}",), agent=False) for i in range(n)]
-stop = []
-signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-print("ready", flush=True)
-while not stop:
-    for hb in hbs:
-        hb.beat()
-    time.sleep(0.05)
-"""
+BULK = child("bulk")
 
 
 def _until(pred: Any, timeout_s: float, what: str) -> None:
@@ -71,13 +58,13 @@ def big_digest(ip_a: str, ip_b: str) -> dict[str, Any]:
         for board, ip in ((a, ip_a), (b, ip_b)):
             spawn("-m", "shmhb", "pinger", "--board", board.name, "--tick-s", "0.02",
                   "--listen", f"{ip}:{port}", "--interval-s", "0.2", ready=False)
-        gone = spawn("-c", BULK, a.name, "gone-", "260", ip_a, "32000")
+        gone = spawn(BULK, a.name, "gone-", "260", ip_a, "32000")
         gone.kill()
         gone.wait(10)
         _until(lambda: sum(s.status is shmhb.Status.DEAD for s in a.slots()) == 260, 30,
                "260 dead slots")
-        spawn("-c", BULK, a.name, "live-", "39", ip_a, "33000")
-        w = spawn("-c", BULK, a.name, "rank-", "1", ip_a, "30001")
+        spawn(BULK, a.name, "live-", "39", ip_a, "33000")
+        w = spawn(BULK, a.name, "rank-", "1", ip_a, "30001")
         ep = f"{ip_a}:30001"
         b.watch(ep)
         _until(lambda: (r := b.remote(ep)) is not None and r.status is shmhb.Status.ALIVE, 30,

@@ -41,8 +41,10 @@ from shmhb.cli.check import check_rows
 from shmhb.board.layout import LOCK_REGISTRY
 from shmhb.net.protocol import Ack, Identity, encode_ack
 
+from ..children import child
 from ..conftest import ROOT, Procs
 from ..hosts import Cluster, Host, NetNs, netns_unavailable
+from ..stopping import kill, resume
 from .invariants import (
     ALIVE,
     NS,
@@ -62,71 +64,15 @@ from .hostile import LIAR_IP, HostileFaults
 from .localfaults import LocalFaults
 from .schedule import NEEDS_NETNS, NEEDS_ROOT, Fault, Timing, make_schedule
 
-WORKER = r"""
-import os, signal, sys, time
-import shmhb
-name, key, ep, beat_s, gap_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
-agent = sys.argv[6] == "1"  # join the election for the agent role (embedded agent)
-b = shmhb.Board.attach(name)
-t_reg = time.monotonic_ns()  # the slot may read alive from here on, before register returns
-try:
-    hb = b.register(key, endpoints=(ep,), agent=agent)
-except shmhb.KeyInUse:
-    print("keyinuse", flush=True)
-    sys.exit(3)
-stop = []
-signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-hb.beat()
-last = time.monotonic_ns()
-print(f"ready {hb.incarnation} {hb.index} {last} {t_reg}", flush=True)
-gap_ns = int(gap_s * 1e9)
-while not stop:
-    time.sleep(beat_s)
-    if stop:
-        break
-    hb.beat()
-    t = time.monotonic_ns()
-    if t - last > gap_ns:  # stopped, or starved: the harness's ground truth of silence
-        print(f"gap {last} {t}", flush=True)
-    last = t
-hb.close()
-print(f"closed {time.monotonic_ns()}", flush=True)
-"""
+WORKER = child("chaos_worker")
 
-HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+HOG = child("hog")
 
-SHM_FULL = """
-import sys, shmhb
-try:
-    shmhb.Board.create(sys.argv[1], slots=1024)
-except shmhb.BoardSpaceError as e:
-    print("nospace", e, flush=True)
-except BaseException as e:
-    print("error", type(e).__name__, e, flush=True)
-else:
-    print("created", flush=True)
-"""
+SHM_FULL = child("shm_full")
 
-REG_HOLDER = """
-import os, signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-with b.registry():
-    print("held", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)  # stopped while it holds the registry lock
-b.close()
-"""
+REG_HOLDER = child("registry_holder")
 
-WATCHER = """
-import signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-for ep in sys.argv[2:]:
-    b.watch(ep)
-print("watching", flush=True)
-while True:
-    signal.pause()
-"""
+WATCHER = child("chaos_watcher")
 
 #: the harness itself is late when a poll comes this much after the previous one: the
 #: whole machine was starved, and nothing that happened in the gap is held against shmhb
@@ -437,7 +383,7 @@ class Harness(HostileFaults, LocalFaults):
         w.n += 1
         w.log = os.path.join(self.tmp, f"{w.key}-{w.n}.log")
         with open(w.log, "wb") as log:
-            cmd = [sys.executable, "-c", WORKER, w.host.name, w.key, w.endpoint,
+            cmd = [sys.executable, WORKER, w.host.name, w.key, w.endpoint,
                    str(self.t.beat_s), str(GAP_REPORT_S), "1" if w.embedded else "0"]
             if w.host.h.netns:  # a host's processes share its network (an embedded agent binds there)
                 cmd = ["ip", "netns", "exec", w.host.h.netns, *cmd]
@@ -919,7 +865,7 @@ class Harness(HostileFaults, LocalFaults):
         def cont() -> None:
             if w.proc is not proc or proc.poll() is not None:
                 return  # killed meanwhile (which closed the stop)
-            os.kill(proc.pid, signal.SIGCONT)
+            resume(proc.pid)
             iv.end = now_ns()
             if w.holder_stop:
                 self._role_continues(w, iv.end)
@@ -1000,7 +946,7 @@ class Harness(HostileFaults, LocalFaults):
 
         def cont() -> None:
             if p.proc.poll() is None:
-                os.kill(p.proc.pid, signal.SIGCONT)
+                resume(p.proc.pid)
             p.stopped = False
             t2 = now_ns()
             tl.close("pstop", t2)
@@ -1079,7 +1025,7 @@ class Harness(HostileFaults, LocalFaults):
                 return  # its connector is not watching yet
             log = os.path.join(self.tmp, f"h{h.idx}-regholder-{st['salt']:08x}.log")
             with open(log, "wb") as lf:
-                st["p"] = subprocess.Popen([sys.executable, "-c", REG_HOLDER, h.name],
+                st["p"] = subprocess.Popen([sys.executable, REG_HOLDER, h.name],
                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                            stderr=lf, env=self.env)
             st["log"] = log
@@ -1101,7 +1047,7 @@ class Harness(HostileFaults, LocalFaults):
 
                 def cont() -> None:
                     if p.poll() is None:
-                        os.kill(p.pid, signal.SIGCONT)
+                        resume(p.pid)
                 self.at(st["d"], cont)
             elif p.poll() is None and now_ns() - st["t"] > 60 * NS:
                 p.kill()
@@ -1125,7 +1071,7 @@ class Harness(HostileFaults, LocalFaults):
         if not others or len(self._watchers) >= 4:
             return False
         s = self.hosts[others[f.worker % len(others)]]
-        p = subprocess.Popen([sys.executable, "-c", WATCHER, h.name, f"{s.ip}:32000",
+        p = subprocess.Popen([sys.executable, WATCHER, h.name, f"{s.ip}:32000",
                               f"{s.ip}:32001"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, env=self.env)
         assert p.stdout is not None
@@ -1236,7 +1182,7 @@ class Harness(HostileFaults, LocalFaults):
         iv = self.truth.glob.add("hog", t, None, int(self.bounds.margin_s * NS))
         self.note(f"FAULT cpu_hog: {n} busy processes for {f.duration_s:.2f} s", "*", t=t)
         for _ in range(n):
-            self.hogs.append(subprocess.Popen([sys.executable, "-c", HOG, str(f.duration_s)],
+            self.hogs.append(subprocess.Popen([sys.executable, HOG, str(f.duration_s)],
                                               stdin=subprocess.DEVNULL))
 
         def end() -> None:
@@ -1252,7 +1198,7 @@ class Harness(HostileFaults, LocalFaults):
 
     def _f_shm_full(self, f: Fault) -> bool:
         name = f"shmhb-chaos-full-{os.getpid()}-{f.salt:08x}"
-        script = ('mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$1" -c "$2" "$3"')
+        script = ('mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$1" "$2" "$3"')
         p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
                               sys.executable, SHM_FULL, name],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -1541,12 +1487,7 @@ def _fds() -> list[str]:
 
 
 def _kill(p: subprocess.Popen[Any]) -> None:
-    if p.poll() is None:
-        try:
-            os.kill(p.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-        p.kill()
+    kill(p)
     try:
         p.wait(10)
     except subprocess.TimeoutExpired:

@@ -33,6 +33,7 @@ from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 from ..conftest import ROOT
 from .invariants import NS, now_ns
 from .schedule import Fault
+from ..children import child
 
 #: stored watch addresses an older version let in (libzmq refuses or misreads them)
 BAD_WATCHES = (b"a b:1", b"*:1", "h\u00e9:1".encode(), b"[a:b]:1", b"-x:1", b"[h:99999]:1",
@@ -41,19 +42,7 @@ LONG_ENDPOINT = "decode-rank-3.decode-headless.llm-inference-prod.svc.cluster.lo
 BAD_CONFIGS = ("port_in_use", "secret_missing", "secret_readable", "curve_missing",
                "foreign_listen")
 LIAR_IP = "127.0.0.9"
-LONG_REGISTRANT = """
-import signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-try:
-    hb = b.register(sys.argv[2], endpoints=(sys.argv[3],), agent=False)
-except shmhb.ShmhbError as e:
-    print("refused", e, flush=True)
-    sys.exit(0)
-hb.start(0.05)
-print("registered", flush=True)
-signal.pause()
-"""
+LONG_REGISTRANT = child("long_registrant")
 
 
 class HostileFaults:
@@ -260,7 +249,7 @@ class HostileFaults:
     def _f_long_endpoint(self, f: Fault) -> bool:
         h = self._main_host(f)
         key = f"long-{f.salt % 100000}"
-        p = subprocess.Popen([sys.executable, "-c", LONG_REGISTRANT, h.name, key, LONG_ENDPOINT],
+        p = subprocess.Popen([sys.executable, LONG_REGISTRANT, h.name, key, LONG_ENDPOINT],
                              stdout=subprocess.DEVNULL, text=True, env=self.env)
         self.long_regs.append(p)
         self.note(f"FAULT long_endpoint h{h.idx}: {key} registers a {len(LONG_ENDPOINT)}-byte "  # type: ignore[attr-defined]

@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Callable
@@ -37,35 +36,13 @@ from typing import Any
 import shmhb
 from shmhb import Status
 
+from ..children import child
+from ..stopping import end, resume, stopped
 from .actors import _WORKER
 
-EMBEDDED = """
-import signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-hb = b.register(sys.argv[2], agent=True).start(0.05)
-print("ready", flush=True)
-signal.pause()
-"""
-REG_HOLDER = """
-import os, signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-with b.registry():
-    print("held", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-"""
-TEARER = """
-import os, signal, sys
-import shmhb
-b = shmhb.Board.attach(sys.argv[1])
-with b.registry():
-    h = b.header
-    h["cfg_checksum"] = 0
-    h["cfg_gen"] = int(h["cfg_gen"]) + 1
-    h["cfg_listen"] = b"127.0.0.99:1"
-    os.kill(os.getpid(), signal.SIGKILL)
-"""
+EMBEDDED = child("embedded")
+REG_HOLDER = child("registry_holder")
+TEARER = child("config_tearer")
 PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
 
 
@@ -87,8 +64,8 @@ class _Run:
         self.procs.append(p)
         return p
 
-    def python(self, code: str, *args: str) -> subprocess.Popen[str]:
-        return self.spawn([sys.executable, "-c", textwrap.dedent(code), *args], text=True)
+    def program(self, path: str, *args: str) -> subprocess.Popen[str]:
+        return self.spawn([sys.executable, path, *args], text=True)
 
     def ready(self, p: subprocess.Popen[str], word: str = "ready") -> None:
         assert p.stdout is not None
@@ -104,7 +81,7 @@ class _Run:
         return time.monotonic() - t0
 
     def victim(self, key: str) -> subprocess.Popen[str]:
-        w = self.python(_WORKER.replace('"victim"', repr(key)), self.name)
+        w = self.program(_WORKER, self.name, key)
         self.ready(w)
         return w
 
@@ -119,16 +96,7 @@ class _Run:
 
     def close(self) -> None:
         for q in self.procs:
-            if q.poll() is None:
-                try:
-                    os.kill(q.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                q.kill()
-            q.wait(10)
-            for f in (q.stdout, q.stdin):
-                if f is not None:
-                    f.close()
+            end(q)
         self.board.close()
         self.board.unlink()
 
@@ -143,7 +111,7 @@ def _status(name: str) -> tuple[int, dict[str, Any]]:
 
 
 def embstall(r: _Run) -> dict[str, Any]:
-    holder = r.python(EMBEDDED, r.name, "holder")
+    holder = r.program(EMBEDDED, r.name, "holder")
     r.ready(holder)
     r.until(lambda: r.board.agent().pid == holder.pid, 10, "the embedded agent holds the role")
     daemon = r.spawn(PINGER + ["--board", r.name])
@@ -151,20 +119,17 @@ def embstall(r: _Run) -> dict[str, Any]:
                    and r.board.agent().status is Status.ALIVE, 10, "the daemon took the role")
     os.kill(holder.pid, signal.SIGSTOP)
     kill = r.kill_is_dead("victim")
-    os.kill(holder.pid, signal.SIGCONT)
+    resume(holder.pid)
     # the stalled holder replaced: the worker holds the role again, then stops first
     daemon.kill()
     daemon.wait(10)
     r.until(lambda: _holds(r, holder.pid), 10, "the worker took the role back")
-    os.kill(holder.pid, signal.SIGSTOP)
-    try:
+    with stopped(holder.pid):
         second = r.spawn(PINGER + ["--board", r.name])
         stalled = r.until(lambda: _holds(r, second.pid), 10,
                           "a daemon replaced the stopped embedded holder")
         term = r.board.agent().term
         kill2 = r.kill_is_dead("victim2")
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
     r.until(lambda: r.board.agent().term > term and _holds(r, second.pid), 10,
             "the daemon renewed its term once the resumed worker stood down")
     r.until(lambda: (s := r.board.slot("holder")) is not None and s.status is Status.ALIVE,
@@ -185,7 +150,7 @@ def regattach(r: _Run) -> dict[str, Any]:
     daemon = r.spawn(PINGER + ["--board", r.name])
     r.until(lambda: r.board.agent().pid == daemon.pid, 10, "the pinger holds the role")
     w = r.victim("victim")
-    stall = r.python(REG_HOLDER, r.name)
+    stall = r.program(REG_HOLDER, r.name)
     r.ready(stall, "held")
     t0 = time.monotonic()
     shmhb.Board.attach(r.name).close()
@@ -200,7 +165,7 @@ def regattach(r: _Run) -> dict[str, Any]:
         raise _Fail(f"a registration waited {reg:.2f} s for a stopped registry holder")
     dkill = r.kill_is_dead("during", during)
     kill = r.kill_is_dead("victim", w)
-    os.kill(stall.pid, signal.SIGCONT)
+    resume(stall.pid)
     return {"ok": True, "attach_status_ms": round(took * 1e3, 1), "register_ms": round(reg * 1e3, 1),
             "kill_ms": round(kill * 1e3, 1), "kill_registered_past_ms": round(dkill * 1e3, 1)}
 
@@ -211,7 +176,7 @@ def torn(r: _Run, ip: str, port: int) -> dict[str, Any]:
     r.until(lambda: r.board.network().state == "listening", 20, "listening")
     first.kill()
     first.wait(10)
-    t = r.python(TEARER, r.name)
+    t = r.program(TEARER, r.name)
     t.wait(30)
     bare = r.spawn(PINGER + ["--board", r.name])
     r.until(lambda: r.board.agent().pid == bare.pid, 10, "the bare standby holds the role")

@@ -17,7 +17,6 @@ from shmhb.board import layout as L
 from shmhb.cli.check import Finding, check_board
 from shmhb.errors import BoardCorrupt, BoardNotFound
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 
 class Poke:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 
 from shmhb.cli.main import build_parser
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 
 def test_verbose_works_before_and_after_the_subcommand() -> None:

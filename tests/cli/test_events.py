@@ -22,6 +22,7 @@ from shmhb.testing.loopback import child_env, free_port
 from shmhb.cli.view import View, read_view
 
 from ..conftest import Procs, unlink_quietly, wait_until
+from ..stopping import resume
 
 A, S, D, L, U = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT, Status.UNKNOWN
 AGENT = AgentStatus(100, A, 0.01, 1)
@@ -251,7 +252,7 @@ def test_events_from_real_kills_hangs_and_restarts(roomy_board: shmhb.Board, pro
     os.kill(hung.pid, signal.SIGSTOP)
     wait_until(lambda: f.saw(Kind.HUNG, "hung"), what="hung event")
     wait_until(lambda: f.saw(Kind.DIED, "hung"), timeout_s=20, what="died after dead-after")
-    os.kill(hung.pid, signal.SIGCONT)
+    resume(hung.pid)
     wait_until(lambda: f.saw(Kind.RECOVERED, "hung"), what="recovered event")
     old = board.slot("killed")
     assert old is not None
@@ -302,7 +303,7 @@ def test_host_events_from_a_real_remote_pinger(board: shmhb.Board, procs: Procs)
         assert e.status is S and not e.initial
         # the worker turned suspect with its host: folded into the host's event
         assert not any(x.host == host and x.kind is Kind.HUNG for x in f.log.recent)
-        os.kill(rp.pid, signal.SIGCONT)
+        resume(rp.pid)
         wait_until(lambda: saw_host(Kind.HOST_BACK), timeout_s=30, what="host back")
     finally:
         unlink_quietly(remote)
@@ -373,6 +374,7 @@ def test_events_follow_json_reports_a_kill(board: shmhb.Board, procs: Procs, age
     pump.join(30)  # EOF read before the fixture closes the pipe
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("bad", ["0", "-1"])
 def test_events_rejects_a_bad_interval(board: shmhb.Board, bad: str) -> None:
     out = subprocess.run(_cli("events", "--board", board.name, "--follow", "--interval-s", bad),

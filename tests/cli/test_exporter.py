@@ -138,6 +138,7 @@ def test_probes_beside_metrics(board: shmhb.Board, exporter: Exporter) -> None:
     assert labels["version"] == shmhb.__version__ and labels["native"] in ("true", "false")
 
 
+@pytest.mark.system
 def test_status_agent_only_probe(board: shmhb.Board) -> None:
     def probe() -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "shmhb", "status", "--agent-only",
@@ -261,6 +262,7 @@ def test_exporter_command_serves_and_stops_on_sigterm(board: shmhb.Board, procs:
             p.stdout.close()
 
 
+@pytest.mark.system
 def test_exporter_command_reports_a_busy_port(board: shmhb.Board, exporter: Exporter) -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "exporter", "--board", board.name,
                           "--port", str(exporter.port)], capture_output=True, text=True,

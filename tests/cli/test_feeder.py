@@ -201,7 +201,7 @@ def test_feeder_follows_kill_and_restart_and_survives_a_failing_router(
     f = Feeder(read, changes, client, FeederConfig(resync_s=0.3, backoff_s=0.05,
                                                    max_backoff_s=0.2)).start()
     try:
-        p = procs.python(ENGINE, board.name, "eng-a", "prefill", "1")
+        p = procs.program(ENGINE, board.name, "eng-a", "prefill", "1")
         wait_until(lambda: ("GET", "/workers") in fake_router.calls, 5, what="first list")
         p.send_signal(signal.SIGKILL)
         p.wait(5)
@@ -212,7 +212,7 @@ def test_feeder_follows_kill_and_restart_and_survives_a_failing_router(
         with fake_router.lock:
             fake_router.mode = "error"
             n0 = len(fake_router.calls)
-        procs.python(ENGINE, board.name, "eng-b", "prefill", "1")
+        procs.program(ENGINE, board.name, "eng-b", "prefill", "1")
         wait_until(lambda: len(fake_router.calls) >= n0 + 3, 5, what="retries")
         with fake_router.lock:
             fake_router.mode = "slow"
@@ -225,7 +225,7 @@ def test_feeder_follows_kill_and_restart_and_survives_a_failing_router(
         q.wait(5)
         wait_until(lambda: any(i.engine == "eng-b" and i.status is D for i in f.latest() or ()),
                    5, what="eng-b seen dead while the router is slow")
-        procs.python(ENGINE, board.name, "eng-c", "prefill", "1")
+        procs.program(ENGINE, board.name, "eng-c", "prefill", "1")
         with fake_router.lock:
             fake_router.mode = "ok"
         fake_router.release.set()
@@ -249,13 +249,13 @@ def test_feeder_on_one_host_follows_an_engine_on_another_through_the_pinger(
     f = Feeder(read, changes, SglangRouter(f"http://127.0.0.1:{router.port}"),
                FeederConfig(resync_s=0.3)).start()
     try:
-        p = cluster.procs.python(ENGINE, b.name, "eng-r", "prefill", "1", b.ip)
+        p = cluster.procs.program(ENGINE, b.name, "eng-r", "prefill", "1", b.ip)
         wait_until(lambda: any(i.engine == "eng-r" and i.status is A and i.host
                                for i in f.latest() or ()), 10, what="B's instance seen from A")
         p.send_signal(signal.SIGKILL)
         p.wait(5)
         wait_until(lambda: url not in router.urls(), 10, what="B's dead engine removed")
-        cluster.procs.python(ENGINE, b.name, "eng-r2", "prefill", "1", b.ip)
+        cluster.procs.program(ENGINE, b.name, "eng-r2", "prefill", "1", b.ip)
         wait_until(lambda: url in router.urls(), 10, what="B's restarted engine added back")
     finally:
         f.stop()

@@ -18,22 +18,10 @@ from shmhb.cli import gc
 from shmhb.board import layout as L
 from shmhb.testing.loopback import child_env
 
+from ..children import child
 from ..conftest import Procs, unlink_quietly, wait_until
 
-HOLDER = """
-import mmap, os, sys, time, posix_ipc, shmhb
-how = sys.argv[2]
-if how == "attach":          # a reader: the board attached, no lock taken
-    b = shmhb.Board.attach(sys.argv[1])
-elif how == "mmap-only":     # mapped, descriptor closed: only /proc/PID/maps shows it
-    s = posix_ipc.SharedMemory("/" + sys.argv[1])
-    m = mmap.mmap(s.fd, os.fstat(s.fd).st_size)
-    os.close(s.fd)
-elif how == "fd-only":       # open, not mapped
-    s = posix_ipc.SharedMemory("/" + sys.argv[1])
-print("ready", flush=True)
-time.sleep(600)
-"""
+HOLDER = child("gc_holder")
 
 
 @pytest.fixture
@@ -77,7 +65,7 @@ def test_an_unused_board_is_listed_and_removed(names: list[str]) -> None:
 @pytest.mark.parametrize("how", ["attach", "mmap-only", "fd-only"])
 def test_a_board_a_live_process_uses_is_never_removed(names: list[str], procs: Procs, how: str) -> None:
     name = new_board(names, how)
-    p = procs.python(HOLDER, name, how)
+    p = procs.program(HOLDER, name, how)
     (b,) = gc.list_boards([name])
     assert not b.removable and p.pid in b.users and b.opened_elsewhere
     assert f"pid {p.pid}" in b.why_kept()
@@ -106,7 +94,7 @@ def test_remove_checks_again_before_unlinking(names: list[str], procs: Procs) ->
     name = new_board(names, "race")
     (b,) = gc.list_boards([name])
     assert b.removable
-    procs.python(HOLDER, name, "attach")  # came into use after the listing
+    procs.program(HOLDER, name, "attach")  # came into use after the listing
     assert not gc.remove(b) and exists(name)
 
 
@@ -118,11 +106,13 @@ def test_a_replaced_board_is_not_removed_by_a_stale_listing(names: list[str]) ->
     assert not gc.remove(b) and exists(name)
 
 
+@pytest.mark.system
 def test_a_missing_board_is_an_error() -> None:
     out = gc_cli("--yes", "shmhb-test-no-such-board-x")
     assert out.returncode == 2 and "no board 'shmhb-test-no-such-board-x'" in out.stderr
 
 
+@pytest.mark.system
 def test_confirmation_is_asked_unless_yes(names: list[str]) -> None:
     name = new_board(names, "ask")
     out = gc_cli(name, stdin="n\n")
@@ -135,6 +125,7 @@ def test_confirmation_is_asked_unless_yes(names: list[str]) -> None:
     assert f"removed {name}" in out.stdout
 
 
+@pytest.mark.system
 def test_yes_removes_without_asking(names: list[str]) -> None:
     a, b = new_board(names, "y1"), new_board(names, "y2")
     out = gc_cli("--yes", a, b, stdin="n\n")
@@ -142,6 +133,7 @@ def test_yes_removes_without_asking(names: list[str]) -> None:
     assert not exists(a) and not exists(b)
 
 
+@pytest.mark.system
 def test_stale_and_foreign_segments(names: list[str]) -> None:
     stale = new_board(names, "stale")
     shm = posix_ipc.SharedMemory("/" + stale)
@@ -171,6 +163,7 @@ def test_stale_and_foreign_segments(names: list[str]) -> None:
     assert "unfinished board or not a board" in out.stdout
 
 
+@pytest.mark.system
 def test_gc_and_status_agree_on_a_half_made_board(names: list[str]) -> None:
     """A segment of board size whose header was never written: `status` and `gc` give the
     same advice (recover it by opening it, or rm it when unused) instead of `status`
@@ -193,6 +186,7 @@ def test_gc_and_status_agree_on_a_half_made_board(names: list[str]) -> None:
     assert gc.list_boards([name])[0].state == "ok"
 
 
+@pytest.mark.system
 def test_scanning_all_of_dev_shm_finds_boards_by_their_magic(names: list[str]) -> None:
     name = new_board(names, "scan")
     foreign = f"shmhb-test-gc-foreign-{os.urandom(4).hex()}"

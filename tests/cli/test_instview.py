@@ -61,7 +61,7 @@ def test_exporter_serves_instances_and_their_changes(board: shmhb.Board, agent: 
         base = f"http://127.0.0.1:{ex.port}"
         code, doc = get(base + "/instances?live=1")
         assert code == 503 and doc["instances"] == []  # nothing alive: not ready
-        p = procs.python(ENGINE, board.name, "eng-a", "prefill", "1")
+        p = procs.program(ENGINE, board.name, "eng-a", "prefill", "1")
         code, doc = get(base + "/instances?live=1")
         assert code == 200 and doc["schema"] == SCHEMA
         (i,) = doc["instances"]

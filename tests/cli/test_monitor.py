@@ -33,6 +33,7 @@ from shmhb.cli.monitor import (
 )
 from shmhb.cli.view import View, read_view
 
+from ..children import child
 from ..conftest import ROOT, Procs, pids_with_cmdline, wait_until
 from ..fakes import FakePinger
 
@@ -195,11 +196,13 @@ def test_status_command_exit_code_and_remote_hosts(board: shmhb.Board, procs: Pr
     assert _status(board.name, "--json").returncode == 1
 
 
+@pytest.mark.system
 def test_status_command_on_a_missing_board() -> None:
     out = _status(f"shmhb-test-missing-{uuid.uuid4().hex[:8]}")
     assert out.returncode == 2 and "no board" in out.stderr
 
 
+@pytest.mark.system
 def test_monitor_command_wants_a_terminal(board: shmhb.Board) -> None:
     out = subprocess.run([sys.executable, "-m", "shmhb", "monitor", "--board", board.name],
                          capture_output=True, text=True, timeout=60,
@@ -389,14 +392,7 @@ def test_a_table_that_fits_the_screen_is_not_squeezed_by_the_pinger_box() -> Non
     assert "INC" in head and "PID" in head
 
 
-_MANY = """
-import signal, sys, shmhb
-b = shmhb.Board.attach(sys.argv[1])
-hbs = [b.register(f"rank-{i:02d}", agent=False).start(0.05) for i in range(int(sys.argv[2]))]
-print("ready", flush=True)
-signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-signal.pause()
-"""
+_MANY = child("many")
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -404,7 +400,7 @@ def test_monitor_at_80x24_shows_dead_rows_first_and_more_line(board: shmhb.Board
                                                                local_agent: Agent) -> None:
     """A real monitor in an 80x24 tmux pane: 12 healthy workers and two that get killed;
     the victims' keys sort last, so only unhealthy-first puts them on screen."""
-    procs.python(_MANY, board.name, "12")
+    procs.program(_MANY, board.name, "12")
     victims = [procs.worker(board.name, f"zz-victim-{k}") for k in range(2)]
     sock = f"shmhb-test-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-L", sock]

@@ -16,6 +16,8 @@ from shmhb.cli.main import EXIT_BROKEN_PIPE
 
 from ..conftest import ME, ROOT
 
+pytestmark = pytest.mark.system  # it starts processes (see tests/tiers.py)
+
 
 @pytest.fixture
 def busy_board(board: shmhb.Board) -> Iterator[shmhb.Board]:

@@ -65,6 +65,7 @@ def test_an_abstract_notify_socket() -> None:
         assert s.recv(100) == b"WATCHDOG=1"
 
 
+@pytest.mark.system
 def test_the_pinger_is_ready_feeds_the_watchdog_and_says_stopping(
         sock: tuple[socket.socket, str]) -> None:
     s, path = sock

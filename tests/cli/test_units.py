@@ -36,6 +36,7 @@ def directives(text: str) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.system
 def test_units_written_for_this_host(tmp_path: Path) -> None:
     r = run_units("--out", str(tmp_path / "u"), "--user", ME, "--board", "shmhb-units-test")
     assert r.returncode == 0, r.stderr
@@ -67,6 +68,7 @@ def test_units_written_for_this_host(tmp_path: Path) -> None:
     assert r.stdout.index("edit") < r.stdout.index("enable --now")
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_written_units_verify(tmp_path: Path) -> None:
     r = run_units("--out", str(tmp_path), "--user", ME)
@@ -78,6 +80,7 @@ def test_written_units_verify(tmp_path: Path) -> None:
     assert "shmhb" not in v.stderr, v.stderr  # no complaint about our units at all
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_verify_catches_a_missing_executable(tmp_path: Path) -> None:
     """The verify test can fail: a unit naming a command that does not exist is refused."""
@@ -104,6 +107,7 @@ def test_a_command_under_private_tmp_is_refused() -> None:
     units.UnitSettings(command=("/tmpfoo/bin/shmhb",), user="shmhb", group="shmhb")  # not /tmp
 
 
+@pytest.mark.system
 def test_exec_names_the_install_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "bin" / "shmhb"
     script.parent.mkdir()
@@ -130,6 +134,7 @@ def test_exec_names_the_install_and_a_bad_one_is_refused(tmp_path: Path) -> None
         shutil.rmtree(tmp_dir)
 
 
+@pytest.mark.system
 def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
     r = run_units("--out", str(tmp_path), "--user", "no-such-user-shmhb")
     assert r.returncode == 2
@@ -143,6 +148,7 @@ def test_unknown_user_and_bad_values_are_refused(tmp_path: Path) -> None:
         units.UnitSettings(command=("/opt/%h/shmhb",), user=ME, group=ME)
 
 
+@pytest.mark.system
 def test_out_never_follows_a_planted_symlink(tmp_path: Path) -> None:
     """A link planted at ``--out DIR/NAME`` is not followed (following it would overwrite
     the file it points to and make its mode 0644): each name is replaced by a new file

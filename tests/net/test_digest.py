@@ -17,6 +17,7 @@ from shmhb.board.layout import TS_SHIFT
 from shmhb.net.protocol import Ack, FrameRejected, Identity, decode, encode_ack_raw, encode_entries
 
 from ..chaos.bigdigest import BULK
+from ..children import child
 from ..conftest import Procs, wait_until
 from ..hosts import Cluster
 
@@ -92,12 +93,12 @@ def test_a_kill_past_the_256th_slot_is_seen_on_the_other_host(procs: Procs,
     worker, nor tell its death."""
     a = cluster.host(slots=400)
     b = cluster.host()
-    gone = procs.python(BULK, a.name, "gone-", "260", a.ip, "32000")
+    gone = procs.program(BULK, a.name, "gone-", "260", a.ip, "32000")
     gone.kill()
     gone.wait(10)
     wait_until(lambda: sum(s.status is Status.DEAD for s in a.board.slots()) == 260,
                timeout_s=30, what="260 dead slots on a")
-    procs.python(BULK, a.name, "live-", "39", a.ip, "33000")
+    procs.program(BULK, a.name, "live-", "39", a.ip, "33000")
     w = a.worker("rank-300", a.endpoint(1))
     inc = int(w.ready_line.split()[1])  # type: ignore[attr-defined]
     assert int(w.ready_line.split()[2]) >= 256  # type: ignore[attr-defined]  # past the old cut
@@ -121,16 +122,7 @@ def test_what_cannot_be_carried_is_said_and_live_slots_go_first(
     from shmhb.net.protocol import MAX_DIGEST_BODY_BYTES, DigestEntry, encode_entries
     board = shmhb.Board.create(board_name, slots=600, suspect_after_s=0.5, dead_after_s=1.0)
     eps = [",".join(f"{'h' * 52}-{k}.x:{30000 + j}" for j in range(4)) for k in range(2)]
-    dead = procs.python("""
-        import sys, time, shmhb
-        b = shmhb.Board.attach(sys.argv[1])
-        eps = tuple(sys.argv[2].split(","))
-        hbs = [b.register(f"dead-{i:03d}-" + "k" * 54, endpoints=eps, agent=False) for i in range(60)]
-        for hb in hbs:
-            hb.beat()
-        print("ready", flush=True)
-        time.sleep(600)
-        """, board.name, eps[0])
+    dead = procs.program(child("dead_registrant"), board.name, eps[0])
     dead.kill()
     dead.wait(10)
     hbs = [board.register(f"live-{i:03d}-" + "k" * 54, endpoints=eps[1].split(","), agent=False)
@@ -166,7 +158,7 @@ def test_a_cut_digest_says_so_and_its_receiver_counts_it(procs: Procs, cluster: 
     the whole board and nothing on its side said why 240 live workers read GONE."""
     a = cluster.host(slots=2000)
     b = cluster.host()
-    procs.python(BULK, a.name, "x" * 55 + "-", "1800", a.ip, "34000")
+    procs.program(BULK, a.name, "x" * 55 + "-", "1800", a.ip, "34000")
     b.watch(a)
     wait_until(lambda: b.stats()["digest_cut_seen"] >= 1, timeout_s=60,
                what="b counting a's cut digest")

@@ -29,6 +29,7 @@ from shmhb.net.sendcounter import COUNTER_WORD, RESERVE, SendCounter
 
 from ..conftest import wait_until
 from ..hosts import FAST, Cluster, write_secret
+from ..stopping import resume
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -100,7 +101,7 @@ def test_a_forger_on_the_hosts_own_address_does_not_keep_it_alive(cluster: Clust
         assert a.remote_status(b.endpoint(1)) is not Status.ALIVE
     finally:
         assert b.pinger is not None
-        os.kill(b.pinger.pid, signal.SIGCONT)
+        resume(b.pinger.pid)
         ctx.destroy(0)
 
 

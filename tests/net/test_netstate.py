@@ -5,14 +5,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
-import pytest
 
 from shmhb.board.layout import (
     HEADER_DTYPE, INC_MASK, net_checksum, pack_net_gen, pack_net_state, unpack_net_state,
 )
 from shmhb.net.state import Backoff, NetAuth, NetReason, NetState, decode_network
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 
 def _head(term: int, state: NetState, *, listening: bool = True, reason: NetReason = NetReason.NONE,

@@ -7,7 +7,6 @@ Two real ``shmhb pinger`` processes on loopback hosts (tests/hosts.py).
 
 from __future__ import annotations
 
-import signal
 import time
 
 
@@ -15,6 +14,7 @@ from shmhb import Status
 
 from ..conftest import wait_until
 from ..hosts import Cluster
+from ..stopping import stopped
 
 
 def test_no_inflated_rtt_when_a_stopped_host_comes_back(cluster: Cluster) -> None:
@@ -23,12 +23,9 @@ def test_no_inflated_rtt_when_a_stopped_host_comes_back(cluster: Cluster) -> Non
     wait_until(lambda: (p := a.peer(b)) is not None and p.status is Status.ALIVE
                and p.rtt_ms is not None, what="b alive on a, with an rtt")
     assert b.pinger is not None
-    b.pinger.send_signal(signal.SIGSTOP)
-    try:
+    with stopped(b.pinger.pid):
         wait_until(lambda: a.peer_status(b) is Status.DEAD, timeout_s=10, what="b dead on a")
         stopped_s = a.board.policy.peer_dead_after_s
-    finally:
-        b.pinger.send_signal(signal.SIGCONT)
     seen: list[float | None] = []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

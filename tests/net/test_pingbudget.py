@@ -26,6 +26,7 @@ from ..conftest import wait_until
 from ..hosts import (
     FAST, Cluster, Dealer, FakePeer, entry, followed_fake, mutual_roles, write_secret,
 )
+from ..stopping import stopped
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 
@@ -139,15 +140,12 @@ def test_the_passive_side_of_a_mutual_pair_hears_of_a_hung_worker_within_interva
                what="a's worker ALIVE on b")
     wait_until(lambda: b.stats()["pings_evidence"] >= 5, what="b passive")
     sent0 = b.stats()["pings_sent"]
-    os.kill(w.pid, signal.SIGSTOP)
-    try:
+    with stopped(w.pid):
         t0 = time.monotonic()
         wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None and r.status is Status.SUSPECT,
                    timeout_s=8, poll_s=0.01, what="a's stopped worker SUSPECT on b")
         took = time.monotonic() - t0
         assert b.stats()["pings_sent"] - sent0 <= 3  # b stayed passive: one asked-for ping
-    finally:
-        os.kill(w.pid, signal.SIGCONT)
     assert took < 8, took
     wait_until(lambda: (r := b.remote(a.endpoint(1))) is not None and r.status is Status.ALIVE,
                timeout_s=8, poll_s=0.01, what="a's resumed worker ALIVE again on b")
@@ -246,6 +244,7 @@ def test_inbound_evidence_from_a_previous_process_of_ours_does_not_count(
         d.close()
 
 
+@pytest.mark.system
 def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmhb.Board) -> None:
     import subprocess
     import sys

@@ -27,11 +27,13 @@ from shmhb.net.protocol import (
     MAX_FRAME_BYTES, Ack, Identity, Ping, Push, encode_ack, encode_ping, encode_push,
 )
 
+from ..children import child
 from ..conftest import wait_until
 from ..hosts import (
     FAST, INTERVAL_S, Cluster, FakePeer, Host, NetNs, entry, netns_unavailable, rss_kb,
     write_secret,
 )
+from ..stopping import resume, stopped
 
 SECRET = b"cluster-secret-0123456789abcdef!"
 OTHER_SECRET = b"another-secret-0123456789abcdef!"
@@ -129,14 +131,11 @@ def test_remote_pinger_stopped_goes_suspect_dead_then_alive_again(cluster: Clust
     b.worker("dec-0", b.endpoint(1))
     r0 = wait_remote(a, b.endpoint(1), Status.ALIVE)
     assert b.pinger is not None
-    os.kill(b.pinger.pid, signal.SIGSTOP)
-    try:
+    with stopped(b.pinger.pid):
         wait_peer(a, b, Status.SUSPECT, timeout_s=5)
         assert a.remote_status(b.endpoint(1)) is Status.SUSPECT  # an alive worker on a suspect host
         wait_peer(a, b, Status.DEAD, timeout_s=5)
         assert a.remote_status(b.endpoint(1)) is Status.DEAD
-    finally:
-        os.kill(b.pinger.pid, signal.SIGCONT)
     wait_peer(a, b, Status.ALIVE, timeout_s=5)
     r1 = wait_remote(a, b.endpoint(1), Status.ALIVE, timeout_s=5)
     assert r1.incarnation == r0.incarnation  # the worker never went away
@@ -315,7 +314,7 @@ def test_local_pinger_stalled_reads_unknown_and_its_pause_convicts_nobody(cluste
             seen.append((a.peer_status(b), a.remote_status(b.endpoint(1))))
             time.sleep(0.01)
     finally:
-        os.kill(a.pinger.pid, signal.SIGCONT)
+        resume(a.pinger.pid)
     assert set(seen) == {(Status.UNKNOWN, Status.UNKNOWN)}, set(seen)
     # resumed: the silence of its own pause is not held against b
     after: set[Status | None] = set()
@@ -377,12 +376,7 @@ def test_targets_follow_watches_and_the_peer_option(cluster: Cluster) -> None:
 
 def test_a_watch_goes_with_the_process_that_held_it(cluster: Cluster) -> None:
     a, b = cluster.host(), cluster.host()
-    w = cluster.procs.python("""
-        import signal, sys, shmhb
-        shmhb.Board.attach(sys.argv[1]).watch(sys.argv[2])
-        print("ready", flush=True)
-        signal.pause()
-    """, a.name, b.endpoint(3))
+    w = cluster.procs.program(child("watcher"), a.name, b.endpoint(3))
     wait_peer(a, b, Status.ALIVE)
     w.kill()
     wait_until(lambda: a.peer(b) is None, timeout_s=3, what="the dead process's watch dropped")

@@ -15,7 +15,6 @@ from shmhb.net.plan import (
 )
 from shmhb.net.suspicion import PeerState, Suspicion
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 S = 10**9
 TICK = S // 20  # a fast tick (the agent's default is 0.1 s; the plan is the same at any)

@@ -19,7 +19,6 @@ from shmhb.net.protocol import (
     encode_ping, encode_push,
 )
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 SECRET = b"0123456789abcdef-shared-secret!!"
 OTHER_SECRET = b"fedcba9876543210-shared-secret!!"

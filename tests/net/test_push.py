@@ -113,7 +113,7 @@ def test_kill_restart_and_close_are_pushed_well_within_an_interval(cluster: Clus
 def test_a_burst_of_32_deaths_travels_as_a_few_messages(cluster: Cluster) -> None:
     a, b = push_pair(cluster)
     n = 32
-    p = cluster.procs.spawn([sys.executable, "-c", FORKED_WORKERS, b.name, str(n), b.ip],
+    p = cluster.procs.spawn([sys.executable, FORKED_WORKERS, b.name, str(n), b.ip],
                             ready=True)
     pgid = int(p.ready_line.split()[1])  # type: ignore[attr-defined]
     a.board.watch(f"{b.ip}:31000")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 
 from shmhb import FakeClock, Status
 from shmhb.board.judge import Thresholds
 from shmhb.board.layout import ts_units
 from shmhb.net.suspicion import PeerState, Suspicion
 
-pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in seconds
 
 S = 10**9
 TH = Thresholds(ts_units(2 * S), ts_units(10 * S), ts_units(S), ts_units(S), ts_units(5 * S))

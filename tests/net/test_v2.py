@@ -16,6 +16,7 @@ from shmhb.net.protocol import DigestEntry
 
 from ..conftest import wait_until
 from ..hosts import FAST, Cluster, Dealer, FakePeer, Host, entry, followed_fake
+from ..stopping import resume
 
 
 def _serve_a_while(fakes: list[FakePeer], seconds: float) -> None:
@@ -172,4 +173,4 @@ def test_a_stopped_remote_worker_shows_its_own_age_on_the_other_host(cluster: Cl
         assert since - 0.5 <= s.beat_age_s <= since + 0.3, (s.beat_age_s, since)
         assert s.age_s < s.beat_age_s  # not its host's report: b keeps answering
     finally:
-        os.kill(w.pid, signal.SIGCONT)
+        resume(w.pid)

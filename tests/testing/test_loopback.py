@@ -70,6 +70,7 @@ def test_free_port_never_gives_an_avoided_port_even_when_it_is_free() -> None:
     assert exc.value.errno == errno.EADDRINUSE
 
 
+@pytest.mark.system
 def test_child_env_puts_this_checkout_first_and_keeps_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     env = child_env(EXTRA="1")

@@ -24,6 +24,7 @@ from tests.hosts import Cluster
 
 import shmhb
 from shmhb import Status
+from ..stopping import resume
 
 PREFILL_IP, DECODE_IP = "127.0.0.2", "127.0.0.3"
 #: short policy so hangs are judged within seconds; kills are seen through pidfds
@@ -153,13 +154,13 @@ class EngineProc:
         return t
 
     def cont(self) -> None:
-        os.kill(self.p.pid, signal.SIGCONT)
+        resume(self.p.pid)
 
     def ask_to_quit(self) -> None:
         """Resume it if stopped and ask it to shut down (it leaves its board)."""
         if self.p.poll() is None:
             try:
-                os.kill(self.p.pid, signal.SIGCONT)
+                resume(self.p.pid)
                 self.send("quit")
             except OSError:  # it exited meanwhile (a broken pipe is one): close() reaps it
                 pass

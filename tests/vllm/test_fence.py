@@ -11,7 +11,6 @@ import socket
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from shmhb.vllm.fence import LAST_LOOK_S, FenceServer, GrantAsker  # noqa: E402
 from shmhb.vllm.fencewire import MAX_FRAME, next_frame, pack  # noqa: E402
 from shmhb.vllm.grants import Tokens, decode_ask, encode_ask, encode_reply  # noqa: E402
 from shmhb.vllm.loads import Load, LoadState, LoadTable  # noqa: E402
+from ..children import child
 
 EP = "127.0.0.2:4000"
 DRIVERS = [pytest.param(True, id="c"), pytest.param(False, id="python")]
@@ -327,36 +327,7 @@ def test_idle_connections_past_the_limit_do_not_crowd_out_a_producer(
             s.close()
 
 
-#: a consumer's grant server in a process with no descriptor left: prints its endpoint
-#: and token, then "full"; on stdin, "cpu" prints its CPU seconds, "free" frees the
-#: descriptors it holds
-NO_FDS = textwrap.dedent('''
-    import os, resource, sys
-    from shmhb.vllm import grants
-    from shmhb.vllm.fence import FenceServer
-    from shmhb.vllm.loads import Load, LoadTable
-    t = LoadTable(grants.new_states(sys.argv[1] == "1"))
-    t.start([Load("a", "127.0.0.2:4000", "e1", frozenset({1}), token=object())])
-    srv = FenceServer("127.0.0.1", 5, t.states, t.tokens)
-    print(srv.endpoint, srv.token_for("127.0.0.2:4000"), flush=True)
-    resource.setrlimit(resource.RLIMIT_NOFILE,
-                       (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    held = []
-    try:
-        while True:
-            held.append(os.open("/dev/null", os.O_RDONLY))
-    except OSError:
-        pass
-    print("full", flush=True)
-    for line in sys.stdin:
-        if line.strip() == "cpu":
-            r = resource.getrusage(resource.RUSAGE_SELF)
-            print(r.ru_utime + r.ru_stime, flush=True)
-        elif line.strip() == "free":
-            for fd in held:
-                os.close(fd)
-            print("freed", flush=True)
-''')
+NO_FDS = child("no_fds")
 
 
 def test_a_server_with_no_descriptor_left_rests_and_recovers(native: bool) -> None:
@@ -364,7 +335,7 @@ def test_a_server_with_no_descriptor_left_rests_and_recovers(native: bool) -> No
     and has none to close to make room: its grant server rests (it does not spin on a
     listener that stays readable), and once descriptors are free, serves the producer
     that waited."""
-    p = subprocess.Popen([sys.executable, "-c", NO_FDS, "1" if native else "0"],
+    p = subprocess.Popen([sys.executable, NO_FDS, "1" if native else "0"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env=child_env())
     assert p.stdin is not None and p.stdout is not None

@@ -1,0 +1,20 @@
+"""``BOARD``: claims the agent role's term on command, to race others.  Prints
+``ready``; on ``go TERM FLAG`` prints ``armed``, spins until FLAG exists, claims TERM
+and prints 1 or 0; on ``release TERM 0`` lets the term's byte go (``released``)."""
+
+import os, sys
+import shmhb
+from shmhb.board import agentterm, locks
+b = shmhb.Board.attach(sys.argv[1])
+fd = b.new_fd()
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, t, flag = line.split()
+    if cmd == "go":  # armed: spin until the flag appears, then all claim at once
+        print("armed", flush=True)
+        while not os.path.exists(flag):
+            pass
+        print(1 if agentterm.claim(fd, b.words, int(t)) else 0, flush=True)
+    else:  # let the term's byte go, as a holder standing down does
+        locks.unlock(fd, agentterm.term_byte(int(t)))
+        print("released", flush=True)
