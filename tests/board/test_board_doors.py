@@ -319,6 +319,7 @@ def test_the_pinger_survives_bad_watch_rows_and_still_sees_a_kill(
     assert p.poll() is None, "the pinger died on a bad row"
 
 
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_a_wrong_name_creates_no_board_where_one_exists(board_name: str) -> None:
     # A reader or worker with a mistyped name (or no $SHMHB_BOARD beside a pinger that uses
     # --board) must not get a private, empty board that answers None for every peer.

@@ -94,6 +94,7 @@ def test_a_live_drain_slot_marks_its_instance_draining() -> None:
         drain_key("vllm/e1/dp0/tp0/pp0")
 
 
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_shmhb_drain_holds_the_drain_until_the_instance_leaves(board: shmhb.Board,
                                                                agent: object) -> None:
     """The command marks the instance draining while it runs and exits 0 once the

@@ -217,6 +217,7 @@ def test_a_lock_held_on_the_segment_keeps_it(names: list[str], procs: Procs) -> 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"),
                     reason="needs root to run gc as another account")
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_gc_run_by_another_account_says_what_it_cannot_read(board_name: str) -> None:
     with shmhb.Board.create(board_name):  # mode 0600, root's
         out = subprocess.run(["/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",

@@ -210,6 +210,7 @@ def test_monitor_command_wants_a_terminal(board: shmhb.Board) -> None:
     assert out.returncode == 2 and "needs a terminal" in out.stderr and not out.stdout
 
 
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_monitor_interrupted_by_ctrl_c_exits_130(board: shmhb.Board) -> None:
     # on a pseudo-terminal, as an operator runs it; Ctrl-C is SIGINT to its process
     master, slave = os.openpty()

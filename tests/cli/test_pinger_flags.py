@@ -21,6 +21,7 @@ ENV = child_env()
 PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
 
 
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_a_pinger_refused_for_its_secret_leaves_no_board(board_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "secret"
     secret.write_bytes(b"x" * 32)

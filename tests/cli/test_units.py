@@ -180,6 +180,7 @@ def test_out_never_follows_a_planted_symlink(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == sorted(victims)  # no temporary left
 
 
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_an_exec_that_cannot_run_shmhb_is_refused(tmp_path: Path) -> None:
     # an interpreter without shmhb: the unit would verify, then fail at every start
     python = tmp_path / "python3"
@@ -193,6 +194,7 @@ def test_an_exec_that_cannot_run_shmhb_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "u").exists()
 
 
+@pytest.mark.system  # it starts processes (tests/tiers.py)
 def test_an_empty_user_is_the_current_one_and_a_numeric_board_group_is_taken(
         tmp_path: Path) -> None:
     # `--user "$USER"` in a container, where $USER is unset
