@@ -17,16 +17,11 @@ its proof; in short:
 * A challenge dies with the process that learned it: B's pinger killed, its successor
   knows none, and its pings count again only after A's next ping to it (its next turn,
   since the evidence stopped).  A stopped pinger sends nothing.
-* Who may send the extension: a responder advertises that it decodes it by setting
-  ``CAPABLE`` (bit 63) in the digest generation of its acks (a generation is opaque to
-  every version: a v1 pinger holds and echoes it unchanged).  A pinger sends an
-  extended ping to a host only after an ack with that bit, and falls back to a plain
-  v1 ping whenever its previous ping went unanswered (a host that went back to v1
-  drops extended pings as malformed: one lost ping, then plain ones).  A v1 host's
-  pings never count without a secret: both sides ping, as before the saving existed.
+* Every ping carries a challenge field (0: none); a pinger fills it only without a
+  secret, and only in pings to a followed host's listen address.
 
-With a secret (or CURVE), pings are authenticated and count as before; the extension is
-not sent.
+With a secret (or CURVE), pings are authenticated and count as such; no challenge is
+sent.
 """
 
 from __future__ import annotations
@@ -34,15 +29,6 @@ from __future__ import annotations
 import os
 from typing import Final
 
-#: Bit of an ack's (and a push's) digest generation that says "I decode PING challenges".
-#: Generations start below 2**61 (``shmhb.net.digest``; 2**62 before version 2) and grow
-#: by one per change.
-CAPABLE: Final = 1 << 63
-#: Bit 62: "I answer version-2 pings" (docs/PROTOCOL.md, "Version 2").  A pinger sends a
-#: v2 ping only to a host whose last ack had it, and a plain v1 one after an unanswered
-#: ping (a host that went back to v1 drops v2 frames as ``version``).  Responders of
-#: version 1 never set it: their generations start below 2**62 and grow by one.
-SPEAKS_V2: Final = 1 << 62
 #: Challenges issued to a host that its echo may name: the newest and those before it
 #: (a ping of B may cross A's next ping to B on the wire).
 KEEP: Final = 3
@@ -63,21 +49,4 @@ def echoed(issued: tuple[int, ...], echo: int) -> bool:
     return echo != 0 and echo in issued
 
 
-def advertised(gen: int) -> int:
-    """The generation a responder puts on the wire for its digest generation ``gen``:
-    with the bits that say it decodes challenges and answers v2 pings."""
-    return gen | CAPABLE | SPEAKS_V2
-
-
-def capable(gen: int) -> bool:
-    """Whether an ack's generation says that its sender decodes PING challenges."""
-    return bool(gen & CAPABLE)
-
-
-def speaks_v2(gen: int) -> bool:
-    """Whether an ack's generation says that its sender answers v2 pings."""
-    return bool(gen & SPEAKS_V2)
-
-
-__all__ = ["CAPABLE", "KEEP", "SPEAKS_V2", "advertised", "capable", "echoed", "issue",
-           "new_challenge", "speaks_v2"]
+__all__ = ["KEEP", "echoed", "issue", "new_challenge"]

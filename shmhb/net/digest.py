@@ -52,7 +52,7 @@ class LocalDigest:
         self.b = board
         self._count = count  # the agent's counters (AgentWords.count), if any
         self.cut = 0  # slots left out of the current generation (they did not fit)
-        self.gen = random.getrandbits(61) | 1  # bits 61-63 stay free (shmhb.net.challenge)
+        self.gen = random.getrandbits(61) | 1  # never 0 (a ping's 0 says: none)
         self.body = encode_entries(())
         self.body_units = 0  # board time (units) when the body's ages were taken
         self._key: tuple[bytes, bytes] | None = None
@@ -132,7 +132,7 @@ class LocalDigest:
         return news
 
     def body_age_ms(self) -> int:
-        """How long ago the body's ages were taken (a v2 full ack says so: its receiver
+        """How long ago the body's ages were taken (a full ack says so: its receiver
         then knows each listed worker's own beat time, not only its host's)."""
         return max(0, int(units_to_ms(ts_units(self.b.now_ns()) - self.body_units)))
 
@@ -151,8 +151,8 @@ class LocalDigest:
                            MAX_DIGEST_ENTRIES, MAX_DIGEST_BODY_BYTES)
 
     def _fits(self, e: DigestEntry) -> int:
-        """The bytes ``e`` takes in a digest, or 0 if it does not fit the wire's limits.  A slot stored by an older version (an
-        endpoint over 63 bytes, say) is left out of the digest with a rate-limited log,
+        """The bytes ``e`` takes in a digest, or 0 if it does not fit the wire's limits.  A slot whose stored record the wire
+        refuses (damaged, or an endpoint over 63 bytes, say) is left out of the digest with a rate-limited log,
         never allowed to stop the digest, and with it the agent (every standby would
         read the same slot)."""
         try:

@@ -54,9 +54,8 @@ def passive(me: Identity, them: Identity) -> bool:
     """In a pair that follows each other, whether we (``me``) are the passive side:
     the one with the larger board identity.  Both sides compare the same two values
     (each learnt the other's from its acks), so exactly one of them is passive whatever
-    addresses they know each other by; before version 2 the listen addresses were
-    compared, and behind NAT or a name the two sides could both be active (no saving)
-    or both passive (each pinging every other turn)."""
+    addresses they know each other by (their listen addresses would not do: behind NAT
+    or a name the two sides could both be active, or both passive)."""
     return (me.boot_id, me.board_inc) > (them.boot_id, them.board_inc)
 
 

@@ -36,8 +36,7 @@ def claimed_ping_address(frame: bytes) -> str | None:
 
 #: The generation a goodbye names: a PUSH of generation 0 with no entries says that the
 #: sender's pinger stops and no worker of its host lives (docs/PROTOCOL.md, "Goodbye").
-#: A digest's generation is never 0 (``shmhb.net.digest``), so no other push looks like it,
-#: and a receiver that predates the goodbye applies it as an empty push: nothing.
+#: A digest's generation is never 0 (``shmhb.net.digest``), so no other push looks like it.
 GOODBYE_GEN = 0
 
 

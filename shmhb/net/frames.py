@@ -53,9 +53,9 @@ class Ping:
     none); the responder answers with a full digest unless both match its own.
     ``challenge``/``echo`` (both 0: a plain ping, no extension): one the sender issues
     to the responder, the last the responder issued to the sender (``shmhb.net.challenge``).
-    ``version`` 2 (docs/PROTOCOL.md, "Version 2") adds ``gen``: the sender's own digest
-    generation as its acks advertise it (0: none), so a host that follows the sender
-    learns from its pings alone that the digest it holds of it is behind."""
+    ``gen``: the sender's own digest generation as its acks state it (0: none), so a host
+    that follows the sender learns from its pings alone that the digest it holds of it
+    is behind."""
 
     identity: Identity
     address: str
@@ -65,7 +65,6 @@ class Ping:
     challenge: int = 0
     echo: int = 0
     gen: int = 0
-    version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +74,9 @@ class Ack:
     digest of generation ``gen`` (possibly empty).  ``cut``: the responder's board holds
     more slots than one ACK carries, and ``entries`` are those that fit (live ones
     first): a slot absent from it is not known gone (the ``full`` byte reads 2).
-    ``version`` 2 adds ``body_age_ms`` to a full ack: how long before the ack the
-    entries' ``age_ms`` were measured (the body is encoded once per generation), so a
-    receiver can tell a worker's own beat age, not only its host's."""
+    ``body_age_ms`` (a full ack): how long before the ack the entries' ``age_ms`` were
+    measured (the body is encoded once per generation), so a receiver can tell a
+    worker's own beat age, not only its host's."""
 
     nonce: int
     identity: Identity
@@ -87,7 +86,6 @@ class Ack:
     entries: tuple[DigestEntry, ...] = ()
     cut: bool = False
     body_age_ms: int = 0
-    version: int = 1
 
 
 @dataclass(frozen=True, slots=True)

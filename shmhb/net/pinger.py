@@ -44,7 +44,7 @@ from .protocol import (
 )
 # _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
 from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
-from .challenge import advertised, capable, echoed, issue, new_challenge, speaks_v2
+from .challenge import echoed, issue, new_challenge
 from .evidence import counts_as_evidence, passive
 from .target import Target, confirm_now, speaks_for_another
 from .following import Following
@@ -157,12 +157,12 @@ class NetworkHalf:
         ours = authenticated or echoed(t.issued, msg.echo)
         if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
                                   last_nonce=t.evidence_nonce, me=self.identity,
-                                  my_gen=advertised(self.responder.digest.gen), echoed=ours):
+                                  my_gen=self.responder.digest.gen, echoed=ours):
             return ours
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")
         if msg.gen and t.digest_gen and msg.gen != t.digest_gen and confirm_now(t, now_ns):
-            # a v2 ping says our copy of its digest is behind (a push lost, or a change
+            # its ping says our copy of its digest is behind (a push lost, or a change
             # only an ack may tell): ask now, as a push that needs confirming does
             self.w.count("pings_confirm")
             self._ping(t, now_ns)
@@ -172,8 +172,7 @@ class NetworkHalf:
             self.rows.clear_rtt(t.row)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         assert t.identity is not None  # counts_as_evidence checked it
-        self.plan.evidence(t.address, now_ns, passive=passive(self.identity, t.identity),
-                           tells_gen=msg.version > 1)
+        self.plan.evidence(t.address, now_ns, passive=passive(self.identity, t.identity))
         if old is not None:
             log.info("pinger: host %s %s -> alive (its own ping)", t.address, old.value)
             self.w.changed()
@@ -243,15 +242,11 @@ class NetworkHalf:
     def _ping(self, t: Target, now_ns: int) -> bool:
         """Send one ping; False if the host's connection is down (nothing is queued)."""
         self._nonce = self.counter.next()
-        # Version 2 to a host whose acks say it answers it; without authentication, a
-        # challenge for it to echo (only to a host whose acks say it decodes one).  Plain
-        # v1 after an unanswered ping: a host that went back to v1 answers that.
-        v2 = t.v2 and t.answered
-        ch = new_challenge() if (v2 or t.capable and t.answered) and self.plain else 0
+        # Without authentication, a challenge for it to echo (shmhb.net.challenge).
+        ch = new_challenge() if self.plain else 0
         frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
                                  t.identity, ch, t.their_challenge if ch else 0,
-                                 advertised(self.responder.digest.gen) if v2 else 0,
-                                 2 if v2 else 1), self.secret)
+                                 self.responder.digest.gen), self.secret)
         c = self.client
         assert c is not None
         try:
@@ -271,7 +266,6 @@ class NetworkHalf:
             self.following.down.discard(t.address)
             log.info("pinger: connection to %s is back", t.address)
         self.outstanding.add(t.address, self._nonce, now_ns)
-        t.answered = False
         if ch:
             t.issued = issue(t.issued, ch)
         self.w.count("pings_sent")
@@ -313,7 +307,6 @@ class NetworkHalf:
             self.bad_input.bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
-        t.answered, t.capable, t.v2 = True, capable(a.gen), speaks_v2(a.gen)
         self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
@@ -333,8 +326,8 @@ class NetworkHalf:
                                    "one ack carries: the %d it sent are live ones first, the "
                                    "rest read GONE here (see its digest_cut warning)",
                                    t.address, len(a.entries))
-            # a v2 full ack says how old its body is: its workers' own beats on our clock
-            aged = a.version > 1 and a.body_age_ms < U32_MAX
+            # a full ack says how old its body is: its workers' own beats on our clock
+            aged = a.body_age_ms < U32_MAX
             self.reports.digest(t, a.entries, now_ns,
                                 now_ns - a.body_age_ms * 1_000_000 if aged else None)
             t.digest_gen = a.gen

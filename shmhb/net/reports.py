@@ -7,9 +7,8 @@ Each entry's age (``age_ms``, its worker's time since its last beat when the sen
 took it) becomes that worker's last beat on our clock (``beat_ns``), written beside its
 status: readers then show a remote worker's own age, not only its host's (issue 27).
 A push's ages are taken when it is built, so its receipt is their base (off by at most
-the push gap and one trip); a version-2 full ack says how old its cached body is
-(``Ack.body_age_ms``); a version-1 full ack does not, so what it lists has no beat time
-(0: unknown).  The trust rules are ``shmhb.net.target``'s: an endpoint counts only from
+the push gap and one trip); a full ack says how old its cached body is
+(``Ack.body_age_ms``; saturated: what it lists has no beat time, 0: unknown).  The trust rules are ``shmhb.net.target``'s: an endpoint counts only from
 the host it names, a push never revives a worker nor creates a row.
 """
 

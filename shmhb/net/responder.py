@@ -20,7 +20,6 @@ from collections.abc import Callable
 import zmq
 
 from ..board.handle import Board
-from .challenge import advertised
 from ..clock import Clock
 from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
@@ -119,13 +118,10 @@ class Responder:
             ours = self._on_ping is not None and self._on_ping(msg, now_ns, source)
             self._watch(rid, ours, now_ns)
             d = self.digest
-            gen = advertised(d.gen)  # says we decode challenges, answer v2 (shmhb.net.challenge)
-            full = wants_full_digest(msg, self.identity, gen)
-            # in the ping's own version: a v1 pinger gets v1 (a rolling upgrade)
-            ack = encode_ack_raw(msg.nonce, self.identity, self.address, gen,
+            full = wants_full_digest(msg, self.identity, d.gen)
+            ack = encode_ack_raw(msg.nonce, self.identity, self.address, d.gen,
                                  d.body if full else None, self.secret, cut=d.cut > 0,
-                                 version=msg.version,
-                                 body_age_ms=d.body_age_ms() if full and msg.version > 1 else 0)
+                                 body_age_ms=d.body_age_ms() if full else 0)
             try:
                 r.send(rid, _MORE)
                 r.send(ack, _NOBLOCK)
@@ -197,7 +193,7 @@ class Responder:
         r = self.router
         for k in range(0, len(entries), MAX_PUSH_ENTRIES):
             frame = encode_push(Push(self.identity, self.address, self.counter.next(),
-                                     advertised(self.digest.gen),
+                                     self.digest.gen,
                                      tuple(entries[k:k + MAX_PUSH_ENTRIES])),
                                 self.secret)
             for rid in list(self.watchers):

@@ -24,12 +24,9 @@ from .plan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
 # -- settings stored in the board ---------------------------------------------------------
 
 def _cfg_checksum(h: np.ndarray) -> int:
-    # The budget word came later: a board written before it holds 0 there and a checksum
-    # without it, so 0 stays out of the sum and such a board still reads (as the default).
-    budget = int(h["cfg_budget_mpps"])
     return checksum(int(h["cfg_gen"]), bytes(h["cfg_listen"]), bytes(h["cfg_secret_path"]),
                     bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]),
-                    *((budget,) if budget else ()))
+                    int(h["cfg_budget_mpps"]))
 
 
 def store_config(board: Board, cfg: PingerConfig) -> None:
@@ -65,10 +62,9 @@ def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     def text(f: str) -> str | None:
         return bytes(h[f]).rstrip(b"\0").decode(errors="replace") or None
 
-    budget = int(h["cfg_budget_mpps"])
     return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
                              secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"),
-                             ping_budget_pps=budget / 1000 if budget else DEFAULT_BUDGET_PPS)
+                             ping_budget_pps=int(h["cfg_budget_mpps"]) / 1000)
 
 
 def read_secret(path: str) -> bytes:

@@ -46,14 +46,10 @@ class Target:
     remotes: dict[str, RemoteRow] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
-    # Challenges (shmhb.net.challenge), without a secret: whether its acks say it decodes
-    # them, whether our last ping to it was answered (else the next one is plain v1),
-    # the ones we sent it lately, and the last one it sent us (echoed in our pings).
-    capable: bool = False
-    answered: bool = True
+    # Challenges (shmhb.net.challenge), without a secret: the ones we sent it lately, and
+    # the last one it sent us (echoed in our pings).
     issued: tuple[int, ...] = ()
     their_challenge: int = 0
-    v2: bool = False  # its acks say it answers v2 pings (shmhb.net.challenge.SPEAKS_V2)
 
 
 #: at most one ping per host per this period is sent at once to confirm a push

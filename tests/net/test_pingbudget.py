@@ -38,18 +38,6 @@ def test_budget_is_stored_with_the_pinger_settings(board: shmhb.Board) -> None:
     assert got is not None and got[1].ping_budget_pps == 37.5
 
 
-def test_a_board_written_before_the_budget_existed_reads_the_default(board: shmhb.Board) -> None:
-    store_config(board, PingerConfig(listen="127.0.0.2:45645", ping_budget_pps=37.5))
-    # what the previous version left: no budget word, a checksum over the older fields
-    h = board._head
-    h["cfg_budget_mpps"] = 0
-    h["cfg_checksum"] = checksum(int(h["cfg_gen"]), bytes(h["cfg_listen"]), bytes(h["cfg_secret_path"]),
-                                 bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]))
-    got = load_config(board)
-    assert got is not None and got[1].ping_budget_pps == DEFAULT_BUDGET_PPS
-    assert got[1].listen == "127.0.0.2:45645"
-
-
 def test_a_bad_stored_budget_is_refused_with_a_clear_error(board: shmhb.Board) -> None:
     store_config(board, PingerConfig(listen="127.0.0.2:45645"))
     h = board._head
@@ -306,18 +294,17 @@ def test_without_a_secret_only_a_ping_echoing_our_challenge_keeps_a_silent_host_
             d.close()
 
 
-def test_without_a_secret_a_peer_that_predates_challenges_is_pinged_in_full(
+def test_without_a_secret_a_peer_that_echoes_no_challenge_is_pinged_in_full(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
-    """A v1 peer (its acks do not advertise challenges) gets plain v1 pings, answers
-    them, and its own pings never count without a secret: we keep pinging it every
-    interval, as before mutual pairs existed."""
+    """Without a secret, a peer's own pings that echo none of our challenges never
+    count: we keep pinging it every interval, as if it did not ping us at all."""
     a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port)  # not capable
+    fake = FakePeer(cluster.spare_ip(), cluster.port)
     fake_peers.append(fake)
     a.board.watch(f"{fake.ip}:30001")
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
     fake.serve_until(lambda: len(fake.pings) >= 10, what="ten pings")
-    assert not any(p.challenge or p.echo for p in fake.pings)
+    assert all(p.challenge for p in fake.pings)  # it was challenged: echoing would count
     d = Dealer(fake, a.listen, source=fake.ip)
     try:
         d.sync()
