@@ -33,7 +33,7 @@ from ..clock import MONOTONIC, Clock
 from ..board.config import AgentConfig
 from ..board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
                         term_byte)
-from ..board.layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
+from ..board.layout import LOCK_DAEMON, TERM_RING
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
@@ -197,15 +197,7 @@ class Agent:
                 self._free_since_ns = now
             if now - self._free_since_ns < DAEMON_GRACE_NS:
                 return None
-        # Earlier versions know only LOCK_AGENT: the holder takes it too, first where the
-        # role is free, so neither kind takes the role from under the other.  Held while
-        # term t's byte is free, it is an earlier version's holder: stand by.
-        mine = locks.try_lock(fd, LOCK_AGENT)
-        if not mine and not stalled:
-            return None
         if not claim(fd, words, t):
-            if mine:
-                locks.unlock(fd, LOCK_AGENT)
             if stalled and still >= 2 * stall_bound_ns(words):  # not a passing race
                 _rlog.warn("claim", "board %s: the agent role's holder (term %d) is "
                            "stalled, but the lock byte of term %d is held too (a racing "
@@ -305,7 +297,6 @@ class Agent:
         # stayed stopped while holding it (no agent on the host meanwhile), and then
         # killed the new agent with LockTimeout.
         self._words, self.term = board.words, term
-        locks.try_lock(self._fd, LOCK_AGENT)  # after a stalled holder let it go (a renewal)
         # Stalled holders we replace may write until they let their byte go: watch them.
         self._older = held_others(self._fd, term_byte(term))
         self._next_older_check_ns = 0

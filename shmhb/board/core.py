@@ -40,7 +40,7 @@ from .agentterm import TERM_WORD, term_byte
 from ..errors import BoardCorrupt, InvalidConfig
 from .judge import Thresholds, agent_fresh, judge_agent
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, LOCK_AGENT, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
+    HEADER_DTYPE, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
     SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, VERDICT_WORD,
     WATCH_ROW_DTYPE, Sizes, agent_pid, header_index, ts_units, word_index, word_tag,
 )
@@ -80,7 +80,7 @@ class BoardCore:
         self._agent_id_i = header_index("agent_id")
         self._reg_gen_i = header_index("reg_gen")
         self._agent_gen_i = header_index("agent_gen")
-        forget_ns = int(h["forget_after_ns"])  # 0: off (and in boards of earlier versions)
+        forget_ns = int(h["forget_after_ns"])  # 0: off
         try:
             self.policy = Policy(
                 suspect_after_s=int(h["suspect_after_ns"]) / 1e9,
@@ -120,11 +120,9 @@ class BoardCore:
         return bytes(self._head["boot_id"]).ljust(16, b"\0")
 
     @property
-    def timens_offset_ns(self) -> int | None:
-        """The creator's CLOCK_MONOTONIC offset (time namespace); None in boards of
-        earlier versions, which did not record it."""
-        h = self._head
-        return int(h["timens_offset_ns"]) if int(h["features"]) & FEATURE_TIMENS else None
+    def timens_offset_ns(self) -> int:
+        """The creator's CLOCK_MONOTONIC offset (time namespace)."""
+        return int(self._head["timens_offset_ns"])
 
 
     # -- the surface this package's writers use (one writer per word: see layout.py) -----
@@ -279,8 +277,7 @@ class BoardCore:
 
     def agent_held(self) -> bool:
         """Whether a live process holds the agent role (a syscall: not for hot paths)."""
-        fd = self._seg.fd  # LOCK_AGENT alone: a holder of an earlier version
-        return locks.is_held(fd, term_byte(int(self._q[TERM_WORD]))) or locks.is_held(fd, LOCK_AGENT)
+        return locks.is_held(self._seg.fd, term_byte(int(self._q[TERM_WORD])))
 
     def stats(self) -> dict[str, int]:
         """The agent's counters (pings, acks, bad frames by reason, deaths seen)."""

@@ -46,7 +46,7 @@ from ..errors import (
 )
 from .heartbeat import Heartbeat
 from .layout import (
-    FEATURE_TIMENS, HEADER_DTYPE, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC,
+    HEADER_DTYPE, LAYOUT_VERSION, LOCK_SLOT_BASE, MAGIC,
     STATE_READY, Sizes, hb_ts_array, header_index, inc_tag, ts_units,
     word_tag,
 )
@@ -175,7 +175,6 @@ class Board(LocalReads):
             h["peer_dead_after_ns"] = int(pol.peer_dead_after_s * 1e9)
             h["forget_after_ns"] = int((pol.forget_after_s or 0) * 1e9)
             h["timens_offset_ns"] = monotonic_offset_ns()
-            h["features"] = FEATURE_TIMENS
             h["magic"] = MAGIC
             h["state"] = STATE_READY
             del h
@@ -344,10 +343,9 @@ class Board(LocalReads):
     def check_clock(self) -> None:
         """``InvalidConfig`` if this process's CLOCK_MONOTONIC is not the board's (another
         time namespace): its beats would read ALIVE forever or DEAD at once.  Called by
-        ``register``; an agent should call it before taking the role.  A board of an
-        earlier version, which did not record its creator's offset, counts as 0."""
+        ``register``; an agent should call it before taking the role."""
         mine = monotonic_offset_ns()
-        board = self.timens_offset_ns if self.timens_offset_ns is not None else 0
+        board = self.timens_offset_ns
         if mine != board:
             raise InvalidConfig(
                 f"this process's monotonic clock is offset by {mine / 1e9:+.3f} s (a time "

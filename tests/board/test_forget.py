@@ -113,19 +113,6 @@ def test_forget_after_s_clears_dead_slots_but_not_hung_ones(board_name: str, pro
         b.close()
 
 
-def test_a_board_of_an_earlier_version_reads_forget_off(board_name: str) -> None:
-    b = shmhb.Board.create(board_name, forget_after_s=5.0)
-    h = np.ndarray((), HEADER_DTYPE, buffer=b._seg.mm)
-    h["forget_after_ns"], h["timens_offset_ns"], h["features"] = 0, 0, 0  # fields not there yet
-    del h
-    b.close()
-    with shmhb.Board.attach(board_name) as old:
-        assert old.policy.forget_after_s is None and old.timens_offset_ns is None
-        assert old.forget_expired() == []
-        with old.register("k", agent=False):  # this process is in the host's namespace
-            assert old.status("k") is Status.ALIVE
-
-
 # -- the lower doors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw", [{"suspect_after_s": 0.0005, "dead_after_s": 1.0},
