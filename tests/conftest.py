@@ -19,6 +19,7 @@ import posix_ipc
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.cli import units
 from shmhb.board.instances import Instance
@@ -97,6 +98,7 @@ def board(board_name: str, request: pytest.FixtureRequest) -> Iterator[shmhb.Boa
 WORKER = textwrap.dedent("""
     import os, signal, sys, time
     import shmhb
+    from shmhb.board.core import board_words
     name, key, interval, agent = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1"
     eps = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 and sys.argv[5] else ()
     b = shmhb.Board.attach(name)
@@ -187,8 +189,9 @@ def local_agent(board: shmhb.Board) -> Iterator[Any]:
 REGISTRY_STALL = textwrap.dedent("""
     import os, signal, sys
     import shmhb
+    from shmhb.board.core import board_words
     b = shmhb.Board.attach(sys.argv[1])
-    with b.registry():
+    with board_words(b).registry():
         print("held", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 """)
@@ -216,6 +219,7 @@ class Stall:
 ENGINE = """
     import signal, sys
     import shmhb
+    from shmhb.board.core import board_words
     from shmhb.board.instances import register_instance
     name, engine, role, nranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     ip = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.5"

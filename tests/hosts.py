@@ -33,6 +33,7 @@ import zmq
 
 import shmhb
 from shmhb import Status
+from shmhb.board.core import board_words
 from shmhb.net.evidence import passive
 from shmhb.testing.loopback import child_env, free_port
 from shmhb.net.protocol import (
@@ -635,7 +636,7 @@ def mutual_roles(x: Host, y: Host) -> tuple[Host, Host]:
     """(active, passive) of two hosts that follow each other: the passive side is the
     one with the larger board identity (``shmhb.net.evidence.passive``); board
     incarnations are random, so a test asks rather than picks."""
-    ix, iy = (Identity(h.board.boot_id, h.board.board_inc) for h in (x, y))
+    ix, iy = (Identity(board_words(h.board).boot_id, h.board.board_inc) for h in (x, y))
     return (y, x) if passive(ix, iy) else (x, y)
 
 

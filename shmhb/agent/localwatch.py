@@ -16,6 +16,8 @@ import zmq
 from ..board import locks
 from .writer import AgentWriter
 from ..board.handle import Board
+from ..board.core import board_words
+from ..board.forgetting import ExpiredSlots
 from ..errors import FD_ERRNOS, BoardOpenError, ShmhbError
 from ..board.layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from ..procinfo import own_pid_namespace, pidfd_open, start_time
@@ -81,16 +83,18 @@ class LocalWatch:
 
     def __init__(self, board: Board, writer: AgentWriter) -> None:
         self.board = board
+        self.bw = board_words(board)
         self.w = writer
         self._watched: dict[int, _Watched] = {}
         self._by_fd: dict[int, int] = {}
-        self._lockfd = board.new_fd()
+        self._lockfd = self.bw.new_fd()
+        self._expired = ExpiredSlots(self.bw)
         self._ns = own_pid_namespace()
         self._pidfd_ok = hasattr(os, "pidfd_open")
         self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
         self._retry: set[int] = set()
         self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
-        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the agent's clock
+        self._ratelog = RateLimitedLog(log, now_ns=self.bw.now_ns)  # the agent's clock
         self._seen_changes: int | None = None
         self._next_scan_ns = 0
         self._forget_retry_ns = 0
@@ -112,13 +116,13 @@ class LocalWatch:
     def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
         wt.done = True
         self._by_lock.discard(i)
-        hb = self.board.words[self.board.hb_index(i)]
+        hb = self.bw.words[self.bw.hb_index(i)]
         if word_tag(hb) != wt.tag or hb_left(hb):
             return  # it left gracefully, or the slot was registered again meanwhile
-        self.board.words[self.board.verdict_index(i)] = pack_verdict(wt.tag, ts_units(now_ns))
+        self.bw.words[self.bw.verdict_index(i)] = pack_verdict(wt.tag, ts_units(now_ns))
         self.w.changed()
         self.w.count("deaths_seen")
-        info = self.board.read_slot(i)
+        info = self.bw.read_slot(i)
         log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
                  info.key if info else f"slot {i}", wt.pid, why)
 
@@ -156,7 +160,7 @@ class LocalWatch:
         agent: nothing was cleared (the fd comes first), so the same slots are tried
         again ``FORGET_RETRY_NS`` later, and the refusal is logged at a bounded rate."""
         try:
-            self.board.forget_expired()
+            self._expired.forget_expired()
         except (BoardOpenError, OSError) as e:
             if not isinstance(e, BoardOpenError) and e.errno not in FD_ERRNOS:
                 raise
@@ -165,7 +169,7 @@ class LocalWatch:
                                "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
 
     def _scan(self, now_ns: int) -> None:
-        b = self.board
+        b = self.bw
         hbs = b.hb_words.copy()
         marks = hb_marks_array(hbs)
         todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
@@ -202,12 +206,12 @@ class LocalWatch:
         if hb_left(hb) or word_tag(verdict) == tag:
             self._watched[i] = _Watched(tag, 0, None, True)
             return
-        info = self.board.read_slot(i)
+        info = self.bw.read_slot(i)
         if info is None:
             self._retry.add(i)  # caught mid-registration: look again next tick
             return
         pid = info.pid
-        rec = self.board.record_table[i]
+        rec = self.bw.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
         self.w.changed()  # as for a leave: the registrant may not have (shmhb.board.registration)

@@ -29,6 +29,7 @@ from ..board import locks
 from .loop import AgentLoop, Component
 from .writer import AgentWriter
 from ..board.handle import Board
+from ..board.core import board_words
 from ..clock import MONOTONIC, Clock
 from ..board.config import AgentConfig
 from ..board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
@@ -172,11 +173,11 @@ class Agent:
         ``step``); None while another process holds it."""
         with self._fd_lock:
             if self._fd < 0:
-                self._fd = board.new_fd()
+                self._fd = board_words(board).new_fd()
                 if self.daemon:  # for the fd's life: embedded holders hand over to us
                     locks.try_lock(self._fd, LOCK_DAEMON, exclusive=False)
             fd = self._fd
-        words = board.words
+        words = board_words(board).words
         now = time.monotonic_ns()
         t = int(words[TERM_WORD])
         daemon_waits = not self.daemon and locks.is_held(fd, LOCK_DAEMON)
@@ -296,7 +297,7 @@ class Agent:
         # Taking the registry lock here made a takeover wait for as long as some process
         # stayed stopped while holding it (no agent on the host meanwhile), and then
         # killed the new agent with LockTimeout.
-        self._words, self.term = board.words, term
+        self._words, self.term = board_words(board).words, term
         # Stalled holders we replace may write until they let their byte go: watch them.
         self._older = held_others(self._fd, term_byte(term))
         self._next_older_check_ns = 0
@@ -365,7 +366,7 @@ class Agent:
             deposed = True
             log.info("board %s: this process (pid %d) was stalled and the agent role was "
                      "taken over (term %d, now %d): standing down, a standby again",
-                     board.name, os.getpid(), self.term, int(board.words[TERM_WORD]))
+                     board.name, os.getpid(), self.term, int(board_words(board).words[TERM_WORD]))
             return True
         except _Deposed:
             deposed = True
@@ -380,7 +381,7 @@ class Agent:
         we replaced are done, and this repairs whatever words they wrote last."""
         reserved = self._net.reserved() if self._net is not None else 0
         loop.close()  # no goodbye and no "left": the host keeps its agent
-        words = board.words
+        words = board_words(board).words
         # a stale writer may have stored a lower reservation: ours stands (sendcounter)
         words[COUNTER_WORD] = max(int(words[COUNTER_WORD]), reserved)
         log.info("board %s: the stalled holders replaced have stopped; the agent (pid %d) "

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.config import Policy
 from ..status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
 
@@ -130,9 +131,9 @@ def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
         agent=board.agent(),
         peers=peers,
         board=board.name,
-        agent_held=board.agent_held(),
+        agent_held=board_words(board).agent_held(),
         stats=board.stats(),
-        lateness_ms=board.lateness_ms(),
+        lateness_ms=board_words(board).lateness_ms(),
         policy=board.policy,
         network=board.network(),
     )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.judge import Thresholds, judge_local_array
 from ..board.layout import (
     hb_ts, inc_tag, ts_units, units_to_ms, units_to_ns, word_tag, word_tag_array,
@@ -50,6 +51,7 @@ def rejudge_ns(th: Thresholds) -> int:
 class LocalDigest:
     def __init__(self, board: Board, count: Callable[[str, int], None] | None = None) -> None:
         self.b = board
+        self.bw = board_words(board)
         self._count = count  # the agent's counters (AgentWords.count), if any
         self.cut = 0  # slots left out of the current generation (they did not fit)
         self.gen = random.getrandbits(61) | 1  # never 0 (a ping's 0 says: none)
@@ -57,7 +59,7 @@ class LocalDigest:
         self.body_units = 0  # board time (units) when the body's ages were taken
         self._key: tuple[bytes, bytes] | None = None
         self._entries: dict[str, DigestEntry] = {}
-        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the board's clock
+        self._ratelog = RateLimitedLog(log, now_ns=board_words(board).now_ns)  # the board's clock
         self.rejudge_ns = rejudge_ns(board.thresholds)
         self._seen_changes: int | None = None
         self._next_judge_ns = 0
@@ -106,7 +108,7 @@ class LocalDigest:
         # worth carrying -- a left or dead slot cut reads GONE at the watcher, never ALIVE.
         order = np.flatnonzero(codes)
         for i in order[np.argsort(codes[order], kind="stable")]:
-            info = b.read_slot(int(i))
+            info = self.bw.read_slot(int(i))
             if info is None:
                 continue
             k, pid, inc, eps = info
@@ -134,7 +136,7 @@ class LocalDigest:
     def body_age_ms(self) -> int:
         """How long ago the body's ages were taken (a full ack says so: its receiver
         then knows each listed worker's own beat time, not only its host's)."""
-        return max(0, int(units_to_ms(ts_units(self.b.now_ns()) - self.body_units)))
+        return max(0, int(units_to_ms(ts_units(self.bw.now_ns()) - self.body_units)))
 
     def _report_cut(self, cut: int) -> None:
         """Never silent: slots that did not fit the digest are counted (``digest_cut``,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.config import DEFAULT_PORT, format_hostport, parse_hostport
 from ..errors import InvalidConfig, LockTimeout
 from .evidence import host_ip
@@ -44,6 +45,7 @@ class Following:
         collaborators, shared with it (``rows`` writes the peer and remote rows,
         ``writer.changed()`` tells readers the board changed)."""
         self.b = board
+        self.bw = board_words(board)
         self.net = net
         self.rows = rows
         self.w = writer
@@ -78,8 +80,8 @@ class Following:
         ports: dict[str, int] = {}
         bad: dict[str, tuple[NetReason, str]] = {}
         try:
-            watched = self.b.watched_hosts()
-            refused = self.b.refused_watches()
+            watched = self.bw.watches.watched_hosts()
+            refused = self.bw.watches.refused_watches()
         except (UnicodeError, ValueError) as e:  # a row that does not even decode
             bad["(watch table)"] = (NetReason.ADDRESS, f"unreadable watch row: {e}")
             return set(self.targets), bad
@@ -161,13 +163,13 @@ class Following:
                 # Never wait for the registry lock here: its holder may be stopped, and
                 # every second of waiting is a second nobody watches this host (5 s, and
                 # the LockTimeout killed the agent).  Dead processes' watches can wait.
-                self.b.reclaim_watches(timeout_s=0.005)
+                self.bw.watches.reclaim_watches(timeout_s=0.005)
             except LockTimeout:
                 self._ratelog.warn("reclaim", "pinger: registry lock busy; watches of dead "
                                    "processes are dropped later")
             except OSError as e:  # EMFILE reading /proc: later
                 self._ratelog.warn("reclaim-os", "pinger: cannot check watch owners: %s", e)
-        rg = self.b.words[self.b.reg_gen_index]
+        rg = self.bw.words[self.bw.reg_gen_index]
         if self.skipped and now_ns >= self._next_skip_retry_ns:
             self._next_skip_retry_ns = now_ns + SKIP_RETRY_NS
             self._watch_gen = -1  # try the skipped hosts again (a key may have appeared)

@@ -33,6 +33,7 @@ import zmq
 
 from .badinput import BadInput
 from ..board.handle import Board
+from ..board.core import board_words
 from ..clock import Clock
 from ..board.config import PingerConfig, parse_hostport
 from ..errors import InvalidConfig
@@ -91,7 +92,7 @@ class NetworkHalf:
         self.address = cfg.listen
         self.host, self.port = parse_hostport(cfg.listen)
         self.rows = RowWriter(board)
-        self.identity = Identity(board.boot_id, board.board_inc)
+        self.identity = Identity(board_words(board).boot_id, board.board_inc)
         self.net = transport(cfg.curve_keys)
         try:
             self.router: zmq.Socket[bytes] | None = self.net.listen(self.host, self.port)
@@ -110,7 +111,7 @@ class NetworkHalf:
                              units_to_ns(board.thresholds.peer_dead))
         self._next_expire_ns = 0
         # nonces and push seqs: one counter that only grows per board identity
-        self.counter = SendCounter(board.words, COUNTER_WORD)
+        self.counter = SendCounter(board_words(board).words, COUNTER_WORD)
         self._nonce = 0
         self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
         self.following = Following(board, self.net, self.rows, writer, self.plan,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.layout import row_code
 from ..status import Status
 from .protocol import U32_MAX, DigestEntry
@@ -41,6 +42,7 @@ class Reports:
     def __init__(self, board: Board, rows: RowWriter, writer: AgentWords,
                  bad: Callable[[str, str], None]) -> None:
         self.b = board
+        self.bw = board_words(board)
         self.rows = rows
         self.w = writer
         self._bad = bad
@@ -65,7 +67,7 @@ class Reports:
             # The status code this row held before: read it before put_remote rewrites
             # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
             # to itself and never bump the change counter that readers rely on.
-            before = row_code(int(self.b.remote_table[held.row]["status"])) if held else None
+            before = row_code(int(self.bw.remote_table[held.row]["status"])) if held else None
             got = self.rows.put_remote(t.row, t.gen, held, e, now_ns, beat_ns(e, base_ns))
             if got is None:
                 continue

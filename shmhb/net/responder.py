@@ -20,6 +20,7 @@ from collections.abc import Callable
 import zmq
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..clock import Clock
 from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
@@ -82,7 +83,7 @@ class Responder:
         self._max_watchers = 4 * board.sizes.npeers  # of each kind
         self.digest = LocalDigest(board, count)
         # push seqs: only grow per board identity, whatever the wall clock does
-        self.counter = counter if counter is not None else SendCounter(board.words, COUNTER_WORD)
+        self.counter = counter if counter is not None else SendCounter(board_words(board).words, COUNTER_WORD)
         self._unpushed: dict[str, DigestEntry] = {}  # changes held back by _PUSH_GAP_NS
         self._last_push_ns: int | None = None
 

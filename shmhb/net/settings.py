@@ -15,6 +15,7 @@ import stat
 import numpy as np
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.registrylock import bump_reg_gen
 from ..board.config import DEFAULT_PORT, PingerConfig, has_port
 from ..errors import InvalidConfig
@@ -32,8 +33,8 @@ def _cfg_checksum(h: np.ndarray) -> int:
 def store_config(board: Board, cfg: PingerConfig) -> None:
     """Write the pinger settings into the board, replacing the configured peer list.
     Under the registry lock; the agent applies them at its next tick."""
-    with board.registry():
-        h = board.header
+    with board_words(board).registry():
+        h = board_words(board).header
         h["cfg_checksum"] = 0
         h["cfg_gen"] = int(h["cfg_gen"]) + 1
         h["cfg_listen"] = (cfg.listen or "").encode()
@@ -42,19 +43,19 @@ def store_config(board: Board, cfg: PingerConfig) -> None:
         h["cfg_interval_ns"] = int(cfg.interval_s * 1e9)
         h["cfg_budget_mpps"] = max(1, round(cfg.ping_budget_pps * 1000))
         h["cfg_checksum"] = _cfg_checksum(h)
-        w = board.watch_table
+        w = board_words(board).watch_table
         for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == 0)):
             w[int(i)]["checksum"] = 0
         bump_reg_gen(h)
     for p in cfg.peers:  # "host" (the cluster's port) or "host:port"
-        board.change_watch(p, +1, owner_pid=0, keep_port=has_port(p))
+        board_words(board).watches.change_watch(p, +1, owner_pid=0, keep_port=has_port(p))
 
 
 def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     """(generation, settings) stored in the board, or None if none were ever stored or
     the copy read was caught mid-write (try again next tick).  ``InvalidConfig`` if the
     stored settings are not valid."""
-    h = board.header.copy()
+    h = board_words(board).header.copy()
     gen, ck = int(h["cfg_gen"]), int(h["cfg_checksum"])
     if gen == 0 or ck != _cfg_checksum(h):
         return None

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from ..board.handle import Board
+from ..agent.embedded import Board  # its register joins the host's embedded agent
 from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError

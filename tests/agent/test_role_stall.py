@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 
@@ -27,6 +28,7 @@ PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
 WORKER = textwrap.dedent("""
     import ctypes, logging, sys
     import shmhb
+    from shmhb.board.core import board_words
     logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
     b = shmhb.Board.attach(sys.argv[1])
     hb = b.register(sys.argv[2], agent=True).start(0.02)
@@ -97,7 +99,7 @@ def test_a_daemon_replaces_a_stopped_embedded_holder_which_stands_down_on_resume
                    what="the daemon took the role from the stopped holder")
         took = time.monotonic() - t0
         assert took < 10, f"the takeover took {took:.1f} s"
-        assert board.agent().term > term0 and board.agent_held()
+        assert board.agent().term > term0 and board_words(board).agent_held()
         _kill_is_dead(procs, board, "victim")
         term1 = board.agent().term
     finally:
@@ -216,9 +218,10 @@ def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
 CLAIMER = textwrap.dedent("""
     import os, sys
     import shmhb
+    from shmhb.board.core import board_words
     from shmhb.board import agentterm, locks
     b = shmhb.Board.attach(sys.argv[1])
-    fd = b.new_fd()
+    fd = board_words(b).new_fd()
     print("ready", flush=True)
     for line in sys.stdin:
         cmd, t, flag = line.split()
@@ -226,7 +229,7 @@ CLAIMER = textwrap.dedent("""
             print("armed", flush=True)
             while not os.path.exists(flag):
                 pass
-            print(1 if agentterm.claim(fd, b.words, int(t)) else 0, flush=True)
+            print(1 if agentterm.claim(fd, board_words(b).words, int(t)) else 0, flush=True)
         else:  # let the term's byte go, as a holder standing down does
             locks.unlock(fd, agentterm.term_byte(int(t)))
             print("released", flush=True)
@@ -240,7 +243,7 @@ def test_processes_claiming_one_term_at_once_exactly_one_wins(
     claimers = [_spawn(procs, [sys.executable, "-c", CLAIMER, board.name],
                        tmp_path / f"claimer{i}.log", ready=True) for i in range(6)]
     for _round in range(10):
-        t = int(board.words[TERM_WORD])
+        t = int(board_words(board).words[TERM_WORD])
         flag = tmp_path / f"go{_round}"
         for p in claimers:  # all at once: each claims term t+1 having read t
             assert p.stdin is not None
@@ -251,7 +254,7 @@ def test_processes_claiming_one_term_at_once_exactly_one_wins(
         flag.touch()
         won = [int(p.stdout.readline()) for p in claimers if p.stdout is not None]
         assert sum(won) == 1, won
-        assert int(board.words[TERM_WORD]) == t + 1
+        assert int(board_words(board).words[TERM_WORD]) == t + 1
         winner = claimers[won.index(1)]
         assert winner.stdin is not None and winner.stdout is not None
         winner.stdin.write(f"release {t + 1} -\n")

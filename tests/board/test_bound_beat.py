@@ -9,12 +9,14 @@ import sys
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.status import Status
 from tests.conftest import Procs, wait_until
 
 BOUND_FORKER = r"""
 import os, sys, time
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
 hb = b.register("parent", agent=False)
 beat = hb.beat          # bound once, as a step loop does
@@ -64,10 +66,10 @@ def test_a_beat_bound_before_close_cannot_store_into_the_next_registrant(
             beat()
         hb2 = b.register("other", agent=False)
         assert hb2.index == hb.index
-        before = int(b.words[b.hb_index(hb2.index)])
+        before = int(board_words(b).words[board_words(b).hb_index(hb2.index)])
         with pytest.raises(shmhb.HeartbeatClosed):
             beat()
-        assert int(b.words[b.hb_index(hb2.index)]) == before
+        assert int(board_words(b).words[board_words(b).hb_index(hb2.index)]) == before
         hb2.close()
     finally:
         b.close()

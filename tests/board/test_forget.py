@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.agent.role import Agent
 from shmhb.board.layout import HEADER_DTYPE
@@ -191,9 +192,9 @@ def test_watch_rows_of_dead_owners_in_another_pid_namespace_are_reclaimed(board_
         for k in range(2):
             subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", WATCH_AND_DIE,
                             board_name, f"10.0.0.{k + 1}:1"], env=ENV, timeout=60)
-        assert sorted(b.watched_hosts()) == ["10.0.0.1", "10.0.0.2"]
+        assert sorted(board_words(b).watches.watched_hosts()) == ["10.0.0.1", "10.0.0.2"]
         b.watch("10.0.0.9:1")  # the table was full of the dead: reclaimed, no WatchTableFull
-        assert b.watched_hosts() == {"10.0.0.9": 1}
+        assert board_words(b).watches.watched_hosts() == {"10.0.0.9": 1}
     finally:
         b.close()
         unlink_quietly(board_name)
@@ -214,7 +215,7 @@ def test_watch_rows_of_live_owners_in_another_pid_namespace_are_kept(board_name:
         assert p.stdout is not None and p.stdout.readline().strip() == "watching"
         with pytest.raises(shmhb.WatchTableFull):
             b.watch("10.0.0.9:1")
-        assert b.watched_hosts() == {"10.0.0.1": 1}
+        assert board_words(b).watches.watched_hosts() == {"10.0.0.1": 1}
     finally:
         assert p.stdin is not None
         p.stdin.close()  # the owner exits

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 from shmhb.board.registration import issue_incarnation, key_bucket
@@ -23,6 +24,7 @@ from ..conftest import Procs, Stall
 RACER = textwrap.dedent("""
     import json, sys
     import shmhb
+    from shmhb.board.core import board_words
     b = shmhb.Board.attach(sys.argv[1])
     sys.stdin.readline()  # all start together
     got, hbs = [], []
@@ -80,7 +82,7 @@ def test_racing_registrants_get_distinct_incarnations_and_one_holder_per_key(
             s = board.slot(key)
             assert s is not None and s.incarnation == inc and s.status is not Status.LEFT
         if stalled:
-            assert min(incs) > int(board.header["inc_counter"])  # issued above it, not written
+            assert min(incs) > int(board_words(board).header["inc_counter"])  # issued above it, not written
     finally:
         if stall is not None:
             stall.release()
@@ -104,10 +106,11 @@ def test_after_a_stall_registrations_with_the_lock_read_newer(board: shmhb.Board
 HOLD_BUCKET = textwrap.dedent("""
     import os, signal, sys
     import shmhb
+    from shmhb.board.core import board_words
     from shmhb.board import locks
     from shmhb.board.registration import key_bucket
     b = shmhb.Board.attach(sys.argv[1])
-    fd = b.new_fd()
+    fd = board_words(b).new_fd()
     assert locks.try_lock(fd, key_bucket(sys.argv[2].encode()))
     print("held", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)

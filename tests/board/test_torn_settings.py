@@ -7,6 +7,8 @@ lock, SIGKILLed half-way (the window is microseconds wide: no timing could hit i
 
 from __future__ import annotations
 
+from shmhb.board.core import board_words
+
 import sys
 import textwrap
 
@@ -17,9 +19,10 @@ from ..hosts import Cluster, kill_is_dead_within_bound, status, wait_held, wait_
 TEARER = textwrap.dedent("""
     import os, signal, sys
     import shmhb
+    from shmhb.board.core import board_words
     b = shmhb.Board.attach(sys.argv[1])
-    with b.registry():                  # store_config's first steps, then killed
-        h = b.header
+    with board_words(b).registry():                  # store_config's first steps, then killed
+        h = board_words(b).header
         h["cfg_checksum"] = 0
         h["cfg_gen"] = int(h["cfg_gen"]) + 1
         h["cfg_listen"] = sys.argv[2].encode()
@@ -63,8 +66,8 @@ def test_a_running_holder_keeps_its_settings_through_a_tear_and_applies_the_comp
     a = cluster.host()
     gen0 = wait_net(a, "listening").settings_gen
     b = a.board
-    with b.registry():
-        h = b.header
+    with board_words(b).registry():
+        h = board_words(b).header
         h["cfg_checksum"] = 0
         h["cfg_gen"] = int(h["cfg_gen"]) + 1  # and stays torn for a while
         assert a.pinger is not None

@@ -35,6 +35,7 @@ from typing import Any
 import zmq
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Board, LinkReaper
 from shmhb.board import locks
 from shmhb.cli.check import check_rows
@@ -65,6 +66,7 @@ from .schedule import NEEDS_NETNS, NEEDS_ROOT, Fault, Timing, make_schedule
 WORKER = r"""
 import os, signal, sys, time
 import shmhb
+from shmhb.board.core import board_words
 name, key, ep, beat_s, gap_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 agent = sys.argv[6] == "1"  # join the election for the agent role (embedded agent)
 b = shmhb.Board.attach(name)
@@ -110,8 +112,9 @@ else:
 REG_HOLDER = """
 import os, signal, sys
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
-with b.registry():
+with board_words(b).registry():
     print("held", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)  # stopped while it holds the registry lock
 b.close()
@@ -120,6 +123,7 @@ b.close()
 WATCHER = """
 import signal, sys
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
 for ep in sys.argv[2:]:
     b.watch(ep)
@@ -1156,7 +1160,7 @@ class Harness(HostileFaults, LocalFaults):
                     c["killed"] = c["last"] = now_ns()
                     self.note(f"h{h.idx} connector pid {p.pid} SIGKILLed", f"h{h.idx}", t=c["killed"])
                 continue
-            w = h.board._watches.copy()
+            w = board_words(h.board).watch_table.copy()
             left = [i for i in range(len(w)) if int(w[i]["checksum"]) and int(w[i]["owner_pid"]) == p.pid]
             if not left:
                 self._watchers.remove(c)
@@ -1383,7 +1387,7 @@ class Harness(HostileFaults, LocalFaults):
             for lk in o.reaper.links() if o.reaper is not None else []:
                 k = lk.endpoint.rsplit(":", 1)[0].encode()
                 want[k] = want.get(k, 0) + 1
-            w = o.board._watches.copy()
+            w = board_words(o.board).watch_table.copy()
             got = {bytes(w[i]["address"]): int(w[i]["refs"]) for i in range(len(w))
                    if int(w[i]["checksum"]) and int(w[i]["owner_pid"]) == me}
             if got != want:

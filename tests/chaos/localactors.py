@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 
 from .actors import _WORKER
@@ -42,6 +43,7 @@ from .actors import _WORKER
 EMBEDDED = """
 import signal, sys
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
 hb = b.register(sys.argv[2], agent=True).start(0.05)
 print("ready", flush=True)
@@ -50,17 +52,19 @@ signal.pause()
 REG_HOLDER = """
 import os, signal, sys
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
-with b.registry():
+with board_words(b).registry():
     print("held", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
 """
 TEARER = """
 import os, signal, sys
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
-with b.registry():
-    h = b.header
+with board_words(b).registry():
+    h = board_words(b).header
     h["cfg_checksum"] = 0
     h["cfg_gen"] = int(h["cfg_gen"]) + 1
     h["cfg_listen"] = b"127.0.0.99:1"
