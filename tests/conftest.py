@@ -242,7 +242,8 @@ ENGINE = """
 def inst(engine: str, st: Status, *, serving: str | None = "127.0.0.5:8000",
          bootstrap: str | None = "127.0.0.5:8998", inc: int = 1, role: str = "prefill") -> Instance:
     """An instance as a reader of the board reports it (no board involved)."""
-    return Instance("", f"inst/{role}/sb/{engine}", engine, role, serving, bootstrap, inc, st, 1)
+    return Instance(host="", key=f"inst/{role}/sb/{engine}", engine=engine, role=role,
+                    serving=serving, bootstrap=bootstrap, incarnation=inc, status=st, ranks=1)
 
 
 def pids_with_cmdline(needle: str) -> list[int]:

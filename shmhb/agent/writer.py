@@ -13,7 +13,7 @@ from ..board.handle import Board
 from ..board.core import board_words
 from ..board.layout import (
     ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
-    pack_hb, pack_net_gen, pack_net_state, ts_units,
+    NetStateWord, pack_hb, pack_net_gen, pack_net_state, ts_units,
 )
 from ..net.state import NetShown
 
@@ -62,8 +62,9 @@ class AgentWriter:
         it never needs an order between words: a mismatch just hides the details."""
         h = self.bw.header
         s = shown
-        word = pack_net_state(self.term, int(s.state), int(s.auth), s.listening, int(s.reason),
-                              s.err, s.skipped)
+        word = pack_net_state(NetStateWord(
+            term=self.term, state=int(s.state), auth=int(s.auth), listening=s.listening,
+            reason=int(s.reason), errno=s.err, skipped=s.skipped))
         gen_word = pack_net_gen(self.term, cfg_gen)
         lb = listen.encode()[: ADDR_BYTES - 1]
         eb = s.error.encode()[: NET_ERROR_BYTES - 1]

@@ -49,7 +49,7 @@ import time
 import zlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,7 +93,10 @@ def issue_incarnation(floor: int, index: int, nslots: int, prev: int) -> int:
     return inc
 
 
-class Claim(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A slot claimed: its index and the incarnation issued."""
+
     slot: int
     incarnation: int
     #: whether the registry lock was held (the counters moved); False: registered
@@ -175,7 +178,7 @@ class Registrar:
         if with_registry:
             bump_reg_gen(head)
         log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
-        return Claim(index, inc, with_registry)
+        return Claim(slot=index, incarnation=inc, with_registry=with_registry)
 
     def _key_of(self, i: int) -> bytes | None:
         """The key slot ``i``'s record names if the record is valid (written whole)."""

@@ -369,12 +369,12 @@ class NetworkHalf:
                 self.rows.peer_status(t.row, t.gen, Status.LEFT, t.state.last_ack_ns)
                 self.w.changed()
             return
-        changed, unlisted, ask = self.reports.push(t, p.entries, now_ns)
-        if unlisted:
+        got = self.reports.push(t, p.entries, now_ns)
+        if got.unlisted:
             self.w.count("push_unlisted")
-        if changed or unlisted or ask:
+        if got.changed or got.unlisted or got.ask:
             t.digest_gen = 0  # the next ack brings the whole truth
-        if unlisted or ask:  # only an ack may say so: ask now, within a bound
+        if got.unlisted or got.ask:  # only an ack may say so: ask now, within a bound
             if confirm_now(t, now_ns):
                 self.w.count("pings_confirm")
                 self._ping(t, now_ns)

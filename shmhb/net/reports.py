@@ -15,6 +15,7 @@ the host it names, a push never revives a worker nor creates a row.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..board.handle import Board
 from ..board.core import board_words
@@ -35,6 +36,17 @@ def beat_ns(e: DigestEntry, base_ns: int | None) -> int | None:
         return None
     return base_ns - e.age_ms * 1_000_000
 
+
+
+@dataclass(frozen=True, slots=True)
+class PushOutcome:
+    """What applying a push did: ``changed`` rows; met a key the last full ack did not
+    list (``unlisted``); or a change only an ack may tell, SUSPECT or ALIVE again
+    (``ask``)."""
+
+    changed: bool
+    unlisted: bool
+    ask: bool
 
 class Reports:
     """Digests and pushes of followed hosts, applied to their remote rows."""
@@ -82,12 +94,10 @@ class Reports:
         if changed:
             self.w.changed()
 
-    def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int
-             ) -> tuple[bool, bool, bool]:
-        """A push's entries: deaths, leaves and restarts applied; returns (changed,
-        unlisted: a key the last full ack did not list, ask: a change only an ack may
-        tell -- SUSPECT, ALIVE again).  Never makes anything ALIVE that was not, never
-        creates a row: a flood of pushes cannot fill the remote table."""
+    def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> PushOutcome:
+        """A push's entries: deaths, leaves and restarts applied.  Never makes anything
+        ALIVE that was not, never creates a row: a flood of pushes cannot fill the
+        remote table."""
         changed = unlisted = ask = False
         for e in entries:
             held = t.remotes.get(e.key)
@@ -106,4 +116,4 @@ class Reports:
                 ask = True
         if changed:
             self.w.changed()
-        return changed, unlisted, ask
+        return PushOutcome(changed=changed, unlisted=unlisted, ask=ask)
