@@ -815,6 +815,37 @@ def default_paths(quick: bool) -> tuple[Path, Path]:
     return (QUICK_DIR / "RESULTS.md", QUICK_DIR / "plots") if quick else (OUT_MD, PLOTS)
 
 
+
+@dataclass(frozen=True)
+class Profile:
+    """How much one run measures: samples of each micro-benchmark and scenario."""
+
+    q1_samples: int  # Q1: beats and reads timed
+    q2_rounds: int  # Q2: step-loop rounds
+    kills: int  # Q3: local kills -> DEAD
+    pool: int  # Q3: victim processes kept ready for those kills
+    hangs: int  # Q3: local hangs (SIGSTOP) -> DEAD
+    host_kills: int  # Q3: remote host kills -> DEAD
+    push_kills: int  # pushed deaths timed (0: skipped)
+    stress_s: float  # Q5: seconds with every core hogged
+    sglang_servers: int  # anchors: SGLang health servers killed
+    sglang_interval_s: float  # anchors: SGLang's checker interval
+    etcd_holders: int  # anchors: etcd lease holders killed (0: skipped)
+
+
+#: ``--smoke``: the code paths, not their figures (SGLang's checker at a 0.2 s interval)
+SMOKE = Profile(q1_samples=15, q2_rounds=3, kills=3, pool=2, hangs=1, host_kills=1,
+                push_kills=0, stress_s=3.0, sglang_servers=2, sglang_interval_s=0.2,
+                etcd_holders=0)
+#: ``--quick``
+QUICK = Profile(q1_samples=60, q2_rounds=8, kills=10, pool=5, hangs=4, host_kills=2,
+                push_kills=0, stress_s=10.0, sglang_servers=3,
+                sglang_interval_s=anchors.SGLANG_INTERVAL_S, etcd_holders=3)
+#: the default: the figures RESULTS.md reports
+FULL = Profile(q1_samples=400, q2_rounds=30, kills=100, pool=10, hangs=20, host_kills=6,
+               push_kills=15, stress_s=60.0, sglang_servers=8,
+               sglang_interval_s=anchors.SGLANG_INTERVAL_S, etcd_holders=8)
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     mode = ap.add_mutually_exclusive_group()
@@ -845,35 +876,27 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     info = stats.machine_info()
     load0 = os.getloadavg()
-    if a.smoke:  # SGLang's checker at a 0.2 s interval: the code path, not its figure
-        P: dict[str, Any] = dict(q1=15, q2=3, kills=3, pool=2, hangs=1, hostk=1, push=0, stress=3.0,
-                                 sglang=2, sglang_s=0.2, etcd=0)
-    elif a.quick:
-        P = dict(q1=60, q2=8, kills=10, pool=5, hangs=4, hostk=2, push=0, stress=10.0,
-                 sglang=3, sglang_s=anchors.SGLANG_INTERVAL_S, etcd=3)
-    else:
-        P = dict(q1=400, q2=30, kills=100, pool=10, hangs=20, hostk=6, push=15, stress=60.0,
-                 sglang=8, sglang_s=anchors.SGLANG_INTERVAL_S, etcd=8)
+    P = SMOKE if a.smoke else QUICK if a.quick else FULL
     with contextlib.ExitStack() as st:
         log("Q1: one heartbeat / one read")
-        q1 = q1_costs(st, P["q1"])
+        q1 = q1_costs(st, P.q1_samples)
     with contextlib.ExitStack() as st:
         log("Q2: step-loop overhead")
-        q2 = q2_step_loop(st, P["q2"])
+        q2 = q2_step_loop(st, P.q2_rounds)
     with contextlib.ExitStack() as st:
         log("Q3: local kill -> DEAD (bench.board.bench_kill)")
-        kill_rows, kill_notes, kill_values = bench_kill_values(st, P["kills"], P["pool"])
+        kill_rows, kill_notes, kill_values = bench_kill_values(st, P.kills, P.pool)
     with contextlib.ExitStack() as st:
         log("Q3: local hang (SIGSTOP) -> DEAD")
-        hang = q3_hang(st, P["hangs"])
+        hang = q3_hang(st, P.hangs)
     with contextlib.ExitStack() as st:
         log("Q3: remote host kill -> DEAD")
-        host = q3_host_kill(st, P["hostk"])
+        host = q3_host_kill(st, P.host_kills)
     pr = None
-    if P["push"]:
+    if P.push_kills:
         with contextlib.ExitStack() as st:
             log("Q3: remote worker kill (bench.push)")
-            pr = push_bench.run(st, P["push"], log=log)
+            pr = push_bench.run(st, P.push_kills, log=log)
     shape = None
     cpu: list[cluster_bench.CpuResult] = []
     if not quick:
@@ -890,10 +913,10 @@ def main(argv: list[str] | None = None) -> int:
             cpu.append(cluster_bench.run_cpu_target(window_s, 1, 0, rng, hosts=n,
                                                     kills=3 if n == cluster_bench.CPU_KILL_HOSTS else 0))
     log("Q3: today's stacks (bench.anchors): SGLang's checker, Dynamo's etcd lease")
-    anc = anchors.run(P["sglang"], P["etcd"], sglang_interval_s=P["sglang_s"], log=log)
+    anc = anchors.run(P.sglang_servers, P.etcd_holders, sglang_interval_s=P.sglang_interval_s, log=log)
     with contextlib.ExitStack() as st:
-        log(f"Q5: false verdicts, {P['stress']:g} s with every core hogged")
-        stress = q5_stress(st, P["stress"])
+        log(f"Q5: false verdicts, {P.stress_s:g} s with every core hogged")
+        stress = q5_stress(st, P.stress_s)
     load1 = os.getloadavg()
     wall = time.monotonic() - t_start
     stamp = f"{run_name}, {started:%Y-%m-%d %H:%M %Z}; {info[0][1]}; load {load0[0]:.1f} -> {load1[0]:.1f}"
@@ -1022,8 +1045,8 @@ def main(argv: list[str] | None = None) -> int:
                f"{pol.peer_dead_after_s:g} s). Silence counts from the last ack, up to one interval before "
                "the kill, so the figure can sit under peer-dead-after.")
     out.append("- today's stacks (bench.anchors): " + anchors.NOTE
-               + (f" This run checked every {P['sglang_s']:g} s instead of 5 s (smoke)."
-                  if P["sglang_s"] != anchors.SGLANG_INTERVAL_S else ""))
+               + (f" This run checked every {P.sglang_interval_s:g} s instead of 5 s (smoke)."
+                  if P.sglang_interval_s != anchors.SGLANG_INTERVAL_S else ""))
     out.append("- link cleanup: shmhb's `LinkReaper` drops a link at its first `poll()` after the "
                "verdict (from the step loop, or `reaper.start(0.05)`: at most 50 ms later), so cleanup "
                "= the verdict rows above + one poll; SGLang removes the prefill's connection info "
