@@ -24,12 +24,6 @@ pytestmark = pytest.mark.fast  # pure or in-process: the tier that runs in secon
 
 PKG_DIR = Path(shmhb.__file__).parent
 ROOT = PKG_DIR.parent
-MAX_LINES = 450
-
-#: modules over MAX_LINES that are being split; an entry is ignored once its module
-#: fits, and must then be removed (the tests say so)
-LONG_FOR_NOW: dict[str, str] = {}
-
 #: the modules that know where each bit of a board word sits: the byte map, the bit map
 #: (packing and the one decoder) and the judge; the C mirror of them (_native.c, shmhb.h)
 #: is not Python.  Everyone else reads words through their named helpers.
@@ -280,16 +274,6 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def long_modules(pkg_dir: Path, limit: int = MAX_LINES) -> dict[str, int]:
-    """File (relative to the package) -> its line count, for files over ``limit`` lines."""
-    out = {}
-    for p in sorted(pkg_dir.rglob("*.py")):
-        n = len(p.read_text().splitlines())
-        if n > limit:
-            out[str(p.relative_to(pkg_dir))] = n
-    return out
-
-
 def layer_violations(graph: dict[str, set[str]], root: str, layers: dict[str, frozenset[str]],
                      may_import: dict[str, frozenset[str]]) -> list[str]:
     """``a (layer) imports b (layer)`` for every edge of the import graph that goes up or
@@ -521,12 +505,6 @@ def test_cycle_check_finds_function_level_and_package_cycles(tmp_path: Path) -> 
     assert find_cycle(import_graph(pkg)) is None
 
 
-def test_length_check_counts_lines(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, {"__init__.py": "", "big.py": "x = 1\n" * 451,
-                              "ok.py": "x = 1\n" * 450})
-    assert long_modules(pkg) == {"big.py": 451}
-
-
 def test_layer_check_flags_upward_and_unplaced_modules(tmp_path: Path) -> None:
     pkg = _package(tmp_path, {
         "__init__.py": "from .top import T\n",
@@ -654,13 +632,6 @@ def test_no_submodule_imports_the_package_itself() -> None:
     root = PKG_DIR.name
     bad = sorted(m for m, deps in import_graph(PKG_DIR).items() if m != root and root in deps)
     assert not bad, f"import the defining module, not the package: {bad}"
-
-
-def test_no_module_over_the_limit() -> None:
-    over = {f: n for f, n in long_modules(PKG_DIR).items() if f not in LONG_FOR_NOW}
-    assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
-    fits = sorted(f for f in LONG_FOR_NOW if f not in long_modules(PKG_DIR))
-    assert not fits, f"these fit now: remove them from LONG_FOR_NOW: {fits}"
 
 
 def test_imports_go_down_the_layers() -> None:
