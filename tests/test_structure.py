@@ -101,7 +101,7 @@ LAYERS: dict[str, frozenset[str]] = {
     }),
     "testing": frozenset({"testing", "testing.loopback", "testing.network"}),
     "cli": frozenset({
-        "__main__", "cli", "cli.boardopts", "cli.check", "cli.demo", "cli.events",
+        "__main__", "cli", "cli.boardopts", "cli.check", "cli.demo", "cli.events", "cli.exits",
         "cli.exporter", "cli.feed", "cli.feeder", "cli.gc", "cli.httpserve", "cli.instview",
         "cli.main", "cli.monitor", "cli.pipes", "cli.routerapi", "cli.screen", "cli.sdnotify",
         "cli.stopsignal", "cli.units", "cli.view",

@@ -20,9 +20,13 @@ from ..version import __version__
 from ..board.handle import Board
 from ..board.config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
 from ..errors import BoardNotFound, InvalidConfig, ShmhbError
-from .pipes import EXIT_BROKEN_PIPE, PipeConsole, reader_gone  # noqa: F401 (EXIT_ re-exported)
+from .exits import (
+    EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK,
+    EXIT_SLOTS, EXIT_UNHEALTHY,
+)
+from .pipes import PipeConsole, reader_gone
 from .stopsignal import stop_on_signals
-from .view import EXIT_ERROR, EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, STATUS_SCHEMA, View
+from .view import STATUS_SCHEMA, View
 
 log = logging.getLogger(__name__)
 
@@ -402,10 +406,6 @@ def check_args(args: argparse.Namespace) -> None:
         from .boardopts import asked_policy, check_access_args
         asked_policy(args)
         check_access_args(args)
-
-
-#: Exit statuses of every command (README, "Exit statuses").
-EXIT_OK, EXIT_UNHEALTHY, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:

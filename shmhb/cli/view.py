@@ -18,19 +18,12 @@ from ..board.handle import Board
 from ..board.core import board_words
 from ..board.config import Policy
 from ..status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
+from .exits import EXIT_NETWORK, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS
 
 BAD_PREFIX = "bad_"
 NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
 NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
 
-#: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 1, 0).
-#: EXIT_OK also when no worker is registered or every one left and no agent runs because
-#: none ever ran or it left cleanly: an empty board is not an error.
-EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
-EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
-EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli.main)
-EXIT_NO_OBSERVER = 3  # no running agent: none ever ran, its holder is gone, stalled or left
-EXIT_NETWORK = 4  # the configured network half is not working (degraded: see the reason)
 #: Version of ``shmhb status --json``: bumped when a field changes meaning or goes away
 #: (new fields may appear without a bump).
 STATUS_SCHEMA = 1
