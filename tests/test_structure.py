@@ -53,7 +53,7 @@ MAX_FUNCTION_LINES = 60
 LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
     "board/handle.py:Board.create": 63,
     "cli/check.py:_check_rows": 103,
-    "cli/main.py:build_parser": 111,
+    "cli/main.py:build_parser": 110,
     "net/digest.py:LocalDigest.rebuild": 62,
     "cli/exporter.py:BoardCollector._families": 122,
     "agent/localwatch.py:LocalWatch._examine": 73,

@@ -193,8 +193,8 @@ def cmd_pinger(args: argparse.Namespace) -> int:
 
     open_board(args).close()  # the policy flags: checked against an existing board
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
-        from ..net.settings import configure_from_args
-        configure_from_args(args)  # stored in the board: any holder of the role applies them
+        from .boardopts import store_pinger_args
+        store_pinger_args(args)  # stored in the board: any holder of the role applies them
     agent = Agent(board_name(args.board),
                   config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s),
                   daemon=True)
@@ -313,9 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="give the role up (and exit 1) when the agent loop is blocked this "
                          "long (default 10)")
     sp.set_defaults(func=cmd_pinger)
-    from ..net.settings import add_pinger_args
+    from .boardopts import add_board_args, add_pinger_args
     add_pinger_args(sp)
-    from .boardopts import add_board_args
     add_board_args(sp)
 
     sp = sub.add_parser("monitor", parents=[common], help="live full-screen view of the board (Ctrl-C quits)")

@@ -37,7 +37,7 @@ from ..board.core import board_words
 from ..clock import Clock
 from ..board.config import PingerConfig, parse_hostport
 from ..errors import InvalidConfig
-from .settings import configure_from_args, load_config, read_secret, store_config  # re-exported
+from .settings import load_config, read_secret, store_config  # re-exported
 from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
@@ -403,5 +403,5 @@ class NetworkHalf:
         self.net.close(self._linger_ms)
 
 
-__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args",
+__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf",
            "load_config", "store_config"]

@@ -8,7 +8,6 @@ others is refused (as ssh refuses such a key), and so is one too short.
 
 from __future__ import annotations
 
-import argparse
 import os
 import stat
 
@@ -17,10 +16,9 @@ import numpy as np
 from ..board.handle import Board
 from ..board.core import board_words
 from ..board.registrylock import bump_reg_gen
-from ..board.config import DEFAULT_PORT, PingerConfig, has_port
+from ..board.config import PingerConfig, has_port
 from ..errors import InvalidConfig
 from ..board.layout import checksum
-from .plan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
 
 # -- settings stored in the board ---------------------------------------------------------
 
@@ -127,40 +125,3 @@ def curve_public_key(keys_dir: str, host: str) -> bytes:
         raise InvalidConfig(f"no CURVE public key for host {host!r} ({path!r}: {e}); copy "
                             "that host's .key file there") from None
     return pub
-
-
-# -- CLI hooks (``shmhb pinger``) -------------------------------------------------------------
-
-def add_pinger_args(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--listen", metavar="HOST:PORT", default=None,
-                    help=f"address to answer pings on (port default {DEFAULT_PORT}, "
-                         "one number for the whole cluster)")
-    sp.add_argument("--peer", metavar="HOST[:PORT]", action="append", default=[],
-                    help="a host to follow even if no local process watches it (repeatable)")
-    sp.add_argument("--interval-s", type=float, default=0.2,
-                    help="shortest ping interval per host (default 0.2); longer when the "
-                         "budget needs it")
-    sp.add_argument("--ping-budget-pps", type=float, default=DEFAULT_BUDGET_PPS, metavar="N",
-                    help=f"pings per second to all followed hosts together (default "
-                         f"{DEFAULT_BUDGET_PPS:g}); each host still gets at least "
-                         f"{MIN_PINGS_PER_WINDOW} pings per peer dead-after window")
-    auth = sp.add_mutually_exclusive_group()
-    auth.add_argument("--secret-file", metavar="F", default=None,
-                      help="shared secret: HMAC on every frame, unauthenticated pings unanswered")
-    auth.add_argument("--curve-keys", metavar="DIR", default=None,
-                      help="CURVE keys: DIR/<host>.key public keys of all hosts, "
-                           "DIR/<listen host>.key_secret this host's")
-
-
-def configure_from_args(args: argparse.Namespace) -> bool:
-    """Store the command line's pinger settings in the board; True: network half on."""
-    cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
-                       secret_file=args.secret_file, curve_keys=args.curve_keys,
-                       ping_budget_pps=args.ping_budget_pps)
-    if cfg.secret_file:
-        read_secret(cfg.secret_file)  # fail now, with the reason, not in the agent thread
-    with Board.open(args.board) as b:
-        store_config(b, cfg)
-    return True
-
-

@@ -239,7 +239,7 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
     import sys
 
     from shmhb.cli.main import build_parser
-    from shmhb.net.pinger import configure_from_args
+    from shmhb.cli.boardopts import store_pinger_args
 
     from ..conftest import ROOT
 
@@ -248,7 +248,7 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "ping_budget_pps" in bad.stderr, bad
     assert load_config(board) is None  # nothing was stored
-    configure_from_args(build_parser().parse_args([*argv, "--ping-budget-pps", "12.5"]))
+    store_pinger_args(build_parser().parse_args([*argv, "--ping-budget-pps", "12.5"]))
     got = load_config(board)
     assert got is not None and got[1].ping_budget_pps == 12.5
 
