@@ -43,8 +43,7 @@ from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
     MAX_ACK_ENTRIES, U32_MAX, Ack, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
-# _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
-from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
+from .responder import DRAIN_BUDGET_NS, PUSH_GAP_NS, RECV_BATCH, Responder  # PUSH_GAP_NS re-exported
 from .challenge import echoed, issue, new_challenge
 from .evidence import counts_as_evidence, passive
 from .target import Target, confirm_now, speaks_for_another
@@ -57,7 +56,7 @@ from .rowwriter import RowWriter
 from .sendcounter import COUNTER_WORD, SendCounter
 from ..status import Status
 from .suspicion import Suspicion
-from .transport import Transport, TransportFactory, recv_routed
+from .transport import MORE, NOBLOCK, POLLIN, Transport, TransportFactory, recv_routed
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +250,8 @@ class NetworkHalf:
         c = self.client
         assert c is not None
         try:
-            c.send(t.rid, _MORE)
-            c.send(frame, _NOBLOCK)
+            c.send(t.rid, MORE)
+            c.send(frame, NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
@@ -276,8 +275,8 @@ class NetworkHalf:
         c = self.client
         assert c is not None
         deadline = self.clock.monotonic_ns() + DRAIN_BUDGET_NS
-        for n in range(_RECV_BATCH):
-            if not int(c.getsockopt(zmq.EVENTS)) & _POLLIN:
+        for n in range(RECV_BATCH):
+            if not int(c.getsockopt(zmq.EVENTS)) & POLLIN:
                 return  # drained (cheaper than letting recv raise Again)
             if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
                 self.w.count("drain_budget_spent")
@@ -403,5 +402,5 @@ class NetworkHalf:
         self.net.close(self._linger_ms)
 
 
-__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf",
+__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "PUSH_GAP_NS", "NetworkHalf",
            "load_config", "store_config"]
