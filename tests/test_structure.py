@@ -84,7 +84,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "clock", "errors", "periodic", "procinfo", "ratelog", "status", "timens", "version",
     }),
     "board": frozenset({
-        "board", "board.address", "board.agentterm", "board.config", "board.core",
+        "board", "board.address", "board.config", "board.core",
         "board.forgetting", "board.handle", "board.heartbeat", "board.instances", "board.judge", "board.layout",
         "board.localreads", "board.locks", "board.native", "board.netword", "board.reaper",
         "board.records", "board.registration", "board.registrylock", "board.remotereads",
@@ -97,7 +97,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),
     "agent": frozenset({
-        "agent", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",
+        "agent", "agent.election", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",
     }),
     "testing": frozenset({"testing", "testing.loopback", "testing.network"}),
     "cli": frozenset({

@@ -1,7 +1,7 @@
 """The host agent role: one process per host watches local workers (and, with the
 network half, remote hosts) and writes verdicts into the board.
 
-Election (``shmhb.board.agentterm``): term T of the role is an OFD lock byte on the board; the
+Election (``shmhb.agent.election``): term T of the role is an OFD lock byte on the board; the
 kernel drops it when its holder dies, and a standby polling every ``election_poll_s``
 takes term T+1, bumping ``agent_term`` (the agent's words name the term that wrote
 them).  A holder stalled as a whole -- SIGSTOPped, or a C call holding its GIL, so
@@ -32,9 +32,8 @@ from ..board.handle import Board
 from ..board.core import board_words
 from ..clock import MONOTONIC, Clock
 from ..board.config import AgentConfig
-from ..board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
-                        term_byte)
-from ..board.layout import LOCK_DAEMON, TERM_RING
+from .election import HB_WORD, StallWatch, claim, held_others, stall_bound_ns
+from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
@@ -64,7 +63,7 @@ class _Superseded(Exception):
 
 class _Renew(Exception):
     """Every stalled holder we replaced has stopped writing, and we took a fresh term:
-    set the components up anew over whatever they may have left (shmhb.board.agentterm)."""
+    set the components up anew over whatever they may have left (shmhb.agent.election)."""
 
 
 #: how often an embedded holder looks whether a daemon waits for the role (one fcntl)
@@ -169,7 +168,7 @@ class Agent:
 
     def elect(self, board: Board) -> AgentLoop | None:
         """One election step: take the role if it is free, or if its holder is stalled
-        (shmhb.board.agentterm), and return the loop that holds it (not started: call its
+        (shmhb.agent.election), and return the loop that holds it (not started: call its
         ``step``); None while another process holds it."""
         with self._fd_lock:
             if self._fd < 0:
@@ -283,7 +282,7 @@ class Agent:
             self._older = {b for b in self._older if locks.is_held(fd, b)}
             if not self._older:
                 # the replaced holders wrote their last word before letting their byte
-                # go: a fresh term now repairs whatever they left (shmhb.board.agentterm)
+                # go: a fresh term now repairs whatever they left (shmhb.agent.election)
                 if claim(fd, words, self.term):
                     locks.unlock(fd, term_byte(self.term))
                     self._renewed = self.term = self.term + 1
@@ -293,7 +292,7 @@ class Agent:
     def _take(self, board: Board, term: int) -> AgentLoop:
         """Set the role up, now that ``claim`` made term ``term`` ours (it wrote
         ``agent_term``): our words, the components, and the loop over them."""
-        # The term counter has one writer without the registry lock: see agentterm.
+        # The term counter has one writer without the registry lock: see shmhb.agent.election.
         # Taking the registry lock here made a takeover wait for as long as some process
         # stayed stopped while holding it (no agent on the host meanwhile), and then
         # killed the new agent with LockTimeout.

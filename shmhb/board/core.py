@@ -30,14 +30,13 @@ import numpy as np
 from . import locks, segment
 from ..clock import MONOTONIC, Clock
 from .config import UNIT_S, Capacity, Policy
-from .agentterm import TERM_WORD, term_byte
 from ..errors import BoardCorrupt, InvalidConfig
 from .judge import Thresholds, agent_fresh, judge_agent, judge_local
 from .layout import (
-    HEADER_DTYPE, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE,
-    SLOT_RECORD_DTYPE, SLOT_STRIDE, SLOT_WORDS_DTYPE, STAT_NAMES, VERDICT_WORD,
+    HEADER_DTYPE, PEER_ROW_DTYPE, REMOTE_ROW_DTYPE, SLOT_RECORD_DTYPE, SLOT_STRIDE,
+    SLOT_WORDS_DTYPE, STAT_NAMES, TERM_WORD, VERDICT_WORD,
     WATCH_ROW_DTYPE, Sizes, agent_pid, hb_ts_array, header_index, inc_tag, record_checksum,
-    ts_units, word_index, word_tag,
+    term_byte, ts_units, word_index, word_tag,
 )
 from .native import WordMemo
 from .netword import decode_network

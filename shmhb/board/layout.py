@@ -84,7 +84,7 @@ MAX_DIGEST_ENTRIES: Final = 4096
 # agent_hb, agent_id    the agent role holder
 # agent_gen             the agent role holder (bumped on every verdict or remote change)
 # agent_term            the agent role holder, at its takeover (a takeover counter; only
-#                       the holder of the new term's lock byte writes it: shmhb.board.agentterm)
+#                       the holder of the new term's lock byte writes it: shmhb.agent.election)
 # agent_lateness_us     the agent role holder: its worst loop lateness of the last second
 # stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
 # cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings
@@ -247,9 +247,15 @@ LOCK_REGISTRY: Final = 0  # registration counters, watch writes, pinger settings
 #: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
 #: hands it over to it, and embedded standbys leave the role to it (shmhb.agent.role)
 LOCK_DAEMON: Final = 2
-#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.board.agentterm)
+#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.agent.election)
 LOCK_TERM_BASE: Final = 1 << 19
 TERM_RING: Final = 64
+
+
+def term_byte(term: int) -> int:
+    """The lock byte that term ``term`` of the agent role is held by."""
+    return LOCK_TERM_BASE + term % TERM_RING
+
 LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
 #: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
 #: owners in another pid namespace, whose pids mean nothing here, are judged
@@ -305,6 +311,8 @@ def header_index(field: str) -> int:
     return field_word(HEADER_DTYPE, field)
 
 
+#: the index of ``agent_term`` among the header's words: the current term of the agent role
+TERM_WORD: Final = header_index("agent_term")
 SLOT_STRIDE: Final = SLOT_WORDS_DTYPE.itemsize // WORD_BYTES  # words per slot line
 VERDICT_WORD: Final = field_word(SLOT_WORDS_DTYPE, "verdict")  # from the slot's hb word
 PEER_STRIDE: Final = PEER_ROW_DTYPE.itemsize // WORD_BYTES

@@ -119,7 +119,7 @@ class NetSupervisor:
 
     def reserved(self) -> int:
         """The highest ``net_counter`` reservation any of our halves stored (the agent
-        restores it after a stale writer may have stored a lower one: shmhb.board.agentterm)."""
+        restores it after a stale writer may have stored a lower one: shmhb.agent.election)."""
         h = self.half
         return max(self._reserved, h.counter.reserved if h is not None else 0)
 

@@ -1,6 +1,6 @@
 """Issue 23 case 3, the stalled holder: a holder of the agent role stopped as a whole
 (SIGSTOP, or a C call holding its GIL, so neither its loop nor its watchdog runs) keeps
-its lock byte; a standby replaces it within seconds (shmhb.board.agentterm), and the holder,
+its lock byte; a standby replaces it within seconds (shmhb.agent.election), and the holder,
 once it resumes, stands down and writes no more."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_a_holder_in_a_c_call_holding_the_gil_is_replaced_by_an_embedded_standby
     wait_until(lambda: "standing down" in (tmp_path / "holder.log").read_text(),
                timeout_s=10, what="the holder stands down after the C call")
     # Once the holder let its byte go, the standby sets the role up anew in a fresh
-    # term (the repair; shmhb.board.agentterm), during which the agent's pid briefly reads 0:
+    # term (the repair; shmhb.agent.election), during which the agent's pid briefly reads 0:
     # observe after it, as the daemon's test above does (looking across it failed once
     # on a loaded machine).
     wait_until(lambda: board.agent().term > term1 and _holds(board, standby.pid),
@@ -219,7 +219,8 @@ CLAIMER = textwrap.dedent("""
     import os, sys
     import shmhb
     from shmhb.board.core import board_words
-    from shmhb.board import agentterm, locks
+    from shmhb.agent import election
+    from shmhb.board import locks
     b = shmhb.Board.attach(sys.argv[1])
     fd = board_words(b).new_fd()
     print("ready", flush=True)
@@ -229,16 +230,16 @@ CLAIMER = textwrap.dedent("""
             print("armed", flush=True)
             while not os.path.exists(flag):
                 pass
-            print(1 if agentterm.claim(fd, board_words(b).words, int(t)) else 0, flush=True)
+            print(1 if election.claim(fd, board_words(b).words, int(t)) else 0, flush=True)
         else:  # let the term's byte go, as a holder standing down does
-            locks.unlock(fd, agentterm.term_byte(int(t)))
+            locks.unlock(fd, election.term_byte(int(t)))
             print("released", flush=True)
 """)
 
 
 def test_processes_claiming_one_term_at_once_exactly_one_wins(
         board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
-    from shmhb.board.agentterm import TERM_WORD
+    from shmhb.board.layout import TERM_WORD
 
     claimers = [_spawn(procs, [sys.executable, "-c", CLAIMER, board.name],
                        tmp_path / f"claimer{i}.log", ready=True) for i in range(6)]
