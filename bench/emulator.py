@@ -13,7 +13,7 @@ many pings as it sends, as in a cluster where every host follows every other.
 Each emulated host pings as a default pinger would in that mutual pair: it
 connects from its own address, counts the real pinger's pings to it as evidence by the
 pinger's own rule (``shmhb.net.evidence``, no secret: the ping must echo a challenge the
-emulated host sent in its own pings, ``shmhb.net.challenge``; its acks say it decodes
+emulated host sent in its own pings, ``shmhb.net.evidence``; its acks say it decodes
 its pings carry one, echo the real pinger's, and tell its digest generation), and plans its turns with the pinger's own ``PingPlan``: it
 is the passive side where its board identity is the larger (``evidence.passive``; about
 half of them), and then pings only once per refresh period while the evidence is fresh.
@@ -55,7 +55,7 @@ import time
 import zmq
 
 from shmhb.board.config import AgentConfig
-from shmhb.net.challenge import echoed, issue, new_challenge
+from shmhb.net.evidence import echoed, issue, new_challenge
 from shmhb.net.evidence import counts_as_evidence, passive
 from shmhb.net.exchange import wants_full_digest
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, PingPlan

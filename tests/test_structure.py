@@ -42,7 +42,6 @@ HOT_INLINE: dict[str, str] = {
 #: files whose hex literals are not board words, with the reason
 HEX_FILES: dict[str, str] = {
     "net/protocol.py": "the wire frame's own fields: flag bits and struct integer limits",
-    "net/frames.py": "the wire's u64 limit",
 }
 
 MAX_FUNCTION_LINES = 60
@@ -91,8 +90,8 @@ LAYERS: dict[str, frozenset[str]] = {
         "board.segment", "board.watchtable", "board.words",
     }),
     "net": frozenset({
-        "net", "net.badinput", "net.challenge", "net.digest", "net.evidence",
-        "net.exchange", "net.following", "net.frames", "net.frametag", "net.pinger", "net.plan",
+        "net", "net.badinput", "net.digest", "net.evidence",
+        "net.exchange", "net.following", "net.pinger", "net.plan",
         "net.protocol", "net.reports", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),

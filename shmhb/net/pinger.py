@@ -44,7 +44,7 @@ from .protocol import (
     MAX_ACK_ENTRIES, U32_MAX, Ack, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
 from .responder import DRAIN_BUDGET_NS, PUSH_GAP_NS, RECV_BATCH, Responder  # PUSH_GAP_NS re-exported
-from .challenge import echoed, issue, new_challenge
+from .evidence import echoed, issue, new_challenge
 from .evidence import counts_as_evidence, passive
 from .target import Target, confirm_now, speaks_for_another
 from .following import Following
@@ -141,7 +141,7 @@ class NetworkHalf:
         """A followed host's own ping as evidence that its pinger runs, if
         ``shmhb.net.evidence`` says it counts (the responder calls this for each ping).
         Returns whether it is that host's own (authenticated, or echoing a challenge of
-        ours: ``shmhb.net.challenge``); the responder keeps such watchers apart.
+        ours: ``shmhb.net.evidence``); the responder keeps such watchers apart.
 
         Which followed host sent it: the one whose acks established the identity it
         names, else the one at the address it names.  The address proves nothing (see
@@ -242,7 +242,7 @@ class NetworkHalf:
     def _ping(self, t: Target, now_ns: int) -> bool:
         """Send one ping; False if the host's connection is down (nothing is queued)."""
         self._nonce = self.counter.next()
-        # Without authentication, a challenge for it to echo (shmhb.net.challenge).
+        # Without authentication, a challenge for it to echo (shmhb.net.evidence).
         ch = new_challenge() if self.plain else 0
         frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
                                  t.identity, ch, t.their_challenge if ch else 0,

@@ -19,7 +19,9 @@ ACK states how old its body is before the digest.
 Why this shape (fixed-width integers, length-prefixed UTF-8, every length checked
 against its limit and the bytes left, no pickle): docs/PROTOCOL.md, "Why this design".
 The tag is HMAC-SHA256 (key = the shared secret, message = ``b"shmhb-v1"`` + every byte
-before the tag) truncated to 16 bytes, checked before the body is parsed.  Decoding is
+before the tag) truncated to 16 bytes, checked before the body is parsed.  The records
+frames decode into (``Ping``, ``Ack``, ``Push``, ``DigestEntry``, ``Identity``) and the
+one error decoding raises (``FrameRejected``) are defined here too.  Decoding is
 stateless; ``shmhb.net.exchange`` holds replay state and the responder's full-digest rule.
 """
 
@@ -28,18 +30,146 @@ from __future__ import annotations
 import hmac
 import struct
 from collections.abc import Callable, Iterable
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Union
 
-from shmhb.errors import ProtocolError
-from shmhb.net.frametag import TAG_BYTES
-from shmhb.net.frametag import fresh_mac as _mac
 from shmhb.board.layout import (
     MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,
 )
-from shmhb.net.frametag import seal as _seal
-from shmhb.net.frames import (  # noqa: F401 (U64_MAX re-exported)
-    U64_MAX, Ack, DigestEntry, Frame, FrameRejected, Identity, Ping, Push,
-)
+from shmhb.errors import InvalidConfig, ProtocolError
+
+# --- the records frames decode into and encode from -------------------------------------
+
+U64_MAX: Final = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class FrameRejected(ProtocolError):
+    """A received frame that decode refused; ``reason`` is one of :data:`REASONS`, short
+    and stable so the pinger can count bad frames per reason."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"frame rejected: {reason}" + (f" ({detail})" if detail else ""))
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """One incarnation of a host's board: the kernel boot id and the board's creation
+    counter.  A new identity means the remote board (and every slot on it) was reborn."""
+
+    boot_id: bytes
+    board_inc: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.boot_id, bytes) or len(self.boot_id) != 16:
+            raise ProtocolError("boot_id must be exactly 16 bytes")
+        if not isinstance(self.board_inc, int) or not 0 <= self.board_inc <= U64_MAX:
+            raise ProtocolError("board_inc must be an integer in u64 range")
+
+
+@dataclass(frozen=True, slots=True)
+class DigestEntry:
+    """One worker slot of the sender's board, validated when encoded, not when built."""
+
+    key: str
+    incarnation: int
+    status: int
+    pid: int
+    age_ms: int
+    endpoints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """``known_gen``/``known_identity``: the responder digest the sender holds (0/None:
+    none); the responder answers with a full digest unless both match its own.
+    ``challenge``/``echo`` (both 0: a plain ping, no extension): one the sender issues
+    to the responder, the last the responder issued to the sender (``shmhb.net.evidence``).
+    ``gen``: the sender's own digest generation as its acks state it (0: none), so a host
+    that follows the sender learns from its pings alone that the digest it holds of it
+    is behind."""
+
+    identity: Identity
+    address: str
+    nonce: int
+    known_gen: int = 0
+    known_identity: Identity | None = None
+    challenge: int = 0
+    echo: int = 0
+    gen: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Answer to the ping with ``nonce``.  ``full=False``: the sender's copy of digest
+    ``gen`` is current and ``entries`` is empty; ``full=True``: ``entries`` is the whole
+    digest of generation ``gen`` (possibly empty).  ``cut``: the responder's board holds
+    more slots than one ACK carries, and ``entries`` are those that fit (live ones
+    first): a slot absent from it is not known gone (the ``full`` byte reads 2).
+    ``body_age_ms`` (a full ack): how long before the ack the entries' ``age_ms`` were
+    measured (the body is encoded once per generation), so a receiver can tell a
+    worker's own beat age, not only its host's."""
+
+    nonce: int
+    identity: Identity
+    address: str
+    gen: int
+    full: bool
+    entries: tuple[DigestEntry, ...] = ()
+    cut: bool = False
+    body_age_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """Unsolicited changes of the sender's digest, which is at generation ``gen`` after
+    them.  ``seq`` increases per sender identity.  Receivers must never raise a host or a
+    slot to ALIVE on a push alone (see docs/PROTOCOL.md)."""
+
+    identity: Identity
+    address: str
+    seq: int
+    gen: int
+    entries: tuple[DigestEntry, ...] = ()
+
+
+Frame = Union[Ping, Ack, Push]
+
+
+# --- the tag: HMAC-SHA256 keyed by the shared secret over the domain prefix and every
+# byte before it, truncated to TAG_BYTES; the HMAC primed with the prefix is kept per secret
+
+MIN_SECRET_BYTES: Final = 16
+TAG_BYTES: Final = 16
+DOMAIN: Final = b"shmhb-v1"
+
+_MACS: dict[bytes, hmac.HMAC] = {}  # secret -> primed HMAC
+
+
+def fresh_mac(secret: bytes) -> hmac.HMAC:
+    """A fresh HMAC-SHA256 keyed by ``secret`` that has already absorbed ``domain``.
+    Priming once per secret and copying halves the cost of a tag on small frames."""
+    base = _MACS.get(secret) if isinstance(secret, bytes) else None
+    if base is None:
+        if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+            raise InvalidConfig(f"the shared secret must be bytes of length >= {MIN_SECRET_BYTES}")
+        if len(_MACS) >= 8:
+            _MACS.clear()
+        base = _MACS[secret] = hmac.new(secret, DOMAIN, "sha256")
+    return base.copy()
+
+
+def seal(parts: list[bytes], secret: bytes | None) -> bytes:
+    """The frame ``parts`` joined, and tagged with ``secret`` if given."""
+    frame = b"".join(parts)
+    if secret is None:
+        return frame
+    mac = fresh_mac(secret)
+    mac.update(frame)
+    return frame + mac.digest()[:TAG_BYTES]
+
+
+# --- the byte map -------------------------------------------------------------------------
 
 MAGIC: Final = b"SHHB"
 VERSION: Final = 1
@@ -152,7 +282,7 @@ def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
         tail = _PING_TAIL.pack(p.challenge, p.echo, p.gen)
     except struct.error as exc:
         raise ProtocolError(f"ping field out of range ({exc})") from exc
-    return _seal([head, addr, tail], secret)
+    return seal([head, addr, tail], secret)
 
 
 def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
@@ -178,7 +308,7 @@ def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
             addr += _BODY_AGE.pack(min(body_age_ms, U32_MAX))
     except struct.error as exc:
         raise ProtocolError(f"ack field out of range ({exc})") from exc
-    return _seal([head, addr, body], secret)
+    return seal([head, addr, body], secret)
 
 
 def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
@@ -200,7 +330,7 @@ def encode_push(p: Push, secret: bytes | None = None) -> bytes:
                                p.identity.board_inc, p.seq, p.gen, len(addr))
     except struct.error as exc:
         raise ProtocolError(f"push field out of range ({exc})") from exc
-    return _seal([head, addr, body], secret)
+    return seal([head, addr, body], secret)
 
 
 # --- decoding -------------------------------------------------------------------------
@@ -347,7 +477,7 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
         raise FrameRejected("malformed", f"flags {flags:#x}, reserved {reserved}")
     end = size
     if secret is not None:
-        mac = _mac(secret)  # validates the secret
+        mac = fresh_mac(secret)  # validates the secret
         if not flags & FLAG_AUTH:
             raise FrameRejected("auth", "no tag")
         end = size - TAG_BYTES
@@ -362,7 +492,9 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
 
 
 __all__ = [
-    "ACK", "MAGIC", "MAX_DIGEST_BODY_BYTES", "MAX_DIGEST_ENTRIES", "MAX_FRAME_BYTES", "PING",
-    "PUSH", "REASONS", "STATUSES", "VERSION", "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
-    "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push",
+    "ACK", "MAGIC", "MAX_DIGEST_BODY_BYTES", "MAX_DIGEST_ENTRIES", "MAX_FRAME_BYTES",
+    "MIN_SECRET_BYTES", "PING", "PUSH", "REASONS", "STATUSES", "TAG_BYTES", "U64_MAX", "VERSION",
+    "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
+    "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push", "fresh_mac",
+    "seal",
 ]

@@ -46,7 +46,7 @@ class Target:
     remotes: dict[str, RemoteRow] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
-    # Challenges (shmhb.net.challenge), without a secret: the ones we sent it lately, and
+    # Challenges (shmhb.net.evidence), without a secret: the ones we sent it lately, and
     # the last one it sent us (echoed in our pings).
     issued: tuple[int, ...] = ()
     their_challenge: int = 0

@@ -90,7 +90,7 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
 
 def test_without_a_secret_pings_that_echo_our_challenge_are_evidence(cluster: Cluster) -> None:
     """No secret: a ping counts only if it echoes a challenge we sent in our own pings
-    to that host (shmhb.net.challenge); the source address plays no part (all these
+    to that host (shmhb.net.evidence); the source address plays no part (all these
     pingers connect from 127.0.0.1).  The pair halves its messages as it does with a
     secret, and a death is still seen."""
     a, b = mutual_roles(cluster.host(), cluster.host())  # a active, b passive

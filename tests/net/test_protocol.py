@@ -497,7 +497,7 @@ def test_a_frame_of_another_version_is_refused_as_version_even_when_tagged() -> 
 
 
 def test_challenges_kept_and_echoed() -> None:
-    from shmhb.net.challenge import KEEP, echoed, issue, new_challenge
+    from shmhb.net.evidence import KEEP, echoed, issue, new_challenge
 
     got = [new_challenge() for _ in range(100)]
     assert all(0 < c < 2**64 for c in got) and len(set(got)) == 100
