@@ -92,7 +92,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "net": frozenset({
         "net", "net.badinput", "net.digest", "net.evidence",
         "net.exchange", "net.following", "net.pinger", "net.plan",
-        "net.protocol", "net.reports", "net.responder", "net.rowwriter", "net.sendcounter", "net.settings",
+        "net.protocol", "net.reports", "net.responder", "net.rowwriter", "net.settings",
         "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
     }),
     "agent": frozenset({

@@ -40,7 +40,7 @@ from ..net.supervisor import NetSupervisor
 from ..procinfo import thread_switches
 from ..ratelog import RateLimitedLog
 from ..net.rowwriter import RowWriter
-from ..net.sendcounter import COUNTER_WORD
+from ..net.exchange import COUNTER_WORD
 from ..net.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
@@ -381,7 +381,7 @@ class Agent:
         reserved = self._net.reserved() if self._net is not None else 0
         loop.close()  # no goodbye and no "left": the host keeps its agent
         words = board_words(board).words
-        # a stale writer may have stored a lower reservation: ours stands (sendcounter)
+        # a stale writer may have stored a lower reservation: ours stands (exchange.SendCounter)
         words[COUNTER_WORD] = max(int(words[COUNTER_WORD]), reserved)
         log.info("board %s: the stalled holders replaced have stopped; the agent (pid %d) "
                  "sets the role up anew in term %d", board.name, os.getpid(), self._renewed)

@@ -97,7 +97,7 @@ MAX_DIGEST_ENTRIES: Final = 4096
 #                       the state word: a reader that catches them mid-write sees a bad
 #                       checksum and shows the state word alone, never mixed details
 # net_counter           the agent role holder: the reservation of its ping nonces and
-#                       push seqs (shmhb.net.sendcounter)
+#                       push seqs (shmhb.net.exchange.SendCounter)
 
 STAT_NAMES: Final = (
     "pings_sent",
@@ -179,7 +179,7 @@ HEADER_DTYPE: Final = np.dtype(
             1224, 1232, 1240,
             # the network half's state (agent role holder), its own cache lines
             1280, 1288, 1296, 1360, 1616,
-            2048,  # the agent role holder: nonce/push seq reservation (shmhb.net.sendcounter)
+            2048,  # the agent role holder: nonce/push seq reservation (shmhb.net.exchange.SendCounter)
         ],
         "itemsize": HEADER_BYTES,
     }

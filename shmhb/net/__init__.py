@@ -1,7 +1,7 @@
 """The network half of the host agent: one ZMQ pinger per host.
 
 - the wire: ``protocol`` (the frames and their records, size-checked and validated,
-  and their HMAC tag), ``exchange`` (nonces and replay guards), ``sendcounter``;
+  and their HMAC tag), ``exchange`` (nonces and push seqs: their counter and the replay guards);
 - the sockets: ``transport`` (a ``TransportFactory``; ``shmhb.testing.network`` is the
   in-process one for tests);
 - what to ping and when: ``following`` (the followed hosts, from the board's watch

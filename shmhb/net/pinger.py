@@ -53,7 +53,7 @@ from ..board.layout import units_to_ns
 from .plan import PingPlan
 from ..ratelog import RateLimitedLog
 from .rowwriter import RowWriter
-from .sendcounter import COUNTER_WORD, SendCounter
+from .exchange import COUNTER_WORD, SendCounter
 from ..status import Status
 from .suspicion import Suspicion
 from .transport import MORE, NOBLOCK, POLLIN, Transport, TransportFactory, recv_routed

@@ -24,7 +24,7 @@ from ..board.core import board_words
 from ..clock import Clock
 from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
-from .sendcounter import COUNTER_WORD, SendCounter
+from .exchange import COUNTER_WORD, SendCounter
 from .protocol import (
     MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
     encode_push,
