@@ -93,7 +93,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "net", "net.badinput", "net.digest", "net.evidence",
         "net.exchange", "net.following", "net.pinger", "net.plan",
         "net.protocol", "net.reports", "net.responder", "net.rowwriter", "net.settings",
-        "net.state", "net.supervisor", "net.suspicion", "net.target", "net.transport",
+        "net.state", "net.supervisor", "net.suspicion", "net.transport",
     }),
     "agent": frozenset({
         "agent", "agent.election", "agent.embedded", "agent.localwatch", "agent.loop", "agent.role", "agent.writer",

@@ -5,8 +5,7 @@
 - the sockets: ``transport`` (a ``TransportFactory``; ``shmhb.testing.network`` is the
   in-process one for tests);
 - what to ping and when: ``following`` (the followed hosts, from the board's watch
-  table), ``target`` (one followed host and what it may speak for), ``plan`` (the ping
-  budget);
+  table, and what each may speak for), ``plan`` (the ping budget);
 - verdicts on hosts: ``suspicion``, ``evidence`` (a host's own pings, and the challenges
   that make them count without a secret); the rows written into the board:
   ``rowwriter``; answers to other hosts: ``responder``, ``digest``;

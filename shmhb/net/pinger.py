@@ -18,7 +18,7 @@ One NetworkHalf is one run with one set of settings: it is built with them (rais
 ``NetDown`` if it cannot run as configured: it never runs with less security than
 configured) and replaced by a new one when they change.
 
-Bounds: what a followed host may speak for is ``shmhb.net.target``; a push never creates
+Bounds: what a followed host may speak for is ``shmhb.net.following``; a push never creates
 a row for a key the last full ack did not list; at most ``MAX_DIGEST_ENTRIES`` rows per
 host; incoming frames cost at most ``DRAIN_BUDGET_NS`` per wake-up and
 ``INTAKE_PER_TICK_NS`` per tick.
@@ -46,7 +46,7 @@ from .protocol import (
 from .responder import DRAIN_BUDGET_NS, PUSH_GAP_NS, RECV_BATCH, Responder  # PUSH_GAP_NS re-exported
 from .evidence import echoed, issue, new_challenge
 from .evidence import counts_as_evidence, passive
-from .target import Target, confirm_now, speaks_for_another
+from .following import Target, confirm_now, speaks_for_another
 from .following import Following
 from .reports import Reports
 from ..board.layout import units_to_ns

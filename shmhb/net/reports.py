@@ -8,7 +8,7 @@ took it) becomes that worker's last beat on our clock (``beat_ns``), written bes
 status: readers then show a remote worker's own age, not only its host's (issue 27).
 A push's ages are taken when it is built, so its receipt is their base (off by at most
 the push gap and one trip); a full ack says how old its cached body is
-(``Ack.body_age_ms``; saturated: what it lists has no beat time, 0: unknown).  The trust rules are ``shmhb.net.target``'s: an endpoint counts only from
+(``Ack.body_age_ms``; saturated: what it lists has no beat time, 0: unknown).  The trust rules are ``shmhb.net.following``'s: an endpoint counts only from
 the host it names, a push never revives a worker nor creates a row.
 """
 
@@ -24,7 +24,7 @@ from ..status import Status
 from .protocol import U32_MAX, DigestEntry
 from .rowwriter import RowWriter
 from .state import AgentWords
-from .target import Target, own_endpoints
+from .following import Target, own_endpoints
 
 _DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
 
