@@ -50,7 +50,6 @@ MAX_FUNCTION_LINES = 60
 #: length today as a ceiling: one may shrink (then lower its entry, or remove it once it
 #: fits), never grow; a new long function fails.  Split them when next touched.
 LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
-    "board/handle.py:Board.create": 63,
     "cli/check.py:_check_rows": 103,
     "cli/main.py:build_parser": 110,
     "net/digest.py:LocalDigest.rebuild": 62,

@@ -128,32 +128,7 @@ class Board(LocalReads):
         sizes = Sizes(cap.slots, cap.peers, cap.remote_slots, cap.watches)
         seg = segment.Segment.create(name, sizes, mode)
         try:
-            h = np.ndarray((), HEADER_DTYPE, buffer=seg.mm)
-            h["version"] = LAYOUT_VERSION
-            h["header_bytes"] = segment.HEADER_BYTES
-            h["total_bytes"] = sizes.total_bytes
-            h["nslots"], h["npeers"], h["nremote"], h["nwatch"] = (
-                sizes.nslots, sizes.npeers, sizes.nremote, sizes.nwatch)
-            for f in ("slot_off", "record_off", "peer_off", "remote_off", "watch_off"):
-                h[f] = getattr(sizes, f)
-            h["boot_id"] = boot_id()
-            h["board_inc"] = secrets.randbits(63) | 1
-            h["created_ns"] = clock.monotonic_ns()
-            # Incarnations count up from the wall-clock time of creation (in µs), not
-            # from 1: a board removed and created anew (a restarted host) must never
-            # hand a worker an incarnation that links to its predecessor were made with.
-            h["inc_counter"] = time.time_ns() // 1000
-            h["creator_pid"] = os.getpid()
-            h["suspect_after_ns"] = int(pol.suspect_after_s * 1e9)
-            h["dead_after_ns"] = int(pol.dead_after_s * 1e9)
-            h["agent_stale_ns"] = int(pol.agent_stale_s * 1e9)
-            h["peer_suspect_after_ns"] = int(pol.peer_suspect_after_s * 1e9)
-            h["peer_dead_after_ns"] = int(pol.peer_dead_after_s * 1e9)
-            h["forget_after_ns"] = int((pol.forget_after_s or 0) * 1e9)
-            h["timens_offset_ns"] = monotonic_offset_ns()
-            h["magic"] = MAGIC
-            h["state"] = STATE_READY
-            del h
+            _write_header(np.ndarray((), HEADER_DTYPE, buffer=seg.mm), sizes, pol, clock)
             seg.finish_create()
             log.info("created board %s: %d slots, %d bytes", name, cap.slots, sizes.total_bytes)
             return cls(seg, clock)
@@ -300,3 +275,31 @@ def _check_policy(board: Board, asked: Policy, *, strict: bool = False) -> list[
     log.warning("board %s exists with another policy than this process asked for; the "
                 "board's applies (%s): %s", board.name, "; ".join(diff), where)
     return diff
+
+
+def _write_header(h: np.ndarray, sizes: Sizes, pol: Policy, clock: Clock) -> None:
+    """A new board's header, ``state`` last (readers wait for READY)."""
+    h["version"] = LAYOUT_VERSION
+    h["header_bytes"] = segment.HEADER_BYTES
+    h["total_bytes"] = sizes.total_bytes
+    h["nslots"], h["npeers"], h["nremote"], h["nwatch"] = (
+        sizes.nslots, sizes.npeers, sizes.nremote, sizes.nwatch)
+    for f in ("slot_off", "record_off", "peer_off", "remote_off", "watch_off"):
+        h[f] = getattr(sizes, f)
+    h["boot_id"] = boot_id()
+    h["board_inc"] = secrets.randbits(63) | 1
+    h["created_ns"] = clock.monotonic_ns()
+    # Incarnations count up from the wall-clock time of creation (in µs), not
+    # from 1: a board removed and created anew (a restarted host) must never
+    # hand a worker an incarnation that links to its predecessor were made with.
+    h["inc_counter"] = time.time_ns() // 1000
+    h["creator_pid"] = os.getpid()
+    h["suspect_after_ns"] = int(pol.suspect_after_s * 1e9)
+    h["dead_after_ns"] = int(pol.dead_after_s * 1e9)
+    h["agent_stale_ns"] = int(pol.agent_stale_s * 1e9)
+    h["peer_suspect_after_ns"] = int(pol.peer_suspect_after_s * 1e9)
+    h["peer_dead_after_ns"] = int(pol.peer_dead_after_s * 1e9)
+    h["forget_after_ns"] = int((pol.forget_after_s or 0) * 1e9)
+    h["timens_offset_ns"] = monotonic_offset_ns()
+    h["magic"] = MAGIC
+    h["state"] = STATE_READY
