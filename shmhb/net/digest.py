@@ -101,26 +101,7 @@ class LocalDigest:
         if key == self._key:
             return []
         self._key = key
-        used, cut = _COUNT_BYTES, 0
-        entries: dict[str, DigestEntry] = {}
-        # Live slots first, then dead, then left (the status codes' order; by slot
-        # within one): if the digest cannot hold every slot, what is cut is the least
-        # worth carrying -- a left or dead slot cut reads GONE at the watcher, never ALIVE.
-        order = np.flatnonzero(codes)
-        for i in order[np.argsort(codes[order], kind="stable")]:
-            info = self.bw.read_slot(int(i))
-            if info is None:
-                continue
-            k, pid, inc, eps = info
-            w = int(hb[i])
-            if word_tag(w) != inc_tag(inc):
-                continue
-            e = DigestEntry(k, inc, int(codes[i]), pid, int(units_to_ms(int(now) - hb_ts(w))), eps)
-            if (n := self._fits(e)) and used + n <= MAX_DIGEST_BODY_BYTES \
-                    and len(entries) < MAX_DIGEST_ENTRIES:
-                entries[k], used = e, used + n
-            elif n:
-                cut += 1
+        entries, cut = self._collect(hb, codes, int(now))
         news = [e for k, e in entries.items()
                 if (old := self._entries.get(k)) is None or old.incarnation != e.incarnation
                 or old.status != e.status]
@@ -132,6 +113,31 @@ class LocalDigest:
         self.body, self.body_units = encode_entries(entries.values()), int(now)
         self._report_cut(cut)
         return news
+
+    def _collect(self, hb: np.ndarray, codes: np.ndarray, now: int
+                 ) -> tuple[dict[str, DigestEntry], int]:
+        """The entries of the slots judged ``codes`` that fit one ACK, and how many did
+        not.  Live slots first, then dead, then left (the status codes' order; by slot
+        within one): if the digest cannot hold every slot, what is cut is the least
+        worth carrying -- a left or dead slot cut reads GONE at the watcher, never ALIVE."""
+        used, cut = _COUNT_BYTES, 0
+        entries: dict[str, DigestEntry] = {}
+        order = np.flatnonzero(codes)
+        for i in order[np.argsort(codes[order], kind="stable")]:
+            info = self.bw.read_slot(int(i))
+            if info is None:
+                continue
+            k, pid, inc, eps = info
+            w = int(hb[i])
+            if word_tag(w) != inc_tag(inc):
+                continue
+            e = DigestEntry(k, inc, int(codes[i]), pid, int(units_to_ms(now - hb_ts(w))), eps)
+            if (n := self._fits(e)) and used + n <= MAX_DIGEST_BODY_BYTES \
+                    and len(entries) < MAX_DIGEST_ENTRIES:
+                entries[k], used = e, used + n
+            elif n:
+                cut += 1
+        return entries, cut
 
     def body_age_ms(self) -> int:
         """How long ago the body's ages were taken (a full ack says so: its receiver
