@@ -53,7 +53,6 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
     "cli/check.py:_check_rows": 103,
     "cli/main.py:build_parser": 110,
     "cli/exporter.py:BoardCollector._families": 122,
-    "agent/localwatch.py:LocalWatch._examine": 73,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
 }
 

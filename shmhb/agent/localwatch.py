@@ -215,54 +215,63 @@ class LocalWatch:
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
         self.w.changed()  # as for a leave: the registrant may not have (shmhb.board.registration)
-        if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
-            pidfd = None
-            try:
-                pidfd = pidfd_open(pid)
-                started = _visible_start_time(pid, pidfd) if pidfd is not None else None
-            except OSError as e:
-                if e.errno in FD_ERRNOS:
-                    # Out of file descriptors (a connection flood, a low LimitNOFILE):
-                    # this worker is watched through its slot lock instead, which needs
-                    # no fd of its own and is checked every tick.
-                    self._ratelog.warn("fds", "board %s: no fd for a pidfd (%s): worker %d "
-                                       "watched through its slot lock", self.board.name, e, pid)
-                else:
-                    log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
-                    self._pidfd_ok = False
-                if pidfd is not None:
-                    os.close(pidfd)
-            else:
-                if pidfd is None:
-                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
-                elif started is _INVISIBLE:
-                    # /proc hides it (hidepid=2, ProtectProc=invisible: another user's
-                    # process), which is not "gone": the pidfd was had, so the pid names
-                    # a live process.  Whether it is still our registrant its start time
-                    # cannot tell; its slot lock can (the kernel frees it when the
-                    # registrant dies, and a pid is only reused after that).  So: the
-                    # pidfd for the exit notice, and the slot lock checked every tick.
-                    wt.pidfd = pidfd
-                    self._by_fd[pidfd] = i
-                    self.pollables_gen += 1
-                    self._ratelog.warn("hidden", "board %s: /proc hides pid %d (hidepid?): "
-                                       "worker watched through its pidfd and slot lock",
-                                       self.board.name, pid)
-                    self._by_lock.add(i)
-                    if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-                        self._convict(i, wt, now_ns, "released its slot lock")
-                elif started != int(rec["pid_start"]):
-                    os.close(pidfd)
-                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
-                else:
-                    wt.pidfd = pidfd
-                    self._by_fd[pidfd] = i
-                    self.pollables_gen += 1
-                return
+        if (self._pidfd_ok and int(rec["pid_ns"]) == self._ns
+                and self._watch_by_pidfd(i, wt, int(rec["pid_start"]), now_ns)):
+            return
         # another pid namespace, or no pidfd: the slot lock tells, checked every tick
         self._by_lock.add(i)
         if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
             self._convict(i, wt, now_ns, "released its slot lock")
+
+    def _watch_by_pidfd(self, i: int, wt: _Watched, pid_start: int, now_ns: int) -> bool:
+        """Watch slot ``i``'s registrant through a pidfd (or convict it at once if its pid
+        is gone or names another process); False when no pidfd could be had: the caller
+        watches the slot lock instead."""
+        pid = wt.pid
+        pidfd = None
+        try:
+            pidfd = pidfd_open(pid)
+            started = _visible_start_time(pid, pidfd) if pidfd is not None else None
+        except OSError as e:
+            if e.errno in FD_ERRNOS:
+                # Out of file descriptors (a connection flood, a low LimitNOFILE):
+                # this worker is watched through its slot lock instead, which needs
+                # no fd of its own and is checked every tick.
+                self._ratelog.warn("fds", "board %s: no fd for a pidfd (%s): worker %d "
+                                   "watched through its slot lock", self.board.name, e, pid)
+            else:
+                log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
+                self._pidfd_ok = False
+            if pidfd is not None:
+                os.close(pidfd)
+        else:
+            if pidfd is None:
+                self._convict(i, wt, now_ns, "was gone before the agent saw it")
+            elif started is _INVISIBLE:
+                # /proc hides it (hidepid=2, ProtectProc=invisible: another user's
+                # process), which is not "gone": the pidfd was had, so the pid names
+                # a live process.  Whether it is still our registrant its start time
+                # cannot tell; its slot lock can (the kernel frees it when the
+                # registrant dies, and a pid is only reused after that).  So: the
+                # pidfd for the exit notice, and the slot lock checked every tick.
+                wt.pidfd = pidfd
+                self._by_fd[pidfd] = i
+                self.pollables_gen += 1
+                self._ratelog.warn("hidden", "board %s: /proc hides pid %d (hidepid?): "
+                                   "worker watched through its pidfd and slot lock",
+                                   self.board.name, pid)
+                self._by_lock.add(i)
+                if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                    self._convict(i, wt, now_ns, "released its slot lock")
+            elif started != pid_start:
+                os.close(pidfd)
+                self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
+            else:
+                wt.pidfd = pidfd
+                self._by_fd[pidfd] = i
+                self.pollables_gen += 1
+            return True
+        return False
 
     def flush(self, now_ns: int) -> None:
         """Nothing to do: verdicts are written as each pidfd fires."""
