@@ -47,6 +47,7 @@ import numpy as np
 import posix_ipc
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board.judge import judge_local_array, judge_local_array_numpy
 from shmhb.board.layout import TS_SHIFT
 from shmhb.testing.loopback import child_env
@@ -179,7 +180,7 @@ def remote_board(stack: contextlib.ExitStack, tag: str, native: bool) -> shmhb.B
         b = new_board(stack, f"remote-{tag}", 8, clock=clock, policy=shmhb.Policy(
             suspect_after_s=1e6, dead_after_s=2e6, agent_stale_s=1e6))
     now = clock.monotonic_ns()
-    b.words[header_index("agent_hb")] = pack_hb(1, now >> TS_SHIFT)
+    board_words(b).words[header_index("agent_hb")] = pack_hb(1, now >> TS_SHIFT)
     w = RowWriter(b)
     peer = w.new_peer("10.0.0.2:45645")
     assert peer is not None

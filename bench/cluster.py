@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board.config import AgentConfig
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, host_interval_ns
 from shmhb.testing.loopback import child_env, free_port, loopback_addrs
@@ -373,7 +374,7 @@ def shmhb_kills(res: ShapeResult, sh: ShmhbCluster, n: int, rng: random.Random) 
             r = kill_and_time(boards[vh], boards[wh], v, timeout_s=timeout)
             res.sh_kill.add(r.remote_ms)
             res.sh_local.add(r.local_ms)
-            res.sh_late.append(max(boards[vh].lateness_ms(), boards[wh].lateness_ms()))
+            res.sh_late.append(max(board_words(boards[vh]).lateness_ms(), board_words(boards[wh]).lateness_ms()))
             if r.remote_ms is not None and r.local_ms is not None and \
                     r.remote_ms <= r.local_ms + SHMHB_INTERVAL_S * 1e3:
                 res.sh_within += 1

@@ -10,16 +10,14 @@ also pings the real pinger at ``TARGET`` every ``S`` seconds (DEALER, nonces str
 increasing, the digest generation it holds echoed back), so the real pinger answers as
 many pings as it sends, as in a cluster where every host follows every other.
 
-Each emulated host pings as a default pinger (version 2) would in that mutual pair: it
-connects from its own address, counts the real pinger's pings to it as evidence by the
-pinger's own rule (``shmhb.net.evidence``, no secret: the ping must echo a challenge the
-emulated host sent in its own pings, ``shmhb.net.challenge``; its acks say it decodes
-challenges and answers v2, and its pings carry one, echo the real pinger's, and, in v2,
-tell its digest generation), and plans its turns with the pinger's own ``PingPlan``: it
-is the passive side where its board identity is the larger (``evidence.passive``; about
-half of them), and then pings only once per refresh period while the evidence is fresh.
-``--no-mutual`` pings every interval regardless, as before mutual pairs existed (or as a
-peer that predates challenges).
+Each emulated host pings as a default pinger would in that mutual pair: it connects
+from its own address, counts the real pinger's pings to it as evidence by the pinger's
+own rule (``shmhb.net.evidence``, no secret: the ping must echo a challenge the emulated
+host sent in its own pings; its pings carry one, echo the real pinger's, and tell its
+digest generation), and plans its turns with the pinger's own ``PingPlan``: it is the
+passive side where its board identity is the larger (``evidence.passive``; about half of
+them), and then pings only once per refresh period while the evidence is fresh.
+``--no-mutual`` pings every interval regardless, as if no pair covered it.
 
 ``--floor dealers|router --listen HOST:PORT``: instead, a bare Python + pyzmq process that
 moves the same frames as a pinger on the same tick (its default): a prebuilt PING to each
@@ -58,8 +56,7 @@ from collections.abc import Callable
 import zmq
 
 from shmhb.board.config import AgentConfig
-from shmhb.net.challenge import advertised, echoed, issue, new_challenge, speaks_v2
-from shmhb.net.evidence import counts_as_evidence, passive
+from shmhb.net.evidence import counts_as_evidence, echoed, issue, new_challenge, passive
 from shmhb.net.exchange import wants_full_digest
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, PingPlan
 from shmhb.net.protocol import (
@@ -107,8 +104,6 @@ class Host:
         self.evidence_nonce = 0
         self.issued: tuple[int, ...] = ()  # challenges sent to the real pinger
         self.theirs = 0  # the real pinger's last challenge to us
-        self.v2 = False  # the real pinger's acks say it answers v2
-        self.answered = True  # our last ping was answered (else the next is plain v1)
         self.named = self.addr  # the address its pings name (``ping 3``: another)
         self.every = 0.0  # without a plan: its ping period (``ping 2``, ``ping 4``)
 
@@ -173,13 +168,10 @@ class Emulator:
             h.nonce += 1
             ch = new_challenge()
             h.issued = issue(h.issued, ch)
-            v2 = h.v2 and h.answered  # as the pinger: v1 after an unanswered ping
             frame = encode_ping(Ping(h.identity, h.named, h.nonce, h.known[0], h.known[1],
-                                     ch, h.theirs, advertised(h.gen) if v2 else 0,
-                                     2 if v2 else 1))
+                                     ch, h.theirs, h.gen))
             try:
                 h.dealer.send(frame, zmq.NOBLOCK)  # type: ignore[union-attr]
-                h.answered = False
                 self.sent += 1
             except zmq.Again:
                 pass
@@ -215,8 +207,7 @@ class Emulator:
             h.plan = None
             h.every = REFRESH_S if mode == "4" and k % 2 == 0 else a.interval_s
             # a new mode starts from no challenge: the pinger may still hold one from
-            # the last mode, and a v1 pinger that cannot tell a NAT'd host's pings
-            # apart would echo it for good
+            # the last mode
             h.issued = ()
             h.named = f"10.{k // 250}.{k % 250}.1:{a.port}" if mode == "3" else h.addr
             if not a.no_mutual and mode in ("1", "3"):
@@ -245,7 +236,6 @@ class Emulator:
                 self.answer(h, sock, parts[0], msg)
             elif not is_router and isinstance(msg, Ack):
                 self.acks += 1
-                h.v2, h.answered = speaks_v2(msg.gen), True
                 if msg.full:
                     h.known = (msg.gen, msg.identity)
 
@@ -258,17 +248,15 @@ class Emulator:
         if (h.plan is not None and msg.address == target
                 and counts_as_evidence(msg, authenticated=False, known=h.known[1],
                                        last_nonce=h.evidence_nonce, me=h.identity,
-                                       my_gen=advertised(h.gen),
+                                       my_gen=h.gen,
                                        echoed=echoed(h.issued, msg.echo))):
             h.evidence_nonce = msg.nonce
             assert h.known[1] is not None  # counts_as_evidence checked it
-            # toward a v1 pinger, a v1 host's rule: the larger address is passive
-            side = passive(h.identity, h.known[1]) if h.v2 else h.addr > target
-            h.plan.evidence(target, int(time.monotonic() * 1e9), passive=side,
-                            tells_gen=msg.version > 1)
-        full = wants_full_digest(msg, h.identity, advertised(h.gen))
-        ack = encode_ack_raw(msg.nonce, h.identity, h.addr, advertised(h.gen),
-                             h.body if full else None, version=msg.version)
+            h.plan.evidence(target, int(time.monotonic() * 1e9),
+                            passive=passive(h.identity, h.known[1]))
+        full = wants_full_digest(msg, h.identity, h.gen)
+        ack = encode_ack_raw(msg.nonce, h.identity, h.addr, h.gen,
+                             h.body if full else None)
         try:
             sock.send_multipart([rid, ack], zmq.NOBLOCK)
             self.answered += 1

@@ -254,11 +254,11 @@ class HostServer:
 
 def _push_gap_s() -> float:
     from shmhb.net import pinger
-    return getattr(pinger, "_PUSH_GAP_NS", 0) / 1e9
+    return getattr(pinger, "PUSH_GAP_NS", 0) / 1e9
 
 
 #: Quiet time on a victim's host before a kill: the pinger sends at most one push per
-#: gap (``shmhb.net.pinger._PUSH_GAP_NS``) and notices a registration at its next tick, so a
+#: gap (``shmhb.net.pinger.PUSH_GAP_NS``) and notices a registration at its next tick, so a
 #: death that follows another change on the same host (say, the registration of the
 #: previous victim's replacement) within the gap waits for it.  Each timed kill is kept
 #: the only change on its host for this long before it (gap + two of the pinger's ticks).

@@ -5,8 +5,7 @@ board lock-free to learn whether a worker (local or on a followed remote host) i
 alive, suspect, dead, left, or unknown, and which incarnation it is.
 """
 
-from .board.handle import Board
-from .board.handle import set_register_hook as _set_register_hook
+from .agent.embedded import Board
 from .clock import FakeClock, MonotonicClock
 from .board.config import DEFAULT_BOARD, DEFAULT_PORT, AgentConfig, Capacity, PingerConfig, Policy
 from .errors import (
@@ -33,20 +32,6 @@ __all__ = [
     "ProtocolError", "ShmhbError", "SlotStatus", "StaleBoard", "Status", "WatchTableFull",
     "__version__", "get_include", "native",
 ]
-
-
-def _join_embedded_agent(board: Board, hb: Heartbeat) -> None:
-    """The register hook: ``board.register(key)`` (``agent=True``) joins this process's
-    embedded agent for the board; the heartbeat's close leaves it.  The composition
-    lives here, at the top, so that the board (storage) never imports the agent (which
-    is built on the board); the agent module, and zmq with it, is imported on the first
-    registration that wants it, not by ``import shmhb``."""
-    from .agent.embedded import embedded_register
-
-    embedded_register(board, hb)
-
-
-_set_register_hook(_join_embedded_agent)
 
 
 def get_include() -> str:

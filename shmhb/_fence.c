@@ -43,7 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define VERSION 4
+#define VERSION 1
 #define KIND_ASK 1
 #define KIND_REPLY 2
 #define MAX_FRAME 65536u

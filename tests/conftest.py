@@ -21,6 +21,7 @@ import posix_ipc
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.cli import units
 from shmhb.board.instances import Instance
@@ -214,7 +215,8 @@ ENGINE = child("engine")
 def inst(engine: str, st: Status, *, serving: str | None = "127.0.0.5:8000",
          bootstrap: str | None = "127.0.0.5:8998", inc: int = 1, role: str = "prefill") -> Instance:
     """An instance as a reader of the board reports it (no board involved)."""
-    return Instance("", f"inst/{role}/sb/{engine}", engine, role, serving, bootstrap, inc, st, 1)
+    return Instance(host="", key=f"inst/{role}/sb/{engine}", engine=engine, role=role,
+                    serving=serving, bootstrap=bootstrap, incarnation=inc, status=st, ranks=1)
 
 
 def pids_with_cmdline(needle: str) -> list[int]:

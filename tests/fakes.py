@@ -4,6 +4,8 @@ independently of) a real second host.  Test-only: it pokes the board's private t
 
 from __future__ import annotations
 
+from shmhb.board.core import board_words
+
 from collections.abc import Sequence
 
 import shmhb
@@ -34,7 +36,7 @@ class FakePinger:
         b = self.board
         now = (b._now_ns() - int(ack_age_s * 1e9)) >> TS_SHIFT
         gen = self._gens.setdefault(index, len(self._gens) + 1)
-        row = b._peers[index]
+        row = board_words(b).peer_table[index]
         row["checksum"] = 0
         row["gen"] = gen
         row["board_inc"] = 12345
@@ -48,7 +50,7 @@ class FakePinger:
             if j >= len(rows):
                 rows.append(self._remote_next)
                 self._remote_next += 1
-            r = b._remotes[rows[j]]
+            r = board_words(b).remote_table[rows[j]]
             rgen = 1000 + rows[j]
             r["checksum"] = 0
             r["gen"] = rgen
@@ -61,5 +63,5 @@ class FakePinger:
             r["status"] = pack_row(rgen, st.code, now)
             r["checksum"] = remote_checksum(r)
         for extra in rows[len(workers):]:
-            b._remotes[extra]["checksum"] = 0
+            board_words(b).remote_table[extra]["checksum"] = 0
         del rows[len(workers):]

@@ -31,7 +31,7 @@ import zmq
 
 import shmhb
 from shmhb import Status
-from shmhb.net.challenge import SPEAKS_V2, advertised
+from shmhb.board.core import board_words
 from shmhb.net.evidence import passive
 from shmhb.testing.loopback import child_env, free_port
 from shmhb.net.protocol import (
@@ -310,15 +310,9 @@ class FakePeer:
     ack) to the watcher's DEALER.  ``serve_until`` answers every ping with the current
     digest ``self.entries`` while waiting for a condition."""
 
-    def __init__(self, ip: str, port: int, *, secret: bytes | None = None,
-                 capable: bool = False, v2: bool = True) -> None:
+    def __init__(self, ip: str, port: int, *, secret: bytes | None = None) -> None:
         self.ip, self.port = ip, port
-        # capable: its acks say it decodes ping challenges (shmhb.net.challenge), so the
-        # pinger sends it some, and (v2) that it answers version-2 pings; else it is a
-        # peer that predates them
-        self.capable = capable
-        self.v2 = v2
-        self.body_age_ms = 0  # what its v2 full acks say of their body's age
+        self.body_age_ms = 0  # what its full acks say of their body's age
         self.address = f"{ip}:{port}"
         self.secret = secret
         self.identity = Identity(os.urandom(16), random.getrandbits(62) | 1)
@@ -365,21 +359,12 @@ class FakePeer:
         return got[1]
 
     def ack_frame(self, nonce: int, *, identity: Identity | None = None,
-                  secret: Any = "same", version: int = 1) -> bytes:
-        gen = self.advertised_gen()
-        return encode_ack(Ack(nonce, identity or self.identity, self.address, gen, True,
-                              tuple(self.entries.values()), body_age_ms=self.body_age_ms,
-                              version=version),
+                  secret: Any = "same") -> bytes:
+        return encode_ack(Ack(nonce, identity or self.identity, self.address, self.gen, True,
+                              tuple(self.entries.values()), body_age_ms=self.body_age_ms),
                           self.secret if secret == "same" else secret)
 
-    def advertised_gen(self) -> int:
-        """Its digest generation as its acks carry it (with the bits it advertises)."""
-        if not self.capable:
-            return self.gen
-        return advertised(self.gen) if self.v2 else advertised(self.gen) & ~SPEAKS_V2
-
     def ack(self, ping: Ping, **kw: Any) -> bytes:
-        kw.setdefault("version", ping.version)  # answered in its own version
         frame = self.ack_frame(ping.nonce, **kw)
         self.send(frame)
         self.answered += 1
@@ -437,17 +422,17 @@ class Dealer:
     def ping(self, *, nonce: int | None = None, gen: int | None = None,
              known: Identity | None | str = "same", identity: Identity | None = None,
              secret: bytes | None | str = "same", echo: int = 0, address: str | None = None,
-             version: int = 1, my_gen: int = 0) -> bytes:
-        """``echo``: the challenge to echo (with one of ours, 1; 0: a plain v1 ping);
+             my_gen: int = 0) -> bytes:
+        """``echo``: the challenge to echo (with one of ours, 1; 0: none);
         ``address``: the one it names (its own, behind a NAT; default the fake's);
-        ``version`` 2 with ``my_gen``, the fake's own digest generation."""
+        ``my_gen``: the fake's own digest generation (0: none)."""
         if nonce is None:
             self.nonce += 1
             nonce = self.nonce
         frame = encode_ping(Ping(identity or self.fake.identity, address or self.fake.address, nonce,
                                  self.known[0] if gen is None else gen,
                                  self.known[1] if known == "same" else known,  # type: ignore[arg-type]
-                                 1 if echo else 0, echo, my_gen, version),
+                                 1 if echo else 0, echo, my_gen),
                             self.fake.secret if secret == "same" else secret)  # type: ignore[arg-type]
         self.s.send(frame)
         return frame
@@ -472,10 +457,10 @@ class Dealer:
 
 
 def followed_fake(cluster: Cluster, fake_peers: list[FakePeer]) -> tuple[Host, FakePeer]:
-    """A real host following a challenge-capable fake peer (one live worker), once the
+    """A real host following a fake peer (one live worker), once the
     fake reads ALIVE there and has received a challenge in the host's pings."""
     a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
+    fake = FakePeer(cluster.spare_ip(), cluster.port)
     fake_peers.append(fake)
     fake.set(entry("dec-0", 7, Status.ALIVE, f"{fake.ip}:30001"))
     a.board.watch(f"{fake.ip}:30001")
@@ -590,7 +575,7 @@ def mutual_roles(x: Host, y: Host) -> tuple[Host, Host]:
     """(active, passive) of two hosts that follow each other: the passive side is the
     one with the larger board identity (``shmhb.net.evidence.passive``); board
     incarnations are random, so a test asks rather than picks."""
-    ix, iy = (Identity(h.board.boot_id, h.board.board_inc) for h in (x, y))
+    ix, iy = (Identity(board_words(h.board).boot_id, h.board.board_inc) for h in (x, y))
     return (y, x) if passive(ix, iy) else (x, y)
 
 

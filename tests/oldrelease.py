@@ -36,10 +36,11 @@ import shmhb
 from .conftest import ROOT, WORKER, Procs, unlink_quietly
 from .hosts import FAST, INTERVAL_S, Cluster, Host, cluster_fixture
 
-#: The last release before the pinger's v2 exchange (v1 frames only).  Move it forward
-#: at each release: the test then checks the release being made against the one that
-#: clusters run today.
-PREVIOUS_RELEASE = "b67fa05a5a046651be579adbcbf574e903a9d5be"
+#: The release this checkout must run beside: None while this is the first release
+#: (0.1.0: board layout, wire and fence wire all version 1), so the upgrade tests skip.
+#: Set it to the first release's commit when the next release is made: the test then
+#: checks the release being made against the one that clusters run.
+PREVIOUS_RELEASE: str | None = None
 
 
 class Unavailable(Exception):
@@ -72,7 +73,10 @@ def _git(*args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, timeout=120, **kw)
 
 
-def _check_commit() -> None:
+def _check_commit() -> str:
+    if PREVIOUS_RELEASE is None:
+        raise Unavailable("no earlier release exists: this is the first release, so there "
+                          "is nothing to upgrade from (tests/oldrelease.py: PREVIOUS_RELEASE)")
     if shutil.which("git") is None:
         raise Unavailable("needs git to extract the previous release")
     r = _git("cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}")
@@ -80,6 +84,7 @@ def _check_commit() -> None:
         raise Unavailable(f"commit {PREVIOUS_RELEASE[:12]} (the previous release) is not in "
                           f"this clone (a shallow one? `git fetch --unshallow`): "
                           f"{r.stderr.decode(errors='replace').strip()}")
+    return PREVIOUS_RELEASE
 
 
 def _deps_path() -> list[str]:
@@ -98,15 +103,15 @@ def _deps_path() -> list[str]:
             if os.path.isdir(d) and os.path.realpath(d) != root]
 
 
-def _extract(src: str) -> None:
+def _extract(src: str, commit: str) -> None:
     os.makedirs(src)
-    archive = subprocess.Popen(["git", "-C", ROOT, "archive", "--format=tar", PREVIOUS_RELEASE],
+    archive = subprocess.Popen(["git", "-C", ROOT, "archive", "--format=tar", commit],
                                stdout=subprocess.PIPE)
     assert archive.stdout is not None
     tar = subprocess.run(["tar", "-x", "-C", src], stdin=archive.stdout, capture_output=True)
     archive.stdout.close()
     if archive.wait(120) != 0 or tar.returncode != 0:
-        raise AssertionError(f"git archive {PREVIOUS_RELEASE} | tar -x failed: "
+        raise AssertionError(f"git archive {commit} | tar -x failed: "
                              f"{tar.stderr.decode(errors='replace')}")
 
 
@@ -131,10 +136,10 @@ def _install(rel: OldRelease, src: str) -> None:
 def build_old_release(tmp: str) -> OldRelease:
     """The previous release installed under ``tmp``; ``Unavailable`` if it cannot be."""
     t0 = time.monotonic()
-    _check_commit()
+    commit = _check_commit()
     prefix, cwd = os.path.join(tmp, "venv"), os.path.join(tmp, "run")
     os.makedirs(cwd)
-    _extract(os.path.join(tmp, "src"))
+    _extract(os.path.join(tmp, "src"), commit)
     venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(prefix)
     rel = OldRelease(prefix, os.path.join(prefix, "bin", "python"), cwd, "", False, 0.0)
     _install(rel, os.path.join(tmp, "src"))

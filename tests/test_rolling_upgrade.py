@@ -49,7 +49,7 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> OldRelease:
         rel = build_old_release(str(tmp_path_factory.mktemp("previous-release")))
     except Unavailable as e:
         pytest.skip(str(e))
-    print(f"previous release {PREVIOUS_RELEASE[:12]} built in {rel.build_s:.1f} s "
+    print(f"previous release {(PREVIOUS_RELEASE or '')[:12]} built in {rel.build_s:.1f} s "
           f"({'C' if rel.native else 'pure-Python'} hot path) at {rel.package}")
     return rel
 

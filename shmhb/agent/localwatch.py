@@ -16,6 +16,8 @@ import zmq
 from ..board import locks
 from .writer import AgentWriter
 from ..board.handle import Board
+from ..board.core import board_words
+from ..board.forgetting import ExpiredSlots
 from ..errors import FD_ERRNOS, BoardOpenError, ShmhbError
 from ..board.layout import LOCK_SLOT_BASE, hb_left, hb_marks_array, pack_verdict, ts_units, word_tag
 from ..procinfo import own_pid_namespace, pidfd_open, start_time
@@ -81,16 +83,18 @@ class LocalWatch:
 
     def __init__(self, board: Board, writer: AgentWriter) -> None:
         self.board = board
+        self.bw = board_words(board)
         self.w = writer
         self._watched: dict[int, _Watched] = {}
         self._by_fd: dict[int, int] = {}
-        self._lockfd = board.new_fd()
+        self._lockfd = self.bw.new_fd()
+        self._expired = ExpiredSlots(self.bw)
         self._ns = own_pid_namespace()
         self._pidfd_ok = hasattr(os, "pidfd_open")
         self._marks = np.zeros(board.sizes.nslots, np.uint64)  # (incarnation, left) per slot
         self._retry: set[int] = set()
         self._by_lock: set[int] = set()  # slots watched through their lock, not a pidfd
-        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the agent's clock
+        self._ratelog = RateLimitedLog(log, now_ns=self.bw.now_ns)  # the agent's clock
         self._seen_changes: int | None = None
         self._next_scan_ns = 0
         self._forget_retry_ns = 0
@@ -112,13 +116,13 @@ class LocalWatch:
     def _convict(self, i: int, wt: _Watched, now_ns: int, why: str) -> None:
         wt.done = True
         self._by_lock.discard(i)
-        hb = self.board.words[self.board.hb_index(i)]
+        hb = self.bw.words[self.bw.hb_index(i)]
         if word_tag(hb) != wt.tag or hb_left(hb):
             return  # it left gracefully, or the slot was registered again meanwhile
-        self.board.words[self.board.verdict_index(i)] = pack_verdict(wt.tag, ts_units(now_ns))
+        self.bw.words[self.bw.verdict_index(i)] = pack_verdict(wt.tag, ts_units(now_ns))
         self.w.changed()
         self.w.count("deaths_seen")
-        info = self.board.read_slot(i)
+        info = self.bw.read_slot(i)
         log.info("board %s: worker %r (pid %d) %s: DEAD", self.board.name,
                  info.key if info else f"slot {i}", wt.pid, why)
 
@@ -156,7 +160,7 @@ class LocalWatch:
         agent: nothing was cleared (the fd comes first), so the same slots are tried
         again ``FORGET_RETRY_NS`` later, and the refusal is logged at a bounded rate."""
         try:
-            self.board.forget_expired()
+            self._expired.forget_expired()
         except (BoardOpenError, OSError) as e:
             if not isinstance(e, BoardOpenError) and e.errno not in FD_ERRNOS:
                 raise
@@ -165,7 +169,7 @@ class LocalWatch:
                                "retrying every %g s", self.board.name, e, FORGET_RETRY_NS / 1e9)
 
     def _scan(self, now_ns: int) -> None:
-        b = self.board
+        b = self.bw
         hbs = b.hb_words.copy()
         marks = hb_marks_array(hbs)
         todo = {int(i) for i in np.flatnonzero(marks != self._marks)} | self._retry
@@ -202,63 +206,72 @@ class LocalWatch:
         if hb_left(hb) or word_tag(verdict) == tag:
             self._watched[i] = _Watched(tag, 0, None, True)
             return
-        info = self.board.read_slot(i)
+        info = self.bw.read_slot(i)
         if info is None:
             self._retry.add(i)  # caught mid-registration: look again next tick
             return
         pid = info.pid
-        rec = self.board.record_table[i]
+        rec = self.bw.record_table[i]
         wt = _Watched(tag, pid, None, False)
         self._watched[i] = wt
         self.w.changed()  # as for a leave: the registrant may not have (shmhb.board.registration)
-        if self._pidfd_ok and int(rec["pid_ns"]) == self._ns:
-            pidfd = None
-            try:
-                pidfd = pidfd_open(pid)
-                started = _visible_start_time(pid, pidfd) if pidfd is not None else None
-            except OSError as e:
-                if e.errno in FD_ERRNOS:
-                    # Out of file descriptors (a connection flood, a low LimitNOFILE):
-                    # this worker is watched through its slot lock instead, which needs
-                    # no fd of its own and is checked every tick.
-                    self._ratelog.warn("fds", "board %s: no fd for a pidfd (%s): worker %d "
-                                       "watched through its slot lock", self.board.name, e, pid)
-                else:
-                    log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
-                    self._pidfd_ok = False
-                if pidfd is not None:
-                    os.close(pidfd)
-            else:
-                if pidfd is None:
-                    self._convict(i, wt, now_ns, "was gone before the agent saw it")
-                elif started is _INVISIBLE:
-                    # /proc hides it (hidepid=2, ProtectProc=invisible: another user's
-                    # process), which is not "gone": the pidfd was had, so the pid names
-                    # a live process.  Whether it is still our registrant its start time
-                    # cannot tell; its slot lock can (the kernel frees it when the
-                    # registrant dies, and a pid is only reused after that).  So: the
-                    # pidfd for the exit notice, and the slot lock checked every tick.
-                    wt.pidfd = pidfd
-                    self._by_fd[pidfd] = i
-                    self.pollables_gen += 1
-                    self._ratelog.warn("hidden", "board %s: /proc hides pid %d (hidepid?): "
-                                       "worker watched through its pidfd and slot lock",
-                                       self.board.name, pid)
-                    self._by_lock.add(i)
-                    if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
-                        self._convict(i, wt, now_ns, "released its slot lock")
-                elif started != int(rec["pid_start"]):
-                    os.close(pidfd)
-                    self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
-                else:
-                    wt.pidfd = pidfd
-                    self._by_fd[pidfd] = i
-                    self.pollables_gen += 1
-                return
+        if (self._pidfd_ok and int(rec["pid_ns"]) == self._ns
+                and self._watch_by_pidfd(i, wt, int(rec["pid_start"]), now_ns)):
+            return
         # another pid namespace, or no pidfd: the slot lock tells, checked every tick
         self._by_lock.add(i)
         if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
             self._convict(i, wt, now_ns, "released its slot lock")
+
+    def _watch_by_pidfd(self, i: int, wt: _Watched, pid_start: int, now_ns: int) -> bool:
+        """Watch slot ``i``'s registrant through a pidfd (or convict it at once if its pid
+        is gone or names another process); False when no pidfd could be had: the caller
+        watches the slot lock instead."""
+        pid = wt.pid
+        pidfd = None
+        try:
+            pidfd = pidfd_open(pid)
+            started = _visible_start_time(pid, pidfd) if pidfd is not None else None
+        except OSError as e:
+            if e.errno in FD_ERRNOS:
+                # Out of file descriptors (a connection flood, a low LimitNOFILE):
+                # this worker is watched through its slot lock instead, which needs
+                # no fd of its own and is checked every tick.
+                self._ratelog.warn("fds", "board %s: no fd for a pidfd (%s): worker %d "
+                                   "watched through its slot lock", self.board.name, e, pid)
+            else:
+                log.warning("pidfd_open unavailable (%s): falling back to slot locks", e)
+                self._pidfd_ok = False
+            if pidfd is not None:
+                os.close(pidfd)
+        else:
+            if pidfd is None:
+                self._convict(i, wt, now_ns, "was gone before the agent saw it")
+            elif started is _INVISIBLE:
+                # /proc hides it (hidepid=2, ProtectProc=invisible: another user's
+                # process), which is not "gone": the pidfd was had, so the pid names
+                # a live process.  Whether it is still our registrant its start time
+                # cannot tell; its slot lock can (the kernel frees it when the
+                # registrant dies, and a pid is only reused after that).  So: the
+                # pidfd for the exit notice, and the slot lock checked every tick.
+                wt.pidfd = pidfd
+                self._by_fd[pidfd] = i
+                self.pollables_gen += 1
+                self._ratelog.warn("hidden", "board %s: /proc hides pid %d (hidepid?): "
+                                   "worker watched through its pidfd and slot lock",
+                                   self.board.name, pid)
+                self._by_lock.add(i)
+                if not locks.is_held(self._lockfd, LOCK_SLOT_BASE + i):
+                    self._convict(i, wt, now_ns, "released its slot lock")
+            elif started != pid_start:
+                os.close(pidfd)
+                self._convict(i, wt, now_ns, "was gone (its pid now names another process)")
+            else:
+                wt.pidfd = pidfd
+                self._by_fd[pidfd] = i
+                self.pollables_gen += 1
+            return True
+        return False
 
     def flush(self, now_ns: int) -> None:
         """Nothing to do: verdicts are written as each pidfd fires."""

@@ -1,7 +1,7 @@
 """The host agent role: one process per host watches local workers (and, with the
 network half, remote hosts) and writes verdicts into the board.
 
-Election (``shmhb.board.agentterm``): term T of the role is an OFD lock byte on the board; the
+Election (``shmhb.agent.election``): term T of the role is an OFD lock byte on the board; the
 kernel drops it when its holder dies, and a standby polling every ``election_poll_s``
 takes term T+1, bumping ``agent_term`` (the agent's words name the term that wrote
 them).  A holder stalled as a whole -- SIGSTOPped, or a C call holding its GIL, so
@@ -29,18 +29,18 @@ from ..board import locks
 from .loop import AgentLoop, Component
 from .writer import AgentWriter
 from ..board.handle import Board
+from ..board.core import board_words
 from ..clock import MONOTONIC, Clock
 from ..board.config import AgentConfig
-from ..board.agentterm import (HB_WORD, TERM_WORD, StallWatch, claim, held_others, stall_bound_ns,
-                        term_byte)
-from ..board.layout import LOCK_AGENT, LOCK_DAEMON, TERM_RING
+from .election import HB_WORD, StallWatch, claim, held_others, stall_bound_ns
+from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
 from ..procinfo import thread_switches
 from ..ratelog import RateLimitedLog
 from ..net.rowwriter import RowWriter
-from ..net.sendcounter import COUNTER_WORD
+from ..net.exchange import COUNTER_WORD
 from ..net.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class _Superseded(Exception):
 
 class _Renew(Exception):
     """Every stalled holder we replaced has stopped writing, and we took a fresh term:
-    set the components up anew over whatever they may have left (shmhb.board.agentterm)."""
+    set the components up anew over whatever they may have left (shmhb.agent.election)."""
 
 
 #: how often an embedded holder looks whether a daemon waits for the role (one fcntl)
@@ -189,19 +189,19 @@ class Agent:
                    "holder is replaced %.1f s after its last beat", board.name, os.getpid(),
                    waited_ns / 1e9, a.pid, a.term, a.status.value, HANDOVER_CHECK_NS / 1e9,
                    DAEMON_GRACE_NS / 1e9, NO_HANDOVER_NS / 1e9,
-                   stall_bound_ns(board.words) / 1e9)
+                   stall_bound_ns(board_words(board).words) / 1e9)
 
     def elect(self, board: Board) -> AgentLoop | None:
         """One election step: take the role if it is free, or if its holder is stalled
-        (shmhb.board.agentterm), and return the loop that holds it (not started: call its
+        (shmhb.agent.election), and return the loop that holds it (not started: call its
         ``step``); None while another process holds it."""
         with self._fd_lock:
             if self._fd < 0:
-                self._fd = board.new_fd()
+                self._fd = board_words(board).new_fd()
                 if self.daemon:  # for the fd's life: embedded holders hand over to us
                     locks.try_lock(self._fd, LOCK_DAEMON, exclusive=False)
             fd = self._fd
-        words = board.words
+        words = board_words(board).words
         now = time.monotonic_ns()
         t = int(words[TERM_WORD])
         daemon_waits = not self.daemon and locks.is_held(fd, LOCK_DAEMON)
@@ -223,15 +223,7 @@ class Agent:
                 self._free_since_ns = now
             if now - self._free_since_ns < DAEMON_GRACE_NS:
                 return None
-        # Earlier versions know only LOCK_AGENT: the holder takes it too, first where the
-        # role is free, so neither kind takes the role from under the other.  Held while
-        # term t's byte is free, it is an earlier version's holder: stand by.
-        mine = locks.try_lock(fd, LOCK_AGENT)
-        if not mine and not stalled:
-            return None
         if not claim(fd, words, t):
-            if mine:
-                locks.unlock(fd, LOCK_AGENT)
             if stalled and still >= 2 * stall_bound_ns(words):  # not a passing race
                 _rlog.warn("claim", "board %s: the agent role's holder (term %d) is "
                            "stalled, but the lock byte of term %d is held too (a racing "
@@ -322,7 +314,7 @@ class Agent:
             self._older = {b for b in self._older if locks.is_held(fd, b)}
             if not self._older:
                 # the replaced holders wrote their last word before letting their byte
-                # go: a fresh term now repairs whatever they left (shmhb.board.agentterm)
+                # go: a fresh term now repairs whatever they left (shmhb.agent.election)
                 if claim(fd, words, self.term):
                     locks.unlock(fd, term_byte(self.term))
                     self._renewed = self.term = self.term + 1
@@ -332,12 +324,11 @@ class Agent:
     def _take(self, board: Board, term: int) -> AgentLoop:
         """Set the role up, now that ``claim`` made term ``term`` ours (it wrote
         ``agent_term``): our words, the components, and the loop over them."""
-        # The term counter has one writer without the registry lock: see agentterm.
+        # The term counter has one writer without the registry lock: see shmhb.agent.election.
         # Taking the registry lock here made a takeover wait for as long as some process
         # stayed stopped while holding it (no agent on the host meanwhile), and then
         # killed the new agent with LockTimeout.
-        self._words, self.term = board.words, term
-        locks.try_lock(self._fd, LOCK_AGENT)  # after a stalled holder let it go (a renewal)
+        self._words, self.term = board_words(board).words, term
         # Stalled holders we replace may write until they let their byte go: watch them.
         self._older = held_others(self._fd, term_byte(term))
         self._next_older_check_ns = 0
@@ -406,7 +397,7 @@ class Agent:
             deposed = True
             log.info("board %s: this process (pid %d) was stalled and the agent role was "
                      "taken over (term %d, now %d): standing down, a standby again",
-                     board.name, os.getpid(), self.term, int(board.words[TERM_WORD]))
+                     board.name, os.getpid(), self.term, int(board_words(board).words[TERM_WORD]))
             return True
         except _Deposed:
             deposed = True
@@ -421,8 +412,8 @@ class Agent:
         we replaced are done, and this repairs whatever words they wrote last."""
         reserved = self._net.reserved() if self._net is not None else 0
         loop.close()  # no goodbye and no "left": the host keeps its agent
-        words = board.words
-        # a stale writer may have stored a lower reservation: ours stands (sendcounter)
+        words = board_words(board).words
+        # a stale writer may have stored a lower reservation: ours stands (exchange.SendCounter)
         words[COUNTER_WORD] = max(int(words[COUNTER_WORD]), reserved)
         log.info("board %s: the stalled holders replaced have stopped; the agent (pid %d) "
                  "sets the role up anew in term %d", board.name, os.getpid(), self._renewed)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.layout import (
     ADDR_BYTES, NET_ERROR_BYTES, STAT_NAMES, header_index, net_checksum, pack_agent_id,
-    pack_hb, pack_net_gen, pack_net_state, ts_units,
+    NetStateWord, pack_hb, pack_net_gen, pack_net_state, ts_units,
 )
 from ..net.state import NetShown
 
@@ -24,8 +25,9 @@ class AgentWriter:
 
     def __init__(self, board: Board, term: int) -> None:
         self.board = board
+        self.bw = board_words(board)
         self.term = term
-        q = board.words
+        q = board_words(board).words
         self._q = q
         self._hb_i = header_index("agent_hb")
         self._gen_i = header_index("agent_gen")
@@ -58,10 +60,11 @@ class AgentWriter:
         word, then the checksum over all of them.  A reader judges by the state word
         alone (one aligned word) and shows details only when the checksum matches, so
         it never needs an order between words: a mismatch just hides the details."""
-        h = self.board.header
+        h = self.bw.header
         s = shown
-        word = pack_net_state(self.term, int(s.state), int(s.auth), s.listening, int(s.reason),
-                              s.err, s.skipped)
+        word = pack_net_state(NetStateWord(
+            term=self.term, state=int(s.state), auth=int(s.auth), listening=s.listening,
+            reason=int(s.reason), errno=s.err, skipped=s.skipped))
         gen_word = pack_net_gen(self.term, cfg_gen)
         lb = listen.encode()[: ADDR_BYTES - 1]
         eb = s.error.encode()[: NET_ERROR_BYTES - 1]

@@ -12,11 +12,13 @@ package).  In reading order:
   capacity, settings values), ``records``;
 - the mapping and its locks: ``segment``, ``locks``, ``registrylock``, ``native`` (the
   switch to the C hot paths, ``shmhb._native``);
-- the handle: ``handle`` (``Board``: lifecycle, registration, forgetting) over ``core``
-  (the views) and ``localreads`` (the hot local reads), owning ``watchtable`` and
-  ``remotereads``; ``registration``; ``heartbeat`` (a worker's beat);
-- the header words other layers write, as readers see them: ``agentterm`` (terms of the
-  agent role), ``netword`` (the network half's state word);
+- the handle: ``handle`` (``Board``: lifecycle, registration) over ``core`` (the views,
+  and ``BoardWords``, the surface of the words' writers) and ``localreads`` (the hot
+  local reads), owning ``remotereads`` (and, through ``BoardWords``, ``watchtable``);
+  ``registration``; ``forgetting`` (clearing dead slots); ``heartbeat`` (a worker's beat);
+- the header words other layers write, as readers see them: ``netword`` (the network
+  half's state word; the agent role's terms are lock bytes, ``layout.term_byte``, and
+  their election is ``shmhb.agent.election``);
 - clients of the board that need no network: ``reaper`` (``LinkReaper``), ``instances``
   (serving instances read off the board).
 

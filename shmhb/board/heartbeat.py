@@ -46,8 +46,8 @@ class _ClosedWords:
 
 
 class HeartbeatBoard(Protocol):
-    """What a heartbeat needs of its board (``shmhb.board.handle.Board`` has it).  A protocol,
-    not an import: the board module builds heartbeats, so this module must not import it."""
+    """What a heartbeat needs of its board's words (``shmhb.board.core.BoardWords`` has
+    it).  A protocol, not an import: the core module imports the modules it builds on."""
 
     name: str
 

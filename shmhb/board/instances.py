@@ -33,8 +33,9 @@ not fit the format is skipped with a rate-limited warning, never fatal.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from .address import check_endpoint, format_address, parse_address
 from ..errors import InvalidConfig
@@ -59,7 +60,8 @@ ROLES = ("prefill", "decode", "both")
 _WORST = (Status.DEAD, Status.LEFT, Status.UNKNOWN, Status.SUSPECT)
 
 
-class Instance(NamedTuple):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instance:
     """One engine as a router sees it.  ``host``: "" for this host's board, else the
     followed host's pinger address.  ``engine``: the engine id as its rank keys carry
     it (vLLM's id, or ``~`` and a digest when the id is too long for a key).
@@ -171,9 +173,10 @@ def instances_from(slots: Iterable[SlotStatus], host: str = "") -> list[Instance
             where = next((r.endpoints[0] for r in mine if r.endpoints), serving)
             if where is not None:
                 boot = format_address(parse_address(where).host, bport)
-        out.append(Instance(host, s.key, token, role, serving, boot, s.incarnation,
-                            judge_instance(s.status, [r.status for r in mine]), len(mine),
-                            s.key in drains))
+        out.append(Instance(host=host, key=s.key, engine=token, role=role, serving=serving,
+                            bootstrap=boot, incarnation=s.incarnation,
+                            status=judge_instance(s.status, [r.status for r in mine]),
+                            ranks=len(mine), draining=s.key in drains))
     return out
 
 

@@ -74,26 +74,22 @@ MAX_DIGEST_ENTRIES: Final = 4096
 # magic .. watch_off    creator                                 before the board is ready
 # boot_id, board_inc    creator
 # policy (*_ns)         creator
-# forget_after_ns       creator (policy; 0: off, which is what a board of an earlier
-#                       version, made before the field existed, reads)
-# timens_offset_ns      creator: its CLOCK_MONOTONIC offset (time namespace), valid when
-#                       features has FEATURE_TIMENS (not set by earlier versions)
-# features              creator: which of the fields above it wrote
+# forget_after_ns       creator (policy; 0: off)
+# timens_offset_ns      creator: its CLOCK_MONOTONIC offset (time namespace)
 # created_ns, creator_pid
 # state                 creator                                 last, under the init lock
 # inc_counter           registrants, under the registry lock (shmhb.board.registration: one kept
-#                       from it issues above counter + LOCKFREE_GAP and writes neither)
+#                       from it issues above the counter and leaves it)
 # reg_gen               registrants, under the registry lock (bumped on register/leave/watch)
 # agent_hb, agent_id    the agent role holder
 # agent_gen             the agent role holder (bumped on every verdict or remote change)
 # agent_term            the agent role holder, at its takeover (a takeover counter; only
-#                       the holder of the new term's lock byte writes it: shmhb.board.agentterm)
+#                       the holder of the new term's lock byte writes it: shmhb.agent.election)
 # agent_lateness_us     the agent role holder: its worst loop lateness of the last second
 # stats                 the agent role holder: frame and ping counters (see STAT_NAMES)
 # cfg_*                 `shmhb pinger`, under the registration lock: the pinger settings
 #                       any holder of the role applies (listen address, secret, interval,
-#                       ping budget in milli-pings/s: 0 in a board made before it existed,
-#                       read as the default)
+#                       ping budget in milli-pings/s)
 # net_state             the agent role holder: its network half's state (one word, the
 #                       only one `status` judges by; names the holder's term)
 # net_gen, net_listen,  the agent role holder: details of that state (settings generation,
@@ -101,10 +97,7 @@ MAX_DIGEST_ENTRIES: Final = 4096
 #                       the state word: a reader that catches them mid-write sees a bad
 #                       checksum and shows the state word alone, never mixed details
 # net_counter           the agent role holder: the reservation of its ping nonces and
-#                       push seqs, 0 in boards of earlier versions (shmhb.net.sendcounter)
-
-#: features bits: which optional header fields the creator wrote
-FEATURE_TIMENS: Final = 1
+#                       push seqs (shmhb.net.exchange.SendCounter)
 
 STAT_NAMES: Final = (
     "pings_sent",
@@ -144,7 +137,7 @@ HEADER_DTYPE: Final = np.dtype(
             "boot_id", "board_inc", "created_ns", "creator_pid",
             "suspect_after_ns", "dead_after_ns", "agent_stale_ns",
             "peer_suspect_after_ns", "peer_dead_after_ns",
-            "state", "forget_after_ns", "timens_offset_ns", "features",
+            "state", "forget_after_ns", "timens_offset_ns",
             "inc_counter", "reg_gen", "agent_term",
             "agent_hb", "agent_id", "agent_gen", "agent_lateness_us",
             "stats",
@@ -160,7 +153,7 @@ HEADER_DTYPE: Final = np.dtype(
             "S16", "<u8", "<u8", "<u8",
             "<u8", "<u8", "<u8",
             "<u8", "<u8",
-            "<u8", "<u8", "<i8", "<u8",
+            "<u8", "<u8", "<i8",
             "<u8", "<u8", "<u8",
             "<u8", "<u8", "<u8", "<u8",
             ("<u8", NSTATS),
@@ -176,7 +169,7 @@ HEADER_DTYPE: Final = np.dtype(
             80, 96, 104, 112,
             120, 128, 136,
             144, 152,
-            160, 168, 176, 184,  # zero in boards of earlier versions
+            160, 168, 176,  # 184: not used
             # lock-protected and agent words each on their own cache line
             192, 200, 208,
             256, 264, 272, 280,
@@ -186,7 +179,7 @@ HEADER_DTYPE: Final = np.dtype(
             1224, 1232, 1240,
             # the network half's state (agent role holder), its own cache lines
             1280, 1288, 1296, 1360, 1616,
-            2048,  # the agent role holder: nonce/push seq reservation (shmhb.net.sendcounter)
+            2048,  # the agent role holder: nonce/push seq reservation (shmhb.net.exchange.SendCounter)
         ],
         "itemsize": HEADER_BYTES,
     }
@@ -214,7 +207,7 @@ SLOT_RECORD_DTYPE: Final = np.dtype(
 PEER_ROW_DTYPE: Final = np.dtype(
     {
         # status: gen|code|ts(last ack, local clock); rtt: gen|rtt_us;
-        # auth: gen|failing|count (see pack_auth); a board of an earlier version holds 0
+        # auth: gen|failing|count (see pack_auth)
         "names": ["status", "rtt", "gen", "board_inc", "boot_id", "address", "checksum", "auth"],
         "formats": ["<u8", "<u8", "<u8", "<u8", "S16", f"S{ADDR_BYTES}", "<u8", "<u8"],
         "offsets": [0, 8, 16, 24, 32, 48, 112, 120],
@@ -226,9 +219,8 @@ REMOTE_ROW_DTYPE: Final = np.dtype(
     {
         # status: gen|code(reported)|ts(of the ack that reported it); peer: owning peer row;
         # beat: gen|0|ts(the worker's own last beat, local clock, as that report gave it;
-        # 0: not known -- a v1 full ack says no more than its host's age).  Bytes 376-383
-        # were padding before: a board of an earlier version holds 0 there, and an
-        # earlier version's reader never looks.
+        # 0: not known -- a report whose body age saturated says no more than its host's
+        # age).
         "names": ["status", "gen", "peer", "peer_gen", "incarnation", "pid",
                   "key", "endpoints", "checksum", "beat"],
         "formats": ["<u8", "<u8", "<u8", "<u8", "<u8", "<u8",
@@ -252,13 +244,18 @@ WATCH_ROW_DTYPE: Final = np.dtype(
 # --- OFD lock bytes (byte ranges of the segment file; they need not lie inside it) --------
 
 LOCK_REGISTRY: Final = 0  # registration counters, watch writes, pinger settings; init
-LOCK_AGENT: Final = 1  # the role's holder takes it too: earlier versions know only this byte
 #: held (shared) by every running ``shmhb pinger`` daemon: an embedded holder of the role
 #: hands it over to it, and embedded standbys leave the role to it (shmhb.agent.role)
 LOCK_DAEMON: Final = 2
-#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.board.agentterm)
+#: term T of the agent role is held at LOCK_TERM_BASE + T % TERM_RING (shmhb.agent.election)
 LOCK_TERM_BASE: Final = 1 << 19
 TERM_RING: Final = 64
+
+
+def term_byte(term: int) -> int:
+    """The lock byte that term ``term`` of the agent role is held by."""
+    return LOCK_TERM_BASE + term % TERM_RING
+
 LOCK_SLOT_BASE: Final = 1 << 20  # slot i is held by its live registrant at LOCK_SLOT_BASE + i
 #: watch row i is held (shared) by its live owner at LOCK_WATCH_BASE + i: how the rows of
 #: owners in another pid namespace, whose pids mean nothing here, are judged
@@ -314,6 +311,8 @@ def header_index(field: str) -> int:
     return field_word(HEADER_DTYPE, field)
 
 
+#: the index of ``agent_term`` among the header's words: the current term of the agent role
+TERM_WORD: Final = header_index("agent_term")
 SLOT_STRIDE: Final = SLOT_WORDS_DTYPE.itemsize // WORD_BYTES  # words per slot line
 VERDICT_WORD: Final = field_word(SLOT_WORDS_DTYPE, "verdict")  # from the slot's hb word
 PEER_STRIDE: Final = PEER_ROW_DTYPE.itemsize // WORD_BYTES

@@ -74,9 +74,10 @@ def decode_network(head: object, agent_term: int, agent_running: bool) -> Networ
     mid-write and are left out, never mixed with another state's."""
     h = head  # numpy record; typed loosely to keep this module free of numpy
     word = int(h["net_state"])  # type: ignore[index]
-    term, code, auth, listening, reason, err, skipped = unpack_net_state(word)
+    f = unpack_net_state(word)
+    term, listening, reason = f.term, f.listening, f.reason
     try:
-        state = NetState(code)
+        state = NetState(f.state)
     except ValueError:
         state = NetState.NONE
     if int(h["cfg_gen"]) == 0 and (not agent_running or state in (NetState.NONE, NetState.OFF)):  # type: ignore[index]
@@ -101,8 +102,8 @@ def decode_network(head: object, agent_term: int, agent_running: bool) -> Networ
     except ValueError:
         why = f"code {reason}"
     try:
-        auth_s = NetAuth(auth).label
+        auth_s = NetAuth(f.auth).label
     except ValueError:
-        auth_s = f"code {auth}"
-    return NetworkStatus(state.label, working(state), listening, listen, auth_s, why, err,
-                         error, skipped, gen, agent_term)
+        auth_s = f"code {f.auth}"
+    return NetworkStatus(state.label, working(state), listening, listen, auth_s, why, f.errno,
+                         error, f.skipped, gen, agent_term)

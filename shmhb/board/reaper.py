@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .handle import Board
+from .core import board_words
 from .config import check_endpoint, parse_hostport, positive_seconds
 from ..errors import InvalidAddress, LockTimeout
 from ..periodic import Periodic
@@ -80,6 +81,7 @@ class LinkReaper:
     def __init__(self, board: Board, on_drop: OnDrop | None = None, *,
                  drop_suspect: bool = False) -> None:
         self.board = board
+        self.bw = board_words(board)
         self.on_drop = on_drop
         self.drop_suspect = drop_suspect
         self._lock = threading.RLock()
@@ -138,7 +140,7 @@ class LinkReaper:
                 # the key comes from a report about this very incarnation, or later from
                 # the first report that names it (see _judge_remote)
                 key = r.key if r is not None and r.incarnation == inc else None
-                link = Link(endpoint, key, inc, False, payload, self.board.now_ns())
+                link = Link(endpoint, key, inc, False, payload, self.bw.now_ns())
         # Follow the peer's host before the link counts, and not under our lock: watch()
         # waits for the registry lock, which a stopped process may hold for seconds (it
         # then raises LockTimeout and nothing is tracked), and polls on other threads
@@ -211,7 +213,7 @@ class LinkReaper:
         self._remote_links = sum(1 for lk in self._links.values() if not lk.local)
         for link in self._links.values():
             if link.local and link.key is not None:
-                i = self.board.cached_index(link.key)
+                i = self.bw.cached_index(link.key)
                 if i is not None:
                     idx.add(i)
         self._local_words = np.array(sorted(idx), np.intp)
@@ -245,7 +247,7 @@ class LinkReaper:
             changes = b.changes()
             if (changes == self._seen_changes and not self._dirty and not self._maybe_stale()
                     and not (self._wait_agent and b.agent_fresh())
-                    and not (self._gone_due_ns and b.now_ns() >= self._gone_due_ns)):
+                    and not (self._gone_due_ns and self.bw.now_ns() >= self._gone_due_ns)):
                 return []
             self._gone_due_ns = 0  # recomputed by this judge
             # Pending links wait for a change: a remote verdict is a pure function of
@@ -297,7 +299,7 @@ class LinkReaper:
         idx = self._local_words
         if not len(idx):
             return False
-        age = self.board.oldest_beat_age(idx)  # the board's clock, as slot() judges
+        age = self.bw.oldest_beat_age(idx)  # the board's clock, as slot() judges
         return age is not None and age >= self._stale_units
 
     def _judge_local(self, link: Link) -> DropReason | object | None:
@@ -346,7 +348,7 @@ class LinkReaper:
         naming it (no live slot serves it); pending before, re-judged at that time."""
         if host.status is not Status.ALIVE or host.age_s is None:
             return _PENDING
-        now = self.board.now_ns()
+        now = self.bw.now_ns()
         due = link.tracked_ns + self._gone_after_ns
         if now - int(host.age_s * 1e9) >= due:
             return DropReason.GONE

@@ -31,11 +31,9 @@ serialised by its lock, each above the slot's previous one.  Growth comes from t
 floor: a new incarnation exceeds every record's incarnation field (one aligned word
 each, read without a lock; a record caught mid-write only raises the floor) and the
 counter, so one issued after another registration finished is above it.  Under the
-registry lock the counter is then raised to the new value, which keeps registrants of
-earlier versions (they take counter + 1 under the lock) above it.  Without the lock the
-counter is not written (it has one writer at a time) and the floor is the counter plus
-``LOCKFREE_GAP``, so the next ``LOCKFREE_GAP`` registrations of an earlier version, which
-know only the counter, cannot meet an incarnation issued meanwhile.
+registry lock the counter is then raised to the new value (the floor of registrations
+after a forget cleared the record that held the highest); without the lock it is not
+written (it has one writer at a time).
 
 The change counter (``reg_gen``) is moved under the registry lock only.  A registration
 made without it does not move it; the agent sees the new slot at its next scan of the
@@ -51,7 +49,7 @@ import time
 import zlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,7 +74,6 @@ STALL_MEMORY_NS = 10_000_000_000
 #: how long it waits for its key's bucket (held by a registrant of a key of that bucket)
 BUCKET_WAIT_S = 5.0
 #: without the registry lock an incarnation is issued this far above the counter
-LOCKFREE_GAP = 1 << 32
 
 
 def key_bucket(kb: bytes) -> int:
@@ -96,7 +93,10 @@ def issue_incarnation(floor: int, index: int, nslots: int, prev: int) -> int:
     return inc
 
 
-class Claim(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A slot claimed: its index and the incarnation issued."""
+
     slot: int
     incarnation: int
     #: whether the registry lock was held (the counters moved); False: registered
@@ -151,8 +151,7 @@ class Registrar:
         try:
             recs, head = self._recs, self._head
             counter = int(head["inc_counter"])
-            floor = max(counter if with_registry else counter + LOCKFREE_GAP,
-                        int(recs["incarnation"].max()), same_key_inc)
+            floor = max(counter, int(recs["incarnation"].max()), same_key_inc)
             inc = issue_incarnation(floor, index, self._nslots, int(recs[index]["incarnation"]))
             if with_registry:
                 head["inc_counter"] = max(counter, inc)
@@ -179,7 +178,7 @@ class Registrar:
         if with_registry:
             bump_reg_gen(head)
         log.info("board %s: %r registered in slot %d, incarnation %d", self.name, key, index, inc)
-        return Claim(index, inc, with_registry)
+        return Claim(slot=index, incarnation=inc, with_registry=with_registry)
 
     def _key_of(self, i: int) -> bytes | None:
         """The key slot ``i``'s record names if the record is valid (written whole)."""
@@ -240,5 +239,5 @@ class Registrar:
             "and start `shmhb pinger --slots N` first (or Board.create(slots=N))")
 
 
-__all__ = ["BUCKET_WAIT_S", "Claim", "KEY_BUCKETS", "LOCKFREE_GAP", "REGISTRY_WAIT_S",
+__all__ = ["BUCKET_WAIT_S", "Claim", "KEY_BUCKETS", "REGISTRY_WAIT_S",
            "Registrar", "issue_incarnation", "key_bucket"]

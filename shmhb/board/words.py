@@ -29,6 +29,8 @@ test names them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Final
 
 import numpy as np
@@ -116,19 +118,35 @@ NET_ERRNO_SHIFT: Final = 9
 NET_SKIPPED_MASK: Final = (1 << 9) - 1
 
 
-def pack_net_state(term: int, state: int, auth: int, listening: bool, reason: int,
-                   err: int, skipped: int) -> int:
-    return (((term & INC_MASK) << INC_SHIFT) | ((state & 0xF) << NET_STATE_SHIFT)
-            | ((auth & 0x3) << NET_AUTH_SHIFT) | (NET_LISTENING_BIT if listening else 0)
-            | ((reason & 0xFF) << NET_REASON_SHIFT) | ((err & 0xFFFF) << NET_ERRNO_SHIFT)
-            | min(max(skipped, 0), NET_SKIPPED_MASK))
+@dataclass(frozen=True, slots=True)
+class NetStateWord:
+    """The fields of a net_state word: the holder's ``term``, the network half's
+    ``state``, ``auth`` and ``reason`` codes (``shmhb.net.state``), whether it is
+    ``listening``, the last ``errno``, and how many followed hosts it ``skipped``."""
+
+    term: int
+    state: int
+    auth: int
+    listening: bool
+    reason: int
+    errno: int
+    skipped: int
 
 
-def unpack_net_state(word: int) -> tuple[int, int, int, bool, int, int, int]:
-    """(term, state, auth, listening, reason, errno, skipped) of a net_state word."""
-    return (word >> INC_SHIFT, (word >> NET_STATE_SHIFT) & 0xF, (word >> NET_AUTH_SHIFT) & 0x3,
-            bool(word & NET_LISTENING_BIT), (word >> NET_REASON_SHIFT) & 0xFF,
-            (word >> NET_ERRNO_SHIFT) & 0xFFFF, word & NET_SKIPPED_MASK)
+def pack_net_state(f: NetStateWord) -> int:
+    return (((f.term & INC_MASK) << INC_SHIFT) | ((f.state & 0xF) << NET_STATE_SHIFT)
+            | ((f.auth & 0x3) << NET_AUTH_SHIFT) | (NET_LISTENING_BIT if f.listening else 0)
+            | ((f.reason & 0xFF) << NET_REASON_SHIFT) | ((f.errno & 0xFFFF) << NET_ERRNO_SHIFT)
+            | min(max(f.skipped, 0), NET_SKIPPED_MASK))
+
+
+def unpack_net_state(word: int) -> NetStateWord:
+    """The fields of a net_state word."""
+    return NetStateWord(
+        term=word >> INC_SHIFT, state=(word >> NET_STATE_SHIFT) & 0xF,
+        auth=(word >> NET_AUTH_SHIFT) & 0x3, listening=bool(word & NET_LISTENING_BIT),
+        reason=(word >> NET_REASON_SHIFT) & 0xFF, errno=(word >> NET_ERRNO_SHIFT) & 0xFFFF,
+        skipped=word & NET_SKIPPED_MASK)
 
 
 def pack_net_gen(term: int, cfg_gen: int) -> int:

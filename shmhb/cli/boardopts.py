@@ -1,4 +1,5 @@
-"""What ``shmhb pinger`` sets on the board it opens: its policy, its mode and group.
+"""What ``shmhb pinger`` sets on the board it opens: its policy, its mode and group, and
+the pinger settings any holder of the agent role applies (``--listen``, ``--peer``, ...).
 
 The daemon is the one place that sets a board's policy: under systemd and in the
 DaemonSet it starts first and creates the board, so its flags (carried by the units'
@@ -26,9 +27,12 @@ import os
 import stat
 
 from ..board.handle import Board
-from ..board.config import Capacity, Policy, board_name
+from ..board.config import (DEFAULT_BUDGET_PPS, DEFAULT_PORT, Capacity, PingerConfig, Policy,
+                            board_name)
 from ..errors import BoardPermissionError, InvalidConfig
 from ..board.segment import SHM_DIR
+from ..net.plan import MIN_PINGS_PER_WINDOW
+from ..net.settings import board_group, read_secret, store_config
 
 log = logging.getLogger(__name__)
 
@@ -170,3 +174,38 @@ def open_board(args: argparse.Namespace) -> Board:
         b.close()
         raise
     return b
+
+
+# -- the pinger settings ----------------------------------------------------------------
+
+def add_pinger_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--listen", metavar="HOST:PORT", default=None,
+                    help=f"address to answer pings on (port default {DEFAULT_PORT}, "
+                         "one number for the whole cluster)")
+    sp.add_argument("--peer", metavar="HOST[:PORT]", action="append", default=[],
+                    help="a host to follow even if no local process watches it (repeatable)")
+    sp.add_argument("--interval-s", type=float, default=0.2,
+                    help="shortest ping interval per host (default 0.2); longer when the "
+                         "budget needs it")
+    sp.add_argument("--ping-budget-pps", type=float, default=DEFAULT_BUDGET_PPS, metavar="N",
+                    help=f"pings per second to all followed hosts together (default "
+                         f"{DEFAULT_BUDGET_PPS:g}); each host still gets at least "
+                         f"{MIN_PINGS_PER_WINDOW} pings per peer dead-after window")
+    auth = sp.add_mutually_exclusive_group()
+    auth.add_argument("--secret-file", metavar="F", default=None,
+                      help="shared secret: HMAC on every frame, unauthenticated pings unanswered")
+    auth.add_argument("--curve-keys", metavar="DIR", default=None,
+                      help="CURVE keys: DIR/<host>.key public keys of all hosts, "
+                           "DIR/<listen host>.key_secret this host's")
+
+
+def store_pinger_args(args: argparse.Namespace) -> bool:
+    """Store the command line's pinger settings in the board; True: network half on."""
+    cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
+                       secret_file=args.secret_file, curve_keys=args.curve_keys,
+                       ping_budget_pps=args.ping_budget_pps)
+    with Board.open(args.board, create=True) as b:
+        if cfg.secret_file:  # fail now, with the reason, not in the agent thread
+            read_secret(cfg.secret_file, shared_gid=board_group(b))
+        store_config(b, cfg)
+    return True

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..board import locks
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.core import BoardCore
 from ..board.layout import (
     LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum,
@@ -77,7 +78,7 @@ def check_rows(board: BoardCore, *, pinger_pids: Collection[int] = ()) -> list[F
     """Every row of ``board`` that stays invalid while read again for ~0.1 s (see the
     module docstring), in table order.  ``pinger_pids``: the processes that may hold the
     agent role (empty: any)."""
-    probe = board.new_fd()  # an open file description of our own, to ask about slot locks
+    probe = board_words(board).new_fd()  # an open file description of our own, to ask about slot locks
     try:
         return _check_rows(board, probe, set(pinger_pids))
     finally:
@@ -114,17 +115,17 @@ def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> 
 
 def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Finding]:
     out: list[Finding] = []
-    q, head, now_ns = board.words, board.header, board.now_ns
-    records = board.record_table
+    q, head, now_ns = board_words(board).words, board_words(board).header, board_words(board).now_ns
+    records = board_words(board).record_table
     agent_hb_i, agent_id_i = header_index("agent_hb"), header_index("agent_id")
 
     def nowu() -> int:
         return ts_units(now_ns())
 
-    for i in map(int, np.flatnonzero(board.hb_words.copy())):
+    for i in map(int, np.flatnonzero(board_words(board).hb_words.copy())):
 
         def slot_ok(i: int = i) -> str | None:
-            hb = int(q[board.hb_index(i)])
+            hb = int(q[board_words(board).hb_index(i)])
             tag = word_tag(hb)
             if tag == 0:
                 return None
@@ -138,7 +139,7 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
                 return f"hb tag {tag} != record incarnation {int(rec['incarnation'])}"
             if hb_ts(hb) > nowu() + _FUTURE_UNITS:
                 return "hb timestamp in the future"
-            v = int(q[board.verdict_index(i)])
+            v = int(q[board_words(board).verdict_index(i)])
             if v and verdict_ts(v) > nowu() + _FUTURE_UNITS:
                 return "verdict timestamp in the future"
             return None
@@ -165,7 +166,7 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
     if why:
         out.append(Finding("agent", why))
 
-    peers = board.peer_table
+    peers = board_words(board).peer_table
     for i in map(int, np.flatnonzero(peers["checksum"] != 0)):
 
         def peer_ok(i: int = i) -> str | None:
@@ -182,7 +183,7 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
         if why:
             out.append(Finding(f"peer {i}", why))
 
-    rem = board.remote_table
+    rem = board_words(board).remote_table
     for i in map(int, np.flatnonzero(rem["checksum"] != 0)):
 
         def remote_ok(i: int = i) -> str | None:
@@ -202,7 +203,7 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
         if why:
             out.append(Finding(f"remote {i}", why))
 
-    w = board.watch_table
+    w = board_words(board).watch_table
     for i in map(int, np.flatnonzero(w["checksum"] != 0)):
 
         def watch_ok(i: int = i) -> str | None:

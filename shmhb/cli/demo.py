@@ -49,7 +49,7 @@ def worker_main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     _die_with_parent()
     board = Board.attach(a.board)
-    hb = board.register(a.key, endpoints=(a.endpoint,), agent=False).start(0.05)
+    hb = board.register(a.key, endpoints=(a.endpoint,)).start(0.05)
     done = threading.Event()
     stop_on_signals(done, (signal.SIGTERM,))  # not done.set() in a handler: see stopsignal
     print("ready", flush=True)

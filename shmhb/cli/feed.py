@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -91,7 +92,7 @@ def reader(boards: list[Board], remote: bool) -> tuple[Any, Any]:
         out: list[Instance] = []
         for b in boards:
             for i in board_instances(b, remote=remote):
-                out.append(i._replace(host=b.name) if label and not i.host else i)
+                out.append(dataclasses.replace(i, host=b.name) if label and not i.host else i)
         return out
 
     def changes() -> int:

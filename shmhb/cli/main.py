@@ -20,10 +20,13 @@ from ..version import __version__
 from ..board.handle import Board
 from ..board.config import BOARD_ENV, DEFAULT_BOARD, AgentConfig, PingerConfig, board_name, check_host, positive_seconds
 from ..errors import BoardNotFound, InvalidConfig, ShmhbError
-from .pipes import EXIT_BROKEN_PIPE, PipeConsole, reader_gone  # noqa: F401 (EXIT_ re-exported)
+from .exits import (
+    EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NETWORK, EXIT_NO_DAEMON,
+    EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS, EXIT_UNHEALTHY,
+)
+from .pipes import PipeConsole, reader_gone
 from .stopsignal import stop_on_signals
-from .view import (EXIT_ERROR, EXIT_NETWORK, EXIT_NO_DAEMON, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS,
-                   STATUS_SCHEMA, View)
+from .view import STATUS_SCHEMA, View
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +195,8 @@ def cmd_pinger(args: argparse.Namespace) -> int:
 
     open_board(args).close()  # the policy flags: checked against an existing board
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
-        from ..net.settings import configure_from_args
-        configure_from_args(args)  # stored in the board: any holder of the role applies them
+        from .boardopts import store_pinger_args
+        store_pinger_args(args)  # stored in the board: any holder of the role applies them
     agent = Agent(board_name(args.board),
                   config=AgentConfig(tick_s=args.tick_s, watchdog_s=args.watchdog_s),
                   daemon=True)
@@ -320,9 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="give the role up (and exit 1) when the agent loop is blocked this "
                          "long (default 10)")
     sp.set_defaults(func=cmd_pinger)
-    from ..net.settings import add_pinger_args
+    from .boardopts import add_board_args, add_pinger_args
     add_pinger_args(sp)
-    from .boardopts import add_board_args
     add_board_args(sp)
 
     sp = sub.add_parser("monitor", parents=[common], help="live full-screen view of the board (Ctrl-C quits)")
@@ -416,10 +418,6 @@ def check_args(args: argparse.Namespace) -> None:
         if args.secret_file:  # before the board is created: a refused start leaves none
             from ..net.settings import read_secret
             read_secret(args.secret_file, shared_gid=shared_gid(args))
-
-
-#: Exit statuses of every command (docs/OPERATIONS.md, "Exit statuses").
-EXIT_OK, EXIT_UNHEALTHY, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Final
 
 from rich.console import Console
 
-#: the exit status after the reader went: 128 + SIGPIPE, what a shell reports for a
-#: command killed by SIGPIPE, distinct from every verdict code of ``shmhb status``
-EXIT_BROKEN_PIPE: Final = 141
+from .exits import EXIT_BROKEN_PIPE
 
 
 class PipeConsole(Console):
@@ -40,4 +37,4 @@ def reader_gone() -> int:
     return EXIT_BROKEN_PIPE
 
 
-__all__ = ["EXIT_BROKEN_PIPE", "PipeConsole", "reader_gone"]
+__all__ = ["PipeConsole", "reader_gone"]

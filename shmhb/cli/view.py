@@ -17,25 +17,18 @@ from dataclasses import dataclass, field
 
 from ..board import locks
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.config import Policy
 from ..board.layout import LOCK_DAEMON
 from ..errors import InvalidConfig
 from ..net.settings import load_config
 from ..status import AgentStatus, NetworkStatus, PeerStatus, SlotStatus, Status
+from .exits import EXIT_NETWORK, EXIT_NO_DAEMON, EXIT_NO_OBSERVER, EXIT_OK, EXIT_SLOTS
 
 BAD_PREFIX = "bad_"
 NO_AGENT = AgentStatus(0, Status.UNKNOWN, None, 0)
 NO_NETWORK = NetworkStatus("unknown", True, False, None, "none", None, 0, None, 0, None, 0)
 
-#: Exit codes of ``shmhb status`` (the first that applies, in this order: 2, 3, 4, 5, 1, 0).
-#: EXIT_OK also when no worker is registered or every one left and no agent runs because
-#: none ever ran or it left cleanly: an empty board is not an error.
-EXIT_OK = 0  # an agent runs, its network half works or is not configured, every slot alive or left
-EXIT_SLOTS = 1  # some local slot is suspect, dead or unknown
-EXIT_ERROR = 2  # the command failed: no such board, bad options (shmhb.cli.main)
-EXIT_NO_OBSERVER = 3  # no running agent: none ever ran, its holder is gone, stalled or left
-EXIT_NETWORK = 4  # the configured network half is not working (degraded: see the reason)
-EXIT_NO_DAEMON = 5  # a `shmhb pinger` stored its settings in the board, but no daemon runs
 #: Version of ``shmhb status --json``: bumped when a field changes meaning or goes away
 #: (new fields may appear without a bump).
 STATUS_SCHEMA = 1
@@ -179,9 +172,9 @@ def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
         agent=board.agent(),
         peers=peers,
         board=board.name,
-        agent_held=board.agent_held(),
+        agent_held=board_words(board).agent_held(),
         stats=board.stats(),
-        lateness_ms=board.lateness_ms(),
+        lateness_ms=board_words(board).lateness_ms(),
         policy=board.policy,
         network=board.network(),
         daemon=daemon_runs(board),
@@ -192,7 +185,7 @@ def read_view(board: Board, *, wall: Callable[[], float] = time.time) -> View:
 def daemon_runs(board: Board) -> bool:
     """Whether a ``shmhb pinger`` daemon runs on ``board``: every one holds LOCK_DAEMON
     (shared) for its life, holding the role or waiting for it (one syscall pair)."""
-    fd = board.new_fd()
+    fd = board_words(board).new_fd()
     try:
         return locks.is_held(fd, LOCK_DAEMON)
     finally:

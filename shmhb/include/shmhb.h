@@ -60,9 +60,8 @@ extern "C" {
 #define SHMHB_HDR_PEER_SUSPECT_AFTER_NS 144
 #define SHMHB_HDR_PEER_DEAD_AFTER_NS 152
 #define SHMHB_HDR_STATE 160
-#define SHMHB_HDR_FORGET_AFTER_NS 168   /* 0: off (and in boards of earlier versions) */
+#define SHMHB_HDR_FORGET_AFTER_NS 168   /* 0: off */
 #define SHMHB_HDR_TIMENS_OFFSET_NS 176  /* creator's CLOCK_MONOTONIC offset (int64) */
-#define SHMHB_HDR_FEATURES 184          /* bit 0: TIMENS_OFFSET_NS is set */
 #define SHMHB_HDR_INC_COUNTER 192
 #define SHMHB_HDR_REG_GEN 200
 #define SHMHB_HDR_AGENT_TERM 208

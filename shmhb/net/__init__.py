@@ -1,14 +1,13 @@
 """The network half of the host agent: one ZMQ pinger per host.
 
-- the wire: ``protocol`` (frames, size-checked and validated), ``frametag``,
-  ``challenge`` (proof of a live peer without a shared secret), ``exchange`` (nonces
-  and replay guards), ``sendcounter``;
+- the wire: ``protocol`` (the frames and their records, size-checked and validated,
+  and their HMAC tag), ``exchange`` (nonces and push seqs: their counter and the replay guards);
 - the sockets: ``transport`` (a ``TransportFactory``; ``shmhb.testing.network`` is the
   in-process one for tests);
 - what to ping and when: ``following`` (the followed hosts, from the board's watch
-  table), ``target`` (one followed host and what it may speak for), ``plan`` (the ping
-  budget);
-- verdicts on hosts: ``suspicion``, ``evidence``; the rows written into the board:
+  table, and what each may speak for), ``plan`` (the ping budget);
+- verdicts on hosts: ``suspicion``, ``evidence`` (a host's own pings, and the challenges
+  that make them count without a secret); the rows written into the board:
   ``rowwriter``; answers to other hosts: ``responder``, ``digest``;
 - trust: ``badinput`` (dropped frames, authentication failures);
 - the half itself: ``pinger`` (``NetworkHalf``), run and restarted by ``supervisor``,

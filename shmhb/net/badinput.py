@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from .evidence import from_host
-from .target import Target
+from .following import Target
 from .state import AgentWords
 from ..ratelog import RateLimitedLog
 from .rowwriter import RowWriter

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.judge import Thresholds, judge_local_array
 from ..board.layout import (
     hb_ts, inc_tag, ts_units, units_to_ms, units_to_ns, word_tag, word_tag_array,
@@ -50,14 +51,15 @@ def rejudge_ns(th: Thresholds) -> int:
 class LocalDigest:
     def __init__(self, board: Board, count: Callable[[str, int], None] | None = None) -> None:
         self.b = board
+        self.bw = board_words(board)
         self._count = count  # the agent's counters (AgentWords.count), if any
         self.cut = 0  # slots left out of the current generation (they did not fit)
-        self.gen = random.getrandbits(61) | 1  # bits 61-63 stay free (shmhb.net.challenge)
+        self.gen = random.getrandbits(61) | 1  # never 0 (a ping's 0 says: none)
         self.body = encode_entries(())
         self.body_units = 0  # board time (units) when the body's ages were taken
         self._key: tuple[bytes, bytes] | None = None
         self._entries: dict[str, DigestEntry] = {}
-        self._ratelog = RateLimitedLog(log, now_ns=board.now_ns)  # the board's clock
+        self._ratelog = RateLimitedLog(log, now_ns=board_words(board).now_ns)  # the board's clock
         self.rejudge_ns = rejudge_ns(board.thresholds)
         self._seen_changes: int | None = None
         self._next_judge_ns = 0
@@ -99,26 +101,7 @@ class LocalDigest:
         if key == self._key:
             return []
         self._key = key
-        used, cut = _COUNT_BYTES, 0
-        entries: dict[str, DigestEntry] = {}
-        # Live slots first, then dead, then left (the status codes' order; by slot
-        # within one): if the digest cannot hold every slot, what is cut is the least
-        # worth carrying -- a left or dead slot cut reads GONE at the watcher, never ALIVE.
-        order = np.flatnonzero(codes)
-        for i in order[np.argsort(codes[order], kind="stable")]:
-            info = b.read_slot(int(i))
-            if info is None:
-                continue
-            k, pid, inc, eps = info
-            w = int(hb[i])
-            if word_tag(w) != inc_tag(inc):
-                continue
-            e = DigestEntry(k, inc, int(codes[i]), pid, int(units_to_ms(int(now) - hb_ts(w))), eps)
-            if (n := self._fits(e)) and used + n <= MAX_DIGEST_BODY_BYTES \
-                    and len(entries) < MAX_DIGEST_ENTRIES:
-                entries[k], used = e, used + n
-            elif n:
-                cut += 1
+        entries, cut = self._collect(hb, codes, int(now))
         news = [e for k, e in entries.items()
                 if (old := self._entries.get(k)) is None or old.incarnation != e.incarnation
                 or old.status != e.status]
@@ -131,10 +114,35 @@ class LocalDigest:
         self._report_cut(cut)
         return news
 
+    def _collect(self, hb: np.ndarray, codes: np.ndarray, now: int
+                 ) -> tuple[dict[str, DigestEntry], int]:
+        """The entries of the slots judged ``codes`` that fit one ACK, and how many did
+        not.  Live slots first, then dead, then left (the status codes' order; by slot
+        within one): if the digest cannot hold every slot, what is cut is the least
+        worth carrying -- a left or dead slot cut reads GONE at the watcher, never ALIVE."""
+        used, cut = _COUNT_BYTES, 0
+        entries: dict[str, DigestEntry] = {}
+        order = np.flatnonzero(codes)
+        for i in order[np.argsort(codes[order], kind="stable")]:
+            info = self.bw.read_slot(int(i))
+            if info is None:
+                continue
+            k, pid, inc, eps = info
+            w = int(hb[i])
+            if word_tag(w) != inc_tag(inc):
+                continue
+            e = DigestEntry(k, inc, int(codes[i]), pid, int(units_to_ms(now - hb_ts(w))), eps)
+            if (n := self._fits(e)) and used + n <= MAX_DIGEST_BODY_BYTES \
+                    and len(entries) < MAX_DIGEST_ENTRIES:
+                entries[k], used = e, used + n
+            elif n:
+                cut += 1
+        return entries, cut
+
     def body_age_ms(self) -> int:
-        """How long ago the body's ages were taken (a v2 full ack says so: its receiver
+        """How long ago the body's ages were taken (a full ack says so: its receiver
         then knows each listed worker's own beat time, not only its host's)."""
-        return max(0, int(units_to_ms(ts_units(self.b.now_ns()) - self.body_units)))
+        return max(0, int(units_to_ms(ts_units(self.bw.now_ns()) - self.body_units)))
 
     def _report_cut(self, cut: int) -> None:
         """Never silent: slots that did not fit the digest are counted (``digest_cut``,
@@ -151,8 +159,8 @@ class LocalDigest:
                            MAX_DIGEST_ENTRIES, MAX_DIGEST_BODY_BYTES)
 
     def _fits(self, e: DigestEntry) -> int:
-        """The bytes ``e`` takes in a digest, or 0 if it does not fit the wire's limits.  A slot stored by an older version (an
-        endpoint over 63 bytes, say) is left out of the digest with a rate-limited log,
+        """The bytes ``e`` takes in a digest, or 0 if it does not fit the wire's limits.  A slot whose stored record the wire
+        refuses (damaged, or an endpoint over 63 bytes, say) is left out of the digest with a rate-limited log,
         never allowed to stop the digest, and with it the agent (every standby would
         read the same slot)."""
         try:

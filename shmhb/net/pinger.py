@@ -18,7 +18,7 @@ One NetworkHalf is one run with one set of settings: it is built with them (rais
 ``NetDown`` if it cannot run as configured: it never runs with less security than
 configured) and replaced by a new one when they change.
 
-Bounds: what a followed host may speak for is ``shmhb.net.target``; a push never creates
+Bounds: what a followed host may speak for is ``shmhb.net.following``; a push never creates
 a row for a key the last full ack did not list; at most ``MAX_DIGEST_ENTRIES`` rows per
 host; incoming frames cost at most ``DRAIN_BUDGET_NS`` per wake-up and
 ``INTAKE_PER_TICK_NS`` per tick.
@@ -33,30 +33,30 @@ import zmq
 
 from .badinput import BadInput
 from ..board.handle import Board
+from ..board.core import board_words
 from ..clock import Clock
 from ..board.config import PingerConfig, parse_hostport
 from ..errors import InvalidConfig
-from .settings import board_group, configure_from_args, load_config, read_secret, store_config  # re-exported
+from .settings import board_group, load_config, read_secret, store_config  # re-exported
 from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
     MAX_ACK_ENTRIES, U32_MAX, Ack, FrameRejected, Identity, Ping, Push, decode, encode_ping,
 )
-# _PUSH_GAP_NS is re-exported: bench/harness.py reads it from here
-from .responder import _MORE, _NOBLOCK, _POLLIN, _PUSH_GAP_NS, _RECV_BATCH, DRAIN_BUDGET_NS, Responder
-from .challenge import advertised, capable, echoed, issue, new_challenge, speaks_v2
+from .responder import DRAIN_BUDGET_NS, PUSH_GAP_NS, RECV_BATCH, Responder  # PUSH_GAP_NS re-exported
+from .evidence import echoed, issue, new_challenge
 from .evidence import counts_as_evidence, passive
-from .target import Target, confirm_now, speaks_for_another
+from .following import Target, confirm_now, speaks_for_another
 from .following import Following
 from .reports import Reports
 from ..board.layout import units_to_ns
 from .plan import PingPlan
 from ..ratelog import RateLimitedLog
 from .rowwriter import RowWriter
-from .sendcounter import COUNTER_WORD, SendCounter
+from .exchange import COUNTER_WORD, SendCounter
 from ..status import Status
 from .suspicion import Suspicion
-from .transport import Transport, TransportFactory, recv_routed
+from .transport import MORE, NOBLOCK, POLLIN, Transport, TransportFactory, recv_routed
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class NetworkHalf:
         self.address = cfg.listen
         self.host, self.port = parse_hostport(cfg.listen)
         self.rows = RowWriter(board)
-        self.identity = Identity(board.boot_id, board.board_inc)
+        self.identity = Identity(board_words(board).boot_id, board.board_inc)
         self.net = transport(cfg.curve_keys)
         try:
             self.router: zmq.Socket[bytes] | None = self.net.listen(self.host, self.port)
@@ -110,7 +110,7 @@ class NetworkHalf:
                              units_to_ns(board.thresholds.peer_dead))
         self._next_expire_ns = 0
         # nonces and push seqs: one counter that only grows per board identity
-        self.counter = SendCounter(board.words, COUNTER_WORD)
+        self.counter = SendCounter(board_words(board).words, COUNTER_WORD)
         self._nonce = 0
         self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
         self.following = Following(board, self.net, self.rows, writer, self.plan,
@@ -141,7 +141,7 @@ class NetworkHalf:
         """A followed host's own ping as evidence that its pinger runs, if
         ``shmhb.net.evidence`` says it counts (the responder calls this for each ping).
         Returns whether it is that host's own (authenticated, or echoing a challenge of
-        ours: ``shmhb.net.challenge``); the responder keeps such watchers apart.
+        ours: ``shmhb.net.evidence``); the responder keeps such watchers apart.
 
         Which followed host sent it: the one whose acks established the identity it
         names, else the one at the address it names.  The address proves nothing (see
@@ -157,12 +157,12 @@ class NetworkHalf:
         ours = authenticated or echoed(t.issued, msg.echo)
         if not counts_as_evidence(msg, authenticated=authenticated, known=t.identity,
                                   last_nonce=t.evidence_nonce, me=self.identity,
-                                  my_gen=advertised(self.responder.digest.gen), echoed=ours):
+                                  my_gen=self.responder.digest.gen, echoed=ours):
             return ours
         t.evidence_nonce = msg.nonce
         self.w.count("pings_evidence")
         if msg.gen and t.digest_gen and msg.gen != t.digest_gen and confirm_now(t, now_ns):
-            # a v2 ping says our copy of its digest is behind (a push lost, or a change
+            # its ping says our copy of its digest is behind (a push lost, or a change
             # only an ack may tell): ask now, as a push that needs confirming does
             self.w.count("pings_confirm")
             self._ping(t, now_ns)
@@ -172,8 +172,7 @@ class NetworkHalf:
             self.rows.clear_rtt(t.row)
         self.rows.peer_status(t.row, t.gen, t.state.status, now_ns)
         assert t.identity is not None  # counts_as_evidence checked it
-        self.plan.evidence(t.address, now_ns, passive=passive(self.identity, t.identity),
-                           tells_gen=msg.version > 1)
+        self.plan.evidence(t.address, now_ns, passive=passive(self.identity, t.identity))
         if old is not None:
             log.info("pinger: host %s %s -> alive (its own ping)", t.address, old.value)
             self.w.changed()
@@ -243,20 +242,16 @@ class NetworkHalf:
     def _ping(self, t: Target, now_ns: int) -> bool:
         """Send one ping; False if the host's connection is down (nothing is queued)."""
         self._nonce = self.counter.next()
-        # Version 2 to a host whose acks say it answers it; without authentication, a
-        # challenge for it to echo (only to a host whose acks say it decodes one).  Plain
-        # v1 after an unanswered ping: a host that went back to v1 answers that.
-        v2 = t.v2 and t.answered
-        ch = new_challenge() if (v2 or t.capable and t.answered) and self.plain else 0
+        # Without authentication, a challenge for it to echo (shmhb.net.evidence).
+        ch = new_challenge() if self.plain else 0
         frame = encode_ping(Ping(self.identity, self.address, self._nonce, t.digest_gen,
                                  t.identity, ch, t.their_challenge if ch else 0,
-                                 advertised(self.responder.digest.gen) if v2 else 0,
-                                 2 if v2 else 1), self.secret)
+                                 self.responder.digest.gen), self.secret)
         c = self.client
         assert c is not None
         try:
-            c.send(t.rid, _MORE)
-            c.send(frame, _NOBLOCK)
+            c.send(t.rid, MORE)
+            c.send(frame, NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
@@ -273,7 +268,6 @@ class NetworkHalf:
             self.following.down.discard(t.address)
             log.info("pinger: connection to %s is back", t.address)
         self.outstanding.add(t.address, self._nonce, now_ns)
-        t.answered = False
         if ch:
             t.issued = issue(t.issued, ch)
         self.w.count("pings_sent")
@@ -283,8 +277,8 @@ class NetworkHalf:
         c = self.client
         assert c is not None
         deadline = self.clock.monotonic_ns() + DRAIN_BUDGET_NS
-        for n in range(_RECV_BATCH):
-            if not int(c.getsockopt(zmq.EVENTS)) & _POLLIN:
+        for n in range(RECV_BATCH):
+            if not int(c.getsockopt(zmq.EVENTS)) & POLLIN:
                 return  # drained (cheaper than letting recv raise Again)
             if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
                 self.w.count("drain_budget_spent")
@@ -315,7 +309,6 @@ class NetworkHalf:
             self.bad_input.bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
         self.w.count("acks_received")
-        t.answered, t.capable, t.v2 = True, capable(a.gen), speaks_v2(a.gen)
         self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
@@ -335,8 +328,8 @@ class NetworkHalf:
                                    "one ack carries: the %d it sent are live ones first, the "
                                    "rest read GONE here (see its digest_cut warning)",
                                    t.address, len(a.entries))
-            # a v2 full ack says how old its body is: its workers' own beats on our clock
-            aged = a.version > 1 and a.body_age_ms < U32_MAX
+            # a full ack says how old its body is: its workers' own beats on our clock
+            aged = a.body_age_ms < U32_MAX
             self.reports.digest(t, a.entries, now_ns,
                                 now_ns - a.body_age_ms * 1_000_000 if aged else None)
             t.digest_gen = a.gen
@@ -377,12 +370,12 @@ class NetworkHalf:
                 self.rows.peer_status(t.row, t.gen, Status.LEFT, t.state.last_ack_ns)
                 self.w.changed()
             return
-        changed, unlisted, ask = self.reports.push(t, p.entries, now_ns)
-        if unlisted:
+        got = self.reports.push(t, p.entries, now_ns)
+        if got.unlisted:
             self.w.count("push_unlisted")
-        if changed or unlisted or ask:
+        if got.changed or got.unlisted or got.ask:
             t.digest_gen = 0  # the next ack brings the whole truth
-        if unlisted or ask:  # only an ack may say so: ask now, within a bound
+        if got.unlisted or got.ask:  # only an ack may say so: ask now, within a bound
             if confirm_now(t, now_ns):
                 self.w.count("pings_confirm")
                 self._ping(t, now_ns)
@@ -411,5 +404,5 @@ class NetworkHalf:
         self.net.close(self._linger_ms)
 
 
-__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "_PUSH_GAP_NS", "NetworkHalf", "configure_from_args",
+__all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "PUSH_GAP_NS", "NetworkHalf",
            "load_config", "store_config"]

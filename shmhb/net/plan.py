@@ -25,9 +25,9 @@ frame as the whole pinger does), so the total rate of pings is what is bounded:
   identity, which both sides see alike whatever addresses they know each other by): it
   skips its turn for a host whose evidence is fresher than ``SKIP_FRESH`` intervals,
   but still pings it at least every ``refresh_ns`` (to stay one of its watchers, so its
-  pushes reach us, and to refresh its digest) -- or every ``LONG_REFRESH`` times that
-  for a host whose pings carry its digest generation (version 2): those pings already
-  say when our copy is behind, so the refresh only keeps the watch.  The active side
+  pushes reach us) every ``LONG_REFRESH`` times that: its pings carry its digest
+  generation, so they already say when our copy is behind, and the refresh only keeps
+  the watch.  The active side
   never skips, so the pair never waits on each other; if the evidence stops (that host
   died, or stopped following us) the passive side pings it at once, at the first batch
   after the evidence went stale, and then every turn.
@@ -63,8 +63,8 @@ BATCH_NS = 250_000_000
 #: A passive side skips its turn while a host's evidence is fresher than this many
 #: intervals (more than one, so that a ping arriving a little late still counts).
 SKIP_FRESH = 1.5
-#: A passive side's refresh period, in ``refresh_ns``, for a host whose pings tell its
-#: digest generation (v2).  A responder forgets a watcher after three peer-dead windows
+#: A passive side's refresh period, in ``refresh_ns``, for a host whose pings count as
+#: evidence (they tell its digest generation).  A responder forgets a watcher after three peer-dead windows
 #: of silence (``NetworkHalf``): two keeps a whole window of margin.
 LONG_REFRESH = 2
 
@@ -104,7 +104,6 @@ class PingPlan:
         self._gap_ns = min_interval_ns
         self._evidence_ns: dict[str, int] = {}  # host -> last evidence (passive side only)
         self._pinged_ns: dict[str, int] = {}  # host -> our last ping (passive side only)
-        self._tells_gen: set[str] = set()  # passive side: hosts whose pings carry their gen
 
     # -- the followed set ---------------------------------------------------------------
 
@@ -121,7 +120,6 @@ class PingPlan:
         for d in (self._evidence_ns, self._pinged_ns):
             for h in [h for h in d if h not in want]:
                 del d[h]
-        self._tells_gen &= want
         self.interval_ns = host_interval_ns(len(self._order), self.budget_pps,
                                             self.min_interval_ns, self.dead_after_ns)
         self._gap_ns = max(1, self.interval_ns // max(1, len(self._order)))
@@ -151,16 +149,12 @@ class PingPlan:
 
     # -- turns ----------------------------------------------------------------------------
 
-    def evidence(self, host: str, now_ns: int, *, passive: bool, tells_gen: bool = False) -> None:
+    def evidence(self, host: str, now_ns: int, *, passive: bool) -> None:
         """``host``'s own ping counted as evidence that its pinger runs.  ``passive``:
         we are the side of the pair that may rely on its pings (the active side's turns
-        ignore evidence); ``tells_gen``: its pings carry its digest generation (v2)."""
+        ignore evidence)."""
         if passive:
             self._evidence_ns[host] = now_ns
-            if tells_gen:
-                self._tells_gen.add(host)
-            else:
-                self._tells_gen.discard(host)
 
     def nudge(self, host: str) -> None:
         """We need ``host``'s digest: its next turn pings it, even where its evidence
@@ -216,5 +210,4 @@ class PingPlan:
             return False  # the other side stopped pinging us: our turn again
         last = self._pinged_ns.get(host)
         # the refresh ping: stay its watcher, and hear its digest now and then
-        every = self.refresh_ns * (LONG_REFRESH if host in self._tells_gen else 1)
-        return not (last is None or now_ns - last >= every)
+        return not (last is None or now_ns - last >= self.refresh_ns * LONG_REFRESH)

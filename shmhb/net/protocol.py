@@ -8,20 +8,20 @@ restarts) without waiting for the next ping.  docs/PROTOCOL.md is the full byte 
 Every frame is little-endian and starts with an 8-byte header::
 
     0  magic    4s  b"SHHB"
-    4  version  u8  1, or 2 (PING and ACK only, negotiated per pair: docs/PROTOCOL.md)
+    4  version  u8  1 (the first release's wire; any other is refused as ``version``)
     5  type     u8  1 PING, 2 ACK, 3 PUSH
-    6  flags    u8  bit 0: a 16-byte HMAC tag ends the frame; bit 1 (PING only): the
-                    challenge extension follows the address; other bits must be 0
+    6  flags    u8  bit 0: a 16-byte HMAC tag ends the frame; other bits must be 0
     7  reserved u8  must be 0
 
-Version 2 differs in three places: a PING always carries the challenge and echo and
-adds the sender's own digest generation; a full ACK states how old its body is; the HMAC
-domain prefix is ``b"shmhb-v2"``.  PUSH frames are version 1 only.
+A PING ends with the challenge, the echo and the sender's own digest generation; a full
+ACK states how old its body is before the digest.
 
 Why this shape (fixed-width integers, length-prefixed UTF-8, every length checked
 against its limit and the bytes left, no pickle): docs/PROTOCOL.md, "Why this design".
 The tag is HMAC-SHA256 (key = the shared secret, message = ``b"shmhb-v1"`` + every byte
-before the tag) truncated to 16 bytes, checked before the body is parsed.  Decoding is
+before the tag) truncated to 16 bytes, checked before the body is parsed.  The records
+frames decode into (``Ping``, ``Ack``, ``Push``, ``DigestEntry``, ``Identity``) and the
+one error decoding raises (``FrameRejected``) are defined here too.  Decoding is
 stateless; ``shmhb.net.exchange`` holds replay state and the responder's full-digest rule.
 """
 
@@ -30,29 +30,153 @@ from __future__ import annotations
 import hmac
 import struct
 from collections.abc import Callable, Iterable
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Union
 
-from shmhb.errors import ProtocolError
-from shmhb.net.frametag import DOMAIN, DOMAIN_V2, TAG_BYTES
-from shmhb.net.frametag import fresh_mac as _mac
 from shmhb.board.layout import (
     MAX_ADDRESS_BYTES, MAX_DIGEST_ENTRIES, MAX_ENDPOINT_BYTES, MAX_ENDPOINTS, MAX_KEY_BYTES,
 )
-from shmhb.net.frametag import seal as _seal
-from shmhb.net.frames import (  # noqa: F401 (U64_MAX re-exported)
-    U64_MAX, Ack, DigestEntry, Frame, FrameRejected, Identity, Ping, Push,
-)
+from shmhb.errors import InvalidConfig, ProtocolError
+
+# --- the records frames decode into and encode from -------------------------------------
+
+U64_MAX: Final = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class FrameRejected(ProtocolError):
+    """A received frame that decode refused; ``reason`` is one of :data:`REASONS`, short
+    and stable so the pinger can count bad frames per reason."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"frame rejected: {reason}" + (f" ({detail})" if detail else ""))
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """One incarnation of a host's board: the kernel boot id and the board's creation
+    counter.  A new identity means the remote board (and every slot on it) was reborn."""
+
+    boot_id: bytes
+    board_inc: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.boot_id, bytes) or len(self.boot_id) != 16:
+            raise ProtocolError("boot_id must be exactly 16 bytes")
+        if not isinstance(self.board_inc, int) or not 0 <= self.board_inc <= U64_MAX:
+            raise ProtocolError("board_inc must be an integer in u64 range")
+
+
+@dataclass(frozen=True, slots=True)
+class DigestEntry:
+    """One worker slot of the sender's board, validated when encoded, not when built."""
+
+    key: str
+    incarnation: int
+    status: int
+    pid: int
+    age_ms: int
+    endpoints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """``known_gen``/``known_identity``: the responder digest the sender holds (0/None:
+    none); the responder answers with a full digest unless both match its own.
+    ``challenge``/``echo`` (both 0: a plain ping, no extension): one the sender issues
+    to the responder, the last the responder issued to the sender (``shmhb.net.evidence``).
+    ``gen``: the sender's own digest generation as its acks state it (0: none), so a host
+    that follows the sender learns from its pings alone that the digest it holds of it
+    is behind."""
+
+    identity: Identity
+    address: str
+    nonce: int
+    known_gen: int = 0
+    known_identity: Identity | None = None
+    challenge: int = 0
+    echo: int = 0
+    gen: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Answer to the ping with ``nonce``.  ``full=False``: the sender's copy of digest
+    ``gen`` is current and ``entries`` is empty; ``full=True``: ``entries`` is the whole
+    digest of generation ``gen`` (possibly empty).  ``cut``: the responder's board holds
+    more slots than one ACK carries, and ``entries`` are those that fit (live ones
+    first): a slot absent from it is not known gone (the ``full`` byte reads 2).
+    ``body_age_ms`` (a full ack): how long before the ack the entries' ``age_ms`` were
+    measured (the body is encoded once per generation), so a receiver can tell a
+    worker's own beat age, not only its host's."""
+
+    nonce: int
+    identity: Identity
+    address: str
+    gen: int
+    full: bool
+    entries: tuple[DigestEntry, ...] = ()
+    cut: bool = False
+    body_age_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """Unsolicited changes of the sender's digest, which is at generation ``gen`` after
+    them.  ``seq`` increases per sender identity.  Receivers must never raise a host or a
+    slot to ALIVE on a push alone (see docs/PROTOCOL.md)."""
+
+    identity: Identity
+    address: str
+    seq: int
+    gen: int
+    entries: tuple[DigestEntry, ...] = ()
+
+
+Frame = Union[Ping, Ack, Push]
+
+
+# --- the tag: HMAC-SHA256 keyed by the shared secret over the domain prefix and every
+# byte before it, truncated to TAG_BYTES; the HMAC primed with the prefix is kept per secret
+
+MIN_SECRET_BYTES: Final = 16
+TAG_BYTES: Final = 16
+DOMAIN: Final = b"shmhb-v1"
+
+_MACS: dict[bytes, hmac.HMAC] = {}  # secret -> primed HMAC
+
+
+def fresh_mac(secret: bytes) -> hmac.HMAC:
+    """A fresh HMAC-SHA256 keyed by ``secret`` that has already absorbed ``domain``.
+    Priming once per secret and copying halves the cost of a tag on small frames."""
+    base = _MACS.get(secret) if isinstance(secret, bytes) else None
+    if base is None:
+        if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+            raise InvalidConfig(f"the shared secret must be bytes of length >= {MIN_SECRET_BYTES}")
+        if len(_MACS) >= 8:
+            _MACS.clear()
+        base = _MACS[secret] = hmac.new(secret, DOMAIN, "sha256")
+    return base.copy()
+
+
+def seal(parts: list[bytes], secret: bytes | None) -> bytes:
+    """The frame ``parts`` joined, and tagged with ``secret`` if given."""
+    frame = b"".join(parts)
+    if secret is None:
+        return frame
+    mac = fresh_mac(secret)
+    mac.update(frame)
+    return frame + mac.digest()[:TAG_BYTES]
+
+
+# --- the byte map -------------------------------------------------------------------------
 
 MAGIC: Final = b"SHHB"
 VERSION: Final = 1
-VERSION_2: Final = 2
-_DOMAINS: Final = {VERSION: DOMAIN, VERSION_2: DOMAIN_V2}
 PING: Final = 1
 ACK: Final = 2
 PUSH: Final = 3
 FLAG_AUTH: Final = 0x01
-#: PING only: ``u64 challenge, u64 echo`` follow the address (see ``shmhb.net.challenge``).
-FLAG_ECHO: Final = 0x02
 #: ACK ``full`` byte: 0 no digest follows, 1 the digest, 2 the digest cut to what fits
 FULL: Final = 1
 FULL_CUT: Final = 2
@@ -78,21 +202,20 @@ _HEADER = struct.Struct("<4sBBBB")
 _PING_HEAD = struct.Struct("<4sBBBB16sQQQ16sQB")  # ids, nonce, known_gen, known id, addr_len
 _ACK_HEAD = struct.Struct("<4sBBBB16sQQQBB")  # id, nonce, gen, full, addr_len
 _PUSH_HEAD = struct.Struct("<4sBBBB16sQQQB")  # id, seq, gen, addr_len
-_ECHO = struct.Struct("<QQ")  # a ping's challenge extension: challenge, echo
-_PING_V2 = struct.Struct("<QQQ")  # a v2 ping's tail: challenge, echo, the sender's gen
-_BODY_AGE = struct.Struct("<I")  # a v2 full ack: ms since its body's ages were taken
+_PING_TAIL = struct.Struct("<QQQ")  # a ping's tail: challenge, echo, the sender's gen
+_BODY_AGE = struct.Struct("<I")  # a full ack: ms since its body's ages were taken
 _COUNT = struct.Struct("<H")
 _ENTRY = struct.Struct("<QIIBBB")  # incarnation, pid, age_ms, status, key_len, n_endpoints
 
 MAX_ENTRY_BYTES: Final = _ENTRY.size + MAX_KEY_BYTES + MAX_ENDPOINTS * (1 + MAX_ENDPOINT_BYTES)
-MAX_PING_BYTES: Final = _PING_HEAD.size + MAX_ADDRESS_BYTES + _PING_V2.size + TAG_BYTES
+MAX_PING_BYTES: Final = _PING_HEAD.size + MAX_ADDRESS_BYTES + _PING_TAIL.size + TAG_BYTES
 MAX_ACK_BYTES: Final = (_ACK_HEAD.size + MAX_ADDRESS_BYTES + _BODY_AGE.size + _COUNT.size
                         + MAX_ACK_ENTRIES * MAX_ENTRY_BYTES + TAG_BYTES)
 MAX_PUSH_BYTES: Final = (_PUSH_HEAD.size + MAX_ADDRESS_BYTES + _COUNT.size
                          + MAX_PUSH_ENTRIES * MAX_ENTRY_BYTES + TAG_BYTES)
 #: An ACK's digest body at most: 256 of the largest entries, ~2,800 of 53 bytes.
 MAX_DIGEST_BODY_BYTES: Final = _COUNT.size + MAX_ACK_ENTRIES * MAX_ENTRY_BYTES
-#: No valid frame is longer (152,200 bytes: the largest authenticated v2 ACK).
+#: No valid frame is longer (152,200 bytes: the largest authenticated ACK).
 MAX_FRAME_BYTES: Final = max(MAX_PING_BYTES, MAX_ACK_BYTES, MAX_PUSH_BYTES)
 
 
@@ -146,37 +269,29 @@ def encode_entries(entries: Iterable[DigestEntry], limit: int = MAX_DIGEST_ENTRI
 
 
 def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
-    """A PING frame of ``p.version``; with ``secret``, tagged.  Raises ProtocolError for
-    out-of-limit fields (a v1 ping with a ``gen``: v1 has no place for it)."""
-    v2 = p.version == VERSION_2
-    if not v2 and (p.version != VERSION or p.gen):
-        raise ProtocolError(f"ping version {p.version!r} with gen {p.gen!r}: v1 has no gen")
-    ext = not v2 and (p.challenge != 0 or p.echo != 0)
-    flags = (0 if secret is None else FLAG_AUTH) | (FLAG_ECHO if ext else 0)
+    """A PING frame; with ``secret``, tagged.  Raises ProtocolError for out-of-limit
+    fields."""
+    flags = 0 if secret is None else FLAG_AUTH
     addr = _text(p.address, MAX_ADDRESS_BYTES, "address")
     known = p.known_identity
     try:
         head = _PING_HEAD.pack(
-            MAGIC, p.version, PING, flags, 0, p.identity.boot_id, p.identity.board_inc,
+            MAGIC, VERSION, PING, flags, 0, p.identity.boot_id, p.identity.board_inc,
             p.nonce, p.known_gen, _ZERO_BOOT if known is None else known.boot_id,
             0 if known is None else known.board_inc, len(addr))
-        tail = (_PING_V2.pack(p.challenge, p.echo, p.gen) if v2
-                else _ECHO.pack(p.challenge, p.echo) if ext else b"")
+        tail = _PING_TAIL.pack(p.challenge, p.echo, p.gen)
     except struct.error as exc:
         raise ProtocolError(f"ping field out of range ({exc})") from exc
-    return _seal([head, addr, tail], secret, _DOMAINS[p.version])
+    return seal([head, addr, tail], secret)
 
 
 def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
                    body: bytes | None = None, secret: bytes | None = None,
-                   cut: bool = False, version: int = VERSION, body_age_ms: int = 0) -> bytes:
+                   cut: bool = False, body_age_ms: int = 0) -> bytes:
     """An ACK from parts: ``body`` is a cached :func:`encode_entries` result (full
     digest) or None (the pinger's copy of ``gen`` is current); ``cut``: that body left
-    slots out (``Ack.cut``); ``version`` that of the ping it answers, and in a v2 full
-    ack ``body_age_ms`` (saturated at 2**32-1).  The body is trusted, not re-parsed:
-    this is the responder's fast path."""
-    if version not in _DOMAINS:
-        raise ProtocolError(f"ack version {version!r} is not 1 or 2")
+    slots out (``Ack.cut``); in a full ack ``body_age_ms`` (saturated at 2**32-1).  The
+    body is trusted, not re-parsed: this is the responder's fast path."""
     flags = 0 if secret is None else FLAG_AUTH
     addr = _text(address, MAX_ADDRESS_BYTES, "address")
     if body is None:
@@ -185,17 +300,15 @@ def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
           or _COUNT.unpack_from(body)[0] > MAX_DIGEST_ENTRIES):
         raise ProtocolError("body must be the bytes returned by encode_entries")
     else:
-        # 2 only where the digest is cut, that is, holds more than 256 entries, which a
-        # receiver that predates the cut flag refuses anyway (its limit was 256)
         full = FULL_CUT if cut else FULL
     try:
-        head = _ACK_HEAD.pack(MAGIC, version, ACK, flags, 0, identity.boot_id,
+        head = _ACK_HEAD.pack(MAGIC, VERSION, ACK, flags, 0, identity.boot_id,
                               identity.board_inc, nonce, gen, full, len(addr))
-        if full and version == VERSION_2:
+        if full:
             addr += _BODY_AGE.pack(min(body_age_ms, U32_MAX))
     except struct.error as exc:
         raise ProtocolError(f"ack field out of range ({exc})") from exc
-    return _seal([head, addr, body], secret, _DOMAINS[version])
+    return seal([head, addr, body], secret)
 
 
 def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
@@ -204,7 +317,7 @@ def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
         raise ProtocolError("an ack with full=False carries no entries")
     body = encode_entries(a.entries, MAX_DIGEST_ENTRIES) if a.full else None
     return encode_ack_raw(a.nonce, a.identity, a.address, a.gen, body, secret,
-                          cut=a.full and a.cut, version=a.version, body_age_ms=a.body_age_ms)
+                          cut=a.full and a.cut, body_age_ms=a.body_age_ms)
 
 
 def encode_push(p: Push, secret: bytes | None = None) -> bytes:
@@ -217,7 +330,7 @@ def encode_push(p: Push, secret: bytes | None = None) -> bytes:
                                p.identity.board_inc, p.seq, p.gen, len(addr))
     except struct.error as exc:
         raise ProtocolError(f"push field out of range ({exc})") from exc
-    return _seal([head, addr, body], secret)
+    return seal([head, addr, body], secret)
 
 
 # --- decoding -------------------------------------------------------------------------
@@ -291,46 +404,35 @@ def _read_entries(buf: bytes, off: int, end: int,
 def _decode_ping(buf: bytes, end: int) -> Ping:
     if end < _PING_HEAD.size:
         raise FrameRejected("truncated", "ping header")
-    _, v, _, _, _, boot, inc, nonce, known_gen, kboot, kinc, alen = _PING_HEAD.unpack_from(buf)
+    _, _, _, _, _, boot, inc, nonce, known_gen, kboot, kinc, alen = _PING_HEAD.unpack_from(buf)
     addr, off = _read_text(buf, _PING_HEAD.size, end, alen, MAX_ADDRESS_BYTES, "address")
-    challenge = echo = gen = 0
-    if v == VERSION_2:
-        if end - off != _PING_V2.size:
-            raise FrameRejected("truncated" if end - off < _PING_V2.size else "malformed",
-                                "v2 ping tail")
-        challenge, echo, gen = _PING_V2.unpack_from(buf, off)
-        off = end
-    elif buf[6] & FLAG_ECHO:
-        if end - off != _ECHO.size:
-            raise FrameRejected("malformed", "challenge extension")
-        challenge, echo = _ECHO.unpack_from(buf, off)
-        off = end
-    if off != end:
-        raise FrameRejected("malformed", "trailing bytes")
+    if end - off != _PING_TAIL.size:
+        raise FrameRejected("truncated" if end - off < _PING_TAIL.size else "malformed",
+                            "ping tail")
+    challenge, echo, gen = _PING_TAIL.unpack_from(buf, off)
     known = None if kboot == _ZERO_BOOT and kinc == 0 else Identity(kboot, kinc)
-    return Ping(Identity(boot, inc), addr, nonce, known_gen, known, challenge, echo, gen, v)
+    return Ping(Identity(boot, inc), addr, nonce, known_gen, known, challenge, echo, gen)
 
 
 def _decode_ack(buf: bytes, end: int) -> Ack:
     if end < _ACK_HEAD.size:
         raise FrameRejected("truncated", "ack header")
-    _, v, _, _, _, boot, inc, nonce, gen, full, alen = _ACK_HEAD.unpack_from(buf)
+    _, _, _, _, _, boot, inc, nonce, gen, full, alen = _ACK_HEAD.unpack_from(buf)
     if full > FULL_CUT:
         raise FrameRejected("malformed", f"full={full}")
     addr, off = _read_text(buf, _ACK_HEAD.size, end, alen, MAX_ADDRESS_BYTES, "address")
     entries: tuple[DigestEntry, ...] = ()
     body_age = 0
     if full:
-        if v == VERSION_2:
-            if end - off < _BODY_AGE.size:
-                raise FrameRejected("truncated", "body age")
-            (body_age,) = _BODY_AGE.unpack_from(buf, off)
-            off += _BODY_AGE.size
+        if end - off < _BODY_AGE.size:
+            raise FrameRejected("truncated", "body age")
+        (body_age,) = _BODY_AGE.unpack_from(buf, off)
+        off += _BODY_AGE.size
         entries, off = _read_entries(buf, off, end, MAX_DIGEST_ENTRIES)
     if off != end:
         raise FrameRejected("malformed", "trailing bytes")
     return Ack(nonce, Identity(boot, inc), addr, gen, bool(full), entries, full == FULL_CUT,
-               body_age, v)
+               body_age)
 
 
 def _decode_push(buf: bytes, end: int) -> Push:
@@ -366,18 +468,16 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
     magic, version, ftype, flags, reserved = _HEADER.unpack_from(frame)
     if magic != MAGIC:
         raise FrameRejected("magic")
-    domain = _DOMAINS.get(version)
-    if domain is None:
+    if version != VERSION:
         raise FrameRejected("version", f"version {version}")
     decoder = _DECODERS.get(ftype)
-    if decoder is None or (version == VERSION_2 and ftype == PUSH):
-        raise FrameRejected("type", f"type {ftype}, version {version}")
-    allowed = FLAG_AUTH | FLAG_ECHO if ftype == PING and version == VERSION else FLAG_AUTH
-    if flags & ~allowed or reserved:
+    if decoder is None:
+        raise FrameRejected("type", f"type {ftype}")
+    if flags & ~FLAG_AUTH or reserved:
         raise FrameRejected("malformed", f"flags {flags:#x}, reserved {reserved}")
     end = size
     if secret is not None:
-        mac = _mac(secret, domain)  # validates the secret
+        mac = fresh_mac(secret)  # validates the secret
         if not flags & FLAG_AUTH:
             raise FrameRejected("auth", "no tag")
         end = size - TAG_BYTES
@@ -392,7 +492,9 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
 
 
 __all__ = [
-    "ACK", "MAGIC", "MAX_DIGEST_BODY_BYTES", "MAX_DIGEST_ENTRIES", "MAX_FRAME_BYTES", "PING",
-    "PUSH", "REASONS", "STATUSES", "VERSION", "VERSION_2", "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
-    "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push",
+    "ACK", "MAGIC", "MAX_DIGEST_BODY_BYTES", "MAX_DIGEST_ENTRIES", "MAX_FRAME_BYTES",
+    "MIN_SECRET_BYTES", "PING", "PUSH", "REASONS", "STATUSES", "TAG_BYTES", "U64_MAX", "VERSION",
+    "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
+    "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push", "fresh_mac",
+    "seal",
 ]

@@ -7,23 +7,24 @@ Each entry's age (``age_ms``, its worker's time since its last beat when the sen
 took it) becomes that worker's last beat on our clock (``beat_ns``), written beside its
 status: readers then show a remote worker's own age, not only its host's.
 A push's ages are taken when it is built, so its receipt is their base (off by at most
-the push gap and one trip); a version-2 full ack says how old its cached body is
-(``Ack.body_age_ms``); a version-1 full ack does not, so what it lists has no beat time
-(0: unknown).  The trust rules are ``shmhb.net.target``'s: an endpoint counts only from
+the push gap and one trip); a full ack says how old its cached body is
+(``Ack.body_age_ms``; saturated: what it lists has no beat time, 0: unknown).  The trust rules are ``shmhb.net.following``'s: an endpoint counts only from
 the host it names, a push never revives a worker nor creates a row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.layout import row_code
 from ..status import Status
 from .protocol import U32_MAX, DigestEntry
 from .rowwriter import RowWriter
 from .state import AgentWords
-from .target import Target, own_endpoints
+from .following import Target, own_endpoints
 
 _DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
 
@@ -36,12 +37,24 @@ def beat_ns(e: DigestEntry, base_ns: int | None) -> int | None:
     return base_ns - e.age_ms * 1_000_000
 
 
+
+@dataclass(frozen=True, slots=True)
+class PushOutcome:
+    """What applying a push did: ``changed`` rows; met a key the last full ack did not
+    list (``unlisted``); or a change only an ack may tell, SUSPECT or ALIVE again
+    (``ask``)."""
+
+    changed: bool
+    unlisted: bool
+    ask: bool
+
 class Reports:
     """Digests and pushes of followed hosts, applied to their remote rows."""
 
     def __init__(self, board: Board, rows: RowWriter, writer: AgentWords,
                  bad: Callable[[str, str], None]) -> None:
         self.b = board
+        self.bw = board_words(board)
         self.rows = rows
         self.w = writer
         self._bad = bad
@@ -66,7 +79,7 @@ class Reports:
             # The status code this row held before: read it before put_remote rewrites
             # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
             # to itself and never bump the change counter that readers rely on.
-            before = row_code(int(self.b.remote_table[held.row]["status"])) if held else None
+            before = row_code(int(self.bw.remote_table[held.row]["status"])) if held else None
             got = self.rows.put_remote(t.row, t.gen, held, e, now_ns, beat_ns(e, base_ns))
             if got is None:
                 continue
@@ -81,12 +94,10 @@ class Reports:
         if changed:
             self.w.changed()
 
-    def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int
-             ) -> tuple[bool, bool, bool]:
-        """A push's entries: deaths, leaves and restarts applied; returns (changed,
-        unlisted: a key the last full ack did not list, ask: a change only an ack may
-        tell -- SUSPECT, ALIVE again).  Never makes anything ALIVE that was not, never
-        creates a row: a flood of pushes cannot fill the remote table."""
+    def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> PushOutcome:
+        """A push's entries: deaths, leaves and restarts applied.  Never makes anything
+        ALIVE that was not, never creates a row: a flood of pushes cannot fill the
+        remote table."""
         changed = unlisted = ask = False
         for e in entries:
             held = t.remotes.get(e.key)
@@ -105,4 +116,4 @@ class Reports:
                 ask = True
         if changed:
             self.w.changed()
-        return changed, unlisted, ask
+        return PushOutcome(changed=changed, unlisted=unlisted, ask=ask)

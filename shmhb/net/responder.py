@@ -20,27 +20,24 @@ from collections.abc import Callable
 import zmq
 
 from ..board.handle import Board
-from .challenge import advertised
+from ..board.core import board_words
 from ..clock import Clock
 from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
-from .sendcounter import COUNTER_WORD, SendCounter
+from .exchange import COUNTER_WORD, SendCounter
 from .protocol import (
     MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
     encode_push,
 )
 from .suspicion import Suspicion
-from .transport import recv_routed
+from .transport import MORE, NOBLOCK, POLLIN, recv_routed
 
 log = logging.getLogger(__name__)
 
-_RECV_BATCH = 256  # frames handled per readiness event at most
+RECV_BATCH = 256  # frames handled per readiness event at most
 #: Time one wake-up may spend on the frames of one socket: a flood cannot hold the loop
 #: (and so the next pidfd notice) for longer than about this.
 DRAIN_BUDGET_NS = 5_000_000
-_NOBLOCK = int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost an enum operation per send
-_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_POLLIN = int(zmq.POLLIN)
 # At most one push per this gap.  The first change after a quiet spell goes out at once;
 # changes within the gap are held and sent together by the first flush after it (every
 # tick runs one).  Workers killed together die one by one over milliseconds to tens of
@@ -48,7 +45,7 @@ _POLLIN = int(zmq.POLLIN)
 # agent wake-up in between sent its own push: 5 to 11 messages for 32 deaths were seen
 # on a 2-core machine.  The price: a change that follows another within the gap waits
 # for it (plus up to one tick).
-_PUSH_GAP_NS = 50_000_000
+PUSH_GAP_NS = 50_000_000
 
 
 class Responder:
@@ -83,15 +80,15 @@ class Responder:
         self._max_watchers = 4 * board.sizes.npeers  # of each kind
         self.digest = LocalDigest(board, count)
         # push seqs: only grow per board identity, whatever the wall clock does
-        self.counter = counter if counter is not None else SendCounter(board.words, COUNTER_WORD)
-        self._unpushed: dict[str, DigestEntry] = {}  # changes held back by _PUSH_GAP_NS
+        self.counter = counter if counter is not None else SendCounter(board_words(board).words, COUNTER_WORD)
+        self._unpushed: dict[str, DigestEntry] = {}  # changes held back by PUSH_GAP_NS
         self._last_push_ns: int | None = None
 
     def drain(self, now_ns: int) -> None:
         r = self.router
         deadline = self.clock.monotonic_ns() + DRAIN_BUDGET_NS
-        for n in range(_RECV_BATCH):
-            if not int(r.getsockopt(zmq.EVENTS)) & _POLLIN:
+        for n in range(RECV_BATCH):
+            if not int(r.getsockopt(zmq.EVENTS)) & POLLIN:
                 return  # drained (cheaper than letting recv raise Again)
             if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
                 self._count("drain_budget_spent")
@@ -119,16 +116,13 @@ class Responder:
             ours = self._on_ping is not None and self._on_ping(msg, now_ns, source)
             self._watch(rid, ours, now_ns)
             d = self.digest
-            gen = advertised(d.gen)  # says we decode challenges, answer v2 (shmhb.net.challenge)
-            full = wants_full_digest(msg, self.identity, gen)
-            # in the ping's own version: a v1 pinger gets v1 (a rolling upgrade)
-            ack = encode_ack_raw(msg.nonce, self.identity, self.address, gen,
+            full = wants_full_digest(msg, self.identity, d.gen)
+            ack = encode_ack_raw(msg.nonce, self.identity, self.address, d.gen,
                                  d.body if full else None, self.secret, cut=d.cut > 0,
-                                 version=msg.version,
-                                 body_age_ms=d.body_age_ms() if full and msg.version > 1 else 0)
+                                 body_age_ms=d.body_age_ms() if full else 0)
             try:
-                r.send(rid, _MORE)
-                r.send(ack, _NOBLOCK)
+                r.send(rid, MORE)
+                r.send(ack, NOBLOCK)
                 self._count("pings_answered")
             except zmq.ZMQError as e:  # EHOSTUNREACH (gone), EAGAIN (slow reader)
                 self._rate_log("ack", "pinger: ack to a watcher not sent: %s", e)
@@ -156,7 +150,7 @@ class Responder:
 
     def flush(self, now_ns: int) -> None:
         """Rebuild the digest of local slots if anything changed, and push deaths, leaves
-        and restarts to the hosts that pinged us recently (batched: see _PUSH_GAP_NS)."""
+        and restarts to the hosts that pinged us recently (batched: see PUSH_GAP_NS)."""
         for e in self.digest.rebuild(now_ns):
             self._unpushed[e.key] = e  # the latest change of a slot wins
         if not self._unpushed:
@@ -164,7 +158,7 @@ class Responder:
         if not self.watchers:
             self._unpushed.clear()  # nobody to tell: a watcher's next ack tells it all
             return
-        if self._last_push_ns is not None and now_ns - self._last_push_ns < _PUSH_GAP_NS:
+        if self._last_push_ns is not None and now_ns - self._last_push_ns < PUSH_GAP_NS:
             return  # held back: a later flush sends everything held so far in one push
         self._last_push_ns = now_ns
         entries, self._unpushed = list(self._unpushed.values()), {}
@@ -186,8 +180,8 @@ class Responder:
         told = 0
         for rid in list(self.watchers):
             try:
-                self.router.send(rid, _MORE)
-                self.router.send(frame, _NOBLOCK)
+                self.router.send(rid, MORE)
+                self.router.send(frame, NOBLOCK)
                 told += 1
             except zmq.ZMQError:
                 pass  # that connection is gone: its host finds out by silence
@@ -197,13 +191,13 @@ class Responder:
         r = self.router
         for k in range(0, len(entries), MAX_PUSH_ENTRIES):
             frame = encode_push(Push(self.identity, self.address, self.counter.next(),
-                                     advertised(self.digest.gen),
+                                     self.digest.gen,
                                      tuple(entries[k:k + MAX_PUSH_ENTRIES])),
                                 self.secret)
             for rid in list(self.watchers):
                 try:
-                    r.send(rid, _MORE)
-                    r.send(frame, _NOBLOCK)
+                    r.send(rid, MORE)
+                    r.send(frame, NOBLOCK)
                     self._count("pushes_sent")
                 except zmq.ZMQError:
                     self._forget(rid)  # that connection is gone; its host re-pings us

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.layout import (
     ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
     REMOTE_STRIDE,
@@ -39,7 +40,8 @@ class RemoteRow(NamedTuple):
 class RowWriter:
     def __init__(self, board: Board) -> None:
         self.b = board
-        self._q = board.words
+        self.bw = board_words(board)
+        self._q = board_words(board).words
         sz = board.sizes
         self._peer0 = word_index(sz.peer_off)
         self._remote0 = word_index(sz.remote_off)
@@ -49,8 +51,8 @@ class RowWriter:
     def adopt_peers(self) -> dict[str, tuple[int, int]]:
         """Valid peer rows left by an earlier holder: address -> (row, gen)."""
         out = {}
-        for i in np.flatnonzero(self.b.peer_table["checksum"] != 0):
-            row = self.b.peer_table[int(i)]
+        for i in np.flatnonzero(self.bw.peer_table["checksum"] != 0):
+            row = self.bw.peer_table[int(i)]
             if int(row["checksum"]) == peer_checksum(row):
                 out[bytes(row["address"]).decode()] = (int(i), int(row["gen"]))
             else:
@@ -59,7 +61,7 @@ class RowWriter:
 
     def adopt_remotes(self, peer_row: int, peer_gen: int) -> dict[str, RemoteRow]:
         """Valid remote rows of a peer, by key."""
-        r = self.b.remote_table
+        r = self.bw.remote_table
         out = {}
         for i in np.flatnonzero((r["checksum"] != 0) & (r["peer"] == peer_row)):
             row = r[int(i)]
@@ -76,7 +78,7 @@ class RowWriter:
         from the moment it took the role until its first tick rewrote the row -- or
         forever, if it runs without the network half.  Returns the rows reset."""
         n = 0
-        for i in np.flatnonzero(self.b.peer_table["checksum"] != 0):
+        for i in np.flatnonzero(self.bw.peer_table["checksum"] != 0):
             wi = self._peer0 + int(i) * PEER_STRIDE
             word = self._q[wi]
             if word:
@@ -86,13 +88,13 @@ class RowWriter:
         return n
 
     def new_peer(self, address: str) -> tuple[int, int] | None:
-        free = np.flatnonzero(self.b.peer_table["checksum"] == 0)
+        free = np.flatnonzero(self.bw.peer_table["checksum"] == 0)
         if not len(free):
             log.warning("board %s: peer table full (%d rows); not following %s",
                         self.b.name, self.b.sizes.npeers, address)
             return None
         i = int(free[0])
-        row = self.b.peer_table[i]
+        row = self.bw.peer_table[i]
         gen = next_gen(int(row["gen"]))
         row["gen"] = gen
         row["address"] = address.encode()
@@ -105,7 +107,7 @@ class RowWriter:
         return i, gen
 
     def peer_identity(self, i: int, identity: Identity) -> None:
-        row = self.b.peer_table[i]
+        row = self.bw.peer_table[i]
         if int(row["board_inc"]) == identity.board_inc and bytes(row["boot_id"]) == identity.boot_id.rstrip(b"\0"):
             return
         row["checksum"] = 0
@@ -132,7 +134,7 @@ class RowWriter:
             self._q[wi] = pack_auth(gen, failing, count + 1 if failing else count)
 
     def free_peer(self, i: int) -> None:
-        self.b.peer_table[i]["checksum"] = 0
+        self.bw.peer_table[i]["checksum"] = 0
         self._q[self._peer0 + i * PEER_STRIDE] = 0
 
     # -- remote slots -----------------------------------------------------------------------
@@ -143,7 +145,7 @@ class RowWriter:
         worker's own last beat on our clock, if the report tells it.  Returns the row
         it has now, or None if the remote table is full."""
         ts = ts_units(now_ns)
-        r = self.b.remote_table
+        r = self.bw.remote_table
         eps = _fit_endpoints(e.endpoints)
         if held is not None:
             i, gen = held.row, held.gen
@@ -189,7 +191,7 @@ class RowWriter:
         self._q[self._remote0 + i * REMOTE_STRIDE + REMOTE_BEAT_WORD] = w
 
     def free_remote(self, i: int) -> None:
-        self.b.remote_table[i]["checksum"] = 0
+        self.bw.remote_table[i]["checksum"] = 0
         self._q[self._remote0 + i * REMOTE_STRIDE] = 0
         self._q[self._remote0 + i * REMOTE_STRIDE + REMOTE_BEAT_WORD] = 0
 

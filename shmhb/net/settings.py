@@ -8,35 +8,31 @@ others is refused (as ssh refuses such a key), and so is one too short.
 
 from __future__ import annotations
 
-import argparse
 import os
 import stat
 
 import numpy as np
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..board.registrylock import bump_reg_gen
-from ..board.config import DEFAULT_PORT, PingerConfig, has_port
+from ..board.config import PingerConfig, has_port
 from ..errors import InvalidConfig
 from ..board.layout import checksum
-from .plan import DEFAULT_BUDGET_PPS, MIN_PINGS_PER_WINDOW
 
 # -- settings stored in the board ---------------------------------------------------------
 
 def _cfg_checksum(h: np.ndarray) -> int:
-    # The budget word came later: a board written before it holds 0 there and a checksum
-    # without it, so 0 stays out of the sum and such a board still reads (as the default).
-    budget = int(h["cfg_budget_mpps"])
     return checksum(int(h["cfg_gen"]), bytes(h["cfg_listen"]), bytes(h["cfg_secret_path"]),
                     bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]),
-                    *((budget,) if budget else ()))
+                    int(h["cfg_budget_mpps"]))
 
 
 def store_config(board: Board, cfg: PingerConfig) -> None:
     """Write the pinger settings into the board, replacing the configured peer list.
     Under the registry lock; the agent applies them at its next tick."""
-    with board.registry():
-        h = board.header
+    with board_words(board).registry():
+        h = board_words(board).header
         h["cfg_checksum"] = 0
         h["cfg_gen"] = int(h["cfg_gen"]) + 1
         h["cfg_listen"] = (cfg.listen or "").encode()
@@ -45,19 +41,19 @@ def store_config(board: Board, cfg: PingerConfig) -> None:
         h["cfg_interval_ns"] = int(cfg.interval_s * 1e9)
         h["cfg_budget_mpps"] = max(1, round(cfg.ping_budget_pps * 1000))
         h["cfg_checksum"] = _cfg_checksum(h)
-        w = board.watch_table
+        w = board_words(board).watch_table
         for i in np.flatnonzero((w["checksum"] != 0) & (w["owner_pid"] == 0)):
             w[int(i)]["checksum"] = 0
         bump_reg_gen(h)
     for p in cfg.peers:  # "host" (the cluster's port) or "host:port"
-        board.change_watch(p, +1, owner_pid=0, keep_port=has_port(p))
+        board_words(board).watches.change_watch(p, +1, owner_pid=0, keep_port=has_port(p))
 
 
 def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     """(generation, settings) stored in the board, or None if none were ever stored or
     the copy read was caught mid-write (try again next tick).  ``InvalidConfig`` if the
     stored settings are not valid."""
-    h = board.header.copy()
+    h = board_words(board).header.copy()
     gen, ck = int(h["cfg_gen"]), int(h["cfg_checksum"])
     if gen == 0 or ck != _cfg_checksum(h):
         return None
@@ -65,16 +61,15 @@ def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     def text(f: str) -> str | None:
         return bytes(h[f]).rstrip(b"\0").decode(errors="replace") or None
 
-    budget = int(h["cfg_budget_mpps"])
     return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
                              secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"),
-                             ping_budget_pps=budget / 1000 if budget else DEFAULT_BUDGET_PPS)
+                             ping_budget_pps=int(h["cfg_budget_mpps"]) / 1000)
 
 
 def board_group(board: Board) -> int | None:
     """The group ``board`` is shared with (its file's gid where the group may read and
     write it, ``shmhb pinger --board-mode 0660 --board-group G``), else None."""
-    fd = board.new_fd()
+    fd = board_words(board).new_fd()
     try:
         st = os.fstat(fd)
     finally:
@@ -154,40 +149,3 @@ def curve_public_key(keys_dir: str, host: str) -> bytes:
         raise InvalidConfig(f"no CURVE public key for host {host!r} ({path!r}: {e}); copy "
                             "that host's .key file there") from None
     return pub
-
-
-# -- CLI hooks (``shmhb pinger``) -------------------------------------------------------------
-
-def add_pinger_args(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--listen", metavar="HOST:PORT", default=None,
-                    help=f"address to answer pings on (port default {DEFAULT_PORT}, "
-                         "one number for the whole cluster)")
-    sp.add_argument("--peer", metavar="HOST[:PORT]", action="append", default=[],
-                    help="a host to follow even if no local process watches it (repeatable)")
-    sp.add_argument("--interval-s", type=float, default=0.2,
-                    help="shortest ping interval per host (default 0.2); longer when the "
-                         "budget needs it")
-    sp.add_argument("--ping-budget-pps", type=float, default=DEFAULT_BUDGET_PPS, metavar="N",
-                    help=f"pings per second to all followed hosts together (default "
-                         f"{DEFAULT_BUDGET_PPS:g}); each host still gets at least "
-                         f"{MIN_PINGS_PER_WINDOW} pings per peer dead-after window")
-    auth = sp.add_mutually_exclusive_group()
-    auth.add_argument("--secret-file", metavar="F", default=None,
-                      help="shared secret: HMAC on every frame, unauthenticated pings unanswered")
-    auth.add_argument("--curve-keys", metavar="DIR", default=None,
-                      help="CURVE keys: DIR/<host>.key public keys of all hosts, "
-                           "DIR/<listen host>.key_secret this host's")
-
-
-def configure_from_args(args: argparse.Namespace) -> bool:
-    """Store the command line's pinger settings in the board; True: network half on."""
-    cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
-                       secret_file=args.secret_file, curve_keys=args.curve_keys,
-                       ping_budget_pps=args.ping_budget_pps)
-    with Board.open(args.board, create=True) as b:
-        if cfg.secret_file:  # fail now, with the reason, not in the agent thread
-            read_secret(cfg.secret_file, shared_gid=board_group(b))
-        store_config(b, cfg)
-    return True
-
-

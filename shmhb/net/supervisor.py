@@ -20,6 +20,7 @@ from typing import Protocol
 import zmq
 
 from ..board.handle import Board
+from ..board.core import board_words
 from ..clock import Clock
 from ..board.config import PingerConfig
 from ..errors import FD_ERRNOS, InvalidConfig
@@ -58,6 +59,7 @@ class NetSupervisor:
                  retry_min_s: float = 0.25, retry_max_s: float = 10.0,
                  transport: TransportFactory = Transport) -> None:
         self.b = board
+        self.bw = board_words(board)
         self.transport = transport
         self.w = writer
         self.clock = clock
@@ -117,7 +119,7 @@ class NetSupervisor:
 
     def reserved(self) -> int:
         """The highest ``net_counter`` reservation any of our halves stored (the agent
-        restores it after a stale writer may have stored a lower one: shmhb.board.agentterm)."""
+        restores it after a stale writer may have stored a lower one: shmhb.agent.election)."""
         h = self.half
         return max(self._reserved, h.counter.reserved if h is not None else 0)
 
@@ -133,7 +135,7 @@ class NetSupervisor:
         self._settled = True
         # Two words, each loaded whole: a completed write moves the checksum even where
         # a torn one already moved the generation (a writer stopped, then resumed).
-        word = (int(self.b.words[_CFG_GEN_I]), int(self.b.words[_CFG_CK_I]))
+        word = (int(self.bw.words[_CFG_GEN_I]), int(self.bw.words[_CFG_CK_I]))
         if word == self._seen_cfg_word:
             return  # unchanged settings cost two loads per tick
         if word[0] == 0:  # never configured: no network half

@@ -186,7 +186,11 @@ def connect_endpoint(me: str | None, host: str, port: int) -> str:
     return f"tcp://{format_hostport(host, port)}"
 
 
-_NOBLOCK = zmq.NOBLOCK
+#: zmq's send/recv/poll flags as plain ints: pyzmq's enum flags cost an enum operation
+#: per send, on the paths of every ping and ack
+NOBLOCK = int(zmq.NOBLOCK)
+MORE = int(zmq.NOBLOCK | zmq.SNDMORE)  # a routing id: its frame follows
+POLLIN = int(zmq.POLLIN)
 
 
 def recv_routed(sock: zmq.Socket[bytes]) -> tuple[bytes, bytes | None, str | None]:
@@ -197,11 +201,11 @@ def recv_routed(sock: zmq.Socket[bytes]) -> tuple[bytes, bytes | None, str | Non
     address is (libzmq's ``Peer-Address``), None where the transport has none (inproc).
 
     Cheaper than ``recv_multipart``: two calls, no list, no RCVMORE query."""
-    rid = sock.recv(_NOBLOCK)
-    part = sock.recv(_NOBLOCK, copy=False)  # a message's parts arrive together
+    rid = sock.recv(NOBLOCK)
+    part = sock.recv(NOBLOCK, copy=False)  # a message's parts arrive together
     if part.more:
         while sock.getsockopt(zmq.RCVMORE):
-            sock.recv(_NOBLOCK)
+            sock.recv(NOBLOCK)
         return rid, None, None
     try:
         got = part.get("Peer-Address")

@@ -36,12 +36,10 @@ import zmq
 
 from ..board.config import format_hostport
 from ..net.state import NetDown, NetReason
-from ..net.transport import Transport
+from ..net.transport import NOBLOCK, POLLIN, Transport
 
 __all__ = ["FakeNetwork", "FakeTransport", "Frame"]
 
-_NOBLOCK = int(zmq.NOBLOCK)
-_POLLIN = int(zmq.POLLIN)
 
 
 class Frame(NamedTuple):
@@ -181,12 +179,12 @@ class FakeNetwork:
 
     def _move(self, a: zmq.Socket[bytes], b: zmq.Socket[bytes], src: str, dst: str) -> int:
         n = 0
-        while int(a.getsockopt(zmq.EVENTS)) & _POLLIN:
-            parts = tuple(a.recv_multipart(_NOBLOCK))
+        while int(a.getsockopt(zmq.EVENTS)) & POLLIN:
+            parts = tuple(a.recv_multipart(NOBLOCK))
             dropped = src in self._cut or dst in self._cut
             if not dropped:
                 try:
-                    b.send_multipart(parts, _NOBLOCK)
+                    b.send_multipart(parts, NOBLOCK)
                 except zmq.Again:
                     dropped = True  # the receiver's queue is full, as TCP's would be
             self.frames.append(Frame(src, dst, parts, dropped))

@@ -2,16 +2,15 @@
 blocks, over a small TCP side channel of the consumer worker: the consumer's server
 (:class:`FenceServer`) and the producer's asks (:class:`GrantAsker`).
 
-The wire is version 4, binary (``shmhb.vllm.grants``): an ask names the consumer
+The wire is version 1, binary (``shmhb.vllm.grants``): an ask names the consumer
 incarnation the request carried, the token it carried, and request ids; the reply says
 which are granted.  A consumer that restarted since (a new incarnation at the same
 address) grants nothing.  The consumer answers in a C thread that never waits for its
 engine's GIL (``shmhb._fence``; a Python thread where that is not built).
 
-Earlier versions do not talk to this one: version 3 (JSON over the same framing)
-reads as a malformed ask and its connection is closed, so its write is not granted and
-the request is recomputed; a version 3 consumer likewise grants a version 4 ask
-nothing.  Upgrade both sides together.
+A frame of another version reads as a malformed ask and its connection is closed, so its
+write is not granted and the request is recomputed: upgrade both sides together when the
+wire changes.
 
 **Who may take a grant.**  What binds a grant to the producer the consumer sent the
 request to is the token: a keyed digest of that producer's endpoint under a random key

@@ -1,5 +1,5 @@
 """The consumer's grants: each load's state, and the server that answers a producer's
-ask, in C (``shmhb._fence``) or in Python, on one wire (version 4, below).
+ask, in C (``shmhb._fence``) or in Python, on one wire (version 1, below).
 
 Why C.  A grant is a few microseconds of work, but a Python thread that answers it
 first waits for its engine's GIL: up to a switch interval (5 ms) each time the engine's
@@ -9,13 +9,13 @@ never takes the GIL, over a table of the loads' states guarded by one pthread mu
 The pure-Python driver (no compiler at install, or ``SHMHB_PURE_PYTHON=1``) gives the
 same answers on the same wire, from a Python thread (``fencewire.FrameServer``).
 
-**The wire, version 4** (each frame a 4-byte big-endian length, then its body;
+**The wire, version 1** (each frame a 4-byte big-endian length, then its body;
 ``fencewire``):
 
-  ask:   version 4 (1 byte), kind 1 (1), count (2, 1 to ``MAX_REQS``), nonce (8),
+  ask:   version 1 (1 byte), kind 1 (1), count (2, 1 to ``MAX_REQS``), nonce (8),
          consumer incarnation (8), token (16), then ``count`` request ids, each a
          2-byte length (1 to ``MAX_ID_BYTES``) and its bytes
-  reply: version 4, kind 2, count (as asked), nonce (as asked), then ``count`` bytes:
+  reply: version 1, kind 2, count (as asked), nonce (as asked), then ``count`` bytes:
          byte ``i`` is 1 when id ``i`` is granted, else 0
 
 All integers are big-endian and unsigned.  An ask is checked whole (sizes, kinds,
@@ -42,7 +42,7 @@ from . import fencewire
 
 log = logging.getLogger(__name__)
 
-VERSION = 4
+VERSION = 1
 KIND_ASK, KIND_REPLY = 1, 2
 MAX_REQS = 1024
 MAX_ID_BYTES = 256

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from ..board.handle import Board
+from ..agent.embedded import Board  # its register joins the host's embedded agent
 from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
@@ -63,8 +63,8 @@ class WorkerGuard:
         a = self.adapter
         self.board = Board.attach(self.settings.board)
         eps = a.endpoints()
-        dp, tp, pp = a.rank()
-        self.key = rank_key(self.engine_id, dp, tp, pp)
+        rank = a.rank()
+        self.key = rank_key(self.engine_id, rank.dp, rank.tp, rank.pp)
         if a.consumes() and a.asks_go_ahead:
             # Serves grants only for the incarnation set below: none before that.
             host = eps["engine"].rsplit(":", 1)[0].strip("[]")
@@ -74,7 +74,7 @@ class WorkerGuard:
         if self.fence_server is not None:
             self.fence_server.set_incarnation(hb.incarnation)
         self.hb = hb.start(self.settings.beat_interval_s)
-        register_engine_instance(self.board, hb, eps, (dp, tp, pp),
+        register_engine_instance(self.board, hb, eps, rank,
                                  role_of(a.produces(), a.consumes()), self.engine_id,
                                  self.settings)  # for routers (shmhb.board.instances)
         self.reaper = LinkReaper(self.board, self._on_drop, drop_suspect=self.settings.act_on_suspect)

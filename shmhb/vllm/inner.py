@@ -36,6 +36,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 from ..board.config import format_hostport, parse_hostport
+from .settings import Rank
 
 
 class Hooks(Protocol):
@@ -98,8 +99,8 @@ class InnerAdapter(ABC):
         """Whether this rank serves KV to consumers (a producer, or both)."""
 
     @abstractmethod
-    def rank(self) -> tuple[int, int, int]:
-        """(dp rank, tp rank, pp rank) of this worker."""
+    def rank(self) -> Rank:
+        """This worker's dp, tp and pp ranks."""
 
     @abstractmethod
     def endpoints(self) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from ..board.instances import register_instance
-from .settings import ConnectorSettings, engine_prefix
+from .settings import FIRST_RANK, ConnectorSettings, Rank, engine_prefix
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,14 @@ def routable_bootstrap(endpoints: dict[str, str]) -> str | None:
 
 
 def register_engine_instance(board: Any, rank_hb: Any, endpoints: dict[str, str],
-                             rank: tuple[int, int, int], role: str, engine_id: str,
+                             rank: Rank, role: str, engine_id: str,
                              settings: ConnectorSettings) -> Any:
     """The instance slot's heartbeat, or None when this rank is not the one that
     registers it, or when it cannot be registered (logged: the rank itself is up and
     the connector works without it; only routers fed by shmhb miss the instance).
     ``role``: prefill, decode or both (``role_of``)."""
     bootstrap = routable_bootstrap(endpoints)
-    if bootstrap is None and rank != (0, 0, 0):
+    if bootstrap is None and rank != FIRST_RANK:
         return None
     serving = settings.serving_url
     if serving is None and bootstrap is None:

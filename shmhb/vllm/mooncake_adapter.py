@@ -12,6 +12,7 @@ from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from .inner import Hooks, InnerAdapter, check_release, zmq_hostport
 from .mooncake_pulls import Ledger, needs
+from .settings import Rank
 
 #: the producer worker a consumer task is asking (its side channel, "host:port")
 _PRODUCER: contextvars.ContextVar[str] = contextvars.ContextVar("shmhb_producer")
@@ -91,8 +92,8 @@ class MooncakeAdapter(InnerAdapter):
     def produces(self) -> bool:
         return not self.w.is_kv_consumer
 
-    def rank(self) -> tuple[int, int, int]:
-        return int(self.w.dp_rank), int(self.w.tp_rank), int(self.w.pp_rank)
+    def rank(self) -> Rank:
+        return Rank(dp=int(self.w.dp_rank), tp=int(self.w.tp_rank), pp=int(self.w.pp_rank))
 
     def endpoints(self) -> dict[str, str]:
         w = self.w

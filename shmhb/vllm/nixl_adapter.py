@@ -58,6 +58,7 @@ from typing import Any
 from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from .inner import Hooks, InnerAdapter, check_release
+from .settings import Rank
 
 log = logging.getLogger(__name__)
 
@@ -119,20 +120,23 @@ class NixlAdapter(InnerAdapter):
     def produces(self) -> bool:
         return bool(self._ktc().is_kv_producer)
 
-    def rank(self) -> tuple[int, int, int]:
+    def rank(self) -> Rank:
         pc = self.w.vllm_config.parallel_config
-        return (int(getattr(pc, "data_parallel_index", 0) or 0), int(self.w.tp_rank),
-                int(getattr(self.w, "pp_rank", 0) or 0))
+        return Rank(dp=int(getattr(pc, "data_parallel_index", 0) or 0), tp=int(self.w.tp_rank),
+                    pp=int(getattr(self.w, "pp_rank", 0) or 0))
 
     def endpoints(self) -> dict[str, str]:
         """A producer's side channel (the engine's handshake listener, one per DP rank,
         the ``remote_host``/``remote_port`` its requests carry), registered by its first
         rank: consumers follow the engine at that address.  Other ranks and consumers
         register no endpoint (nobody reaches them by address)."""
-        if not self.produces() or self.rank()[1:] != (0, 0):
+        if not self.produces():
+            return {}
+        r = self.rank()
+        if r.tp != 0 or r.pp != 0:
             return {}
         from vllm import envs
-        port = int(envs.VLLM_NIXL_SIDE_CHANNEL_PORT) + self.rank()[0]
+        port = int(envs.VLLM_NIXL_SIDE_CHANNEL_PORT) + r.dp
         try:
             return {"side": format_hostport(str(envs.VLLM_NIXL_SIDE_CHANNEL_HOST), port)}
         except ShmhbError as e:

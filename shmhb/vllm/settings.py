@@ -83,6 +83,19 @@ def _serving(v: object) -> str | None:
         raise InvalidConfig(f"serving_url must be 'http://host:port': {e}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """A worker's place in its engine: its data-, tensor- and pipeline-parallel ranks."""
+
+    dp: int
+    tp: int
+    pp: int
+
+
+#: the rank that speaks for its engine where nothing else names one
+FIRST_RANK = Rank(dp=0, tp=0, pp=0)
+
+
 def rank_key(engine_id: str, dp_rank: int, tp_rank: int, pp_rank: int) -> str:
     """The board key of one worker rank: names its engine and ranks.  An engine id too
     long for a key (at most 63 bytes) is shortened to a digest, the same for every

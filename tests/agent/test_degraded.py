@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 from shmhb.net.settings import read_secret, store_config
@@ -319,8 +320,8 @@ def _store_raw_watch(board: shmhb.Board, address: bytes) -> None:
     """A watch row written as an older version would have (no validation)."""
     from shmhb.board.layout import watch_checksum
 
-    with board.registry():
-        w = board._watches
+    with board_words(board).registry():
+        w = board_words(board).watch_table
         i = int(next(iter(i for i in range(len(w)) if int(w[i]["checksum"]) == 0)))
         row = w[i]
         row["owner_pid"] = 0
@@ -356,7 +357,7 @@ def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster
     # a registration as an older version stored it: an endpoint the wire cannot carry
     long_ep = "decode-rank-3.decode-headless.llm-inference-prod.svc.cluster.local:30003"
     board = a.board
-    with board.registry():
+    with board_words(board).registry():
         i = next(i for i in range(board.sizes.nslots) if int(board._hb[i]) == 0)
         inc = int(board._head["inc_counter"]) + 1
         board._head["inc_counter"] = inc
@@ -381,7 +382,7 @@ def test_a_stored_endpoint_over_the_wire_limit_is_left_out_of_the_digest(cluster
     assert eps.get("old-long", ()) == (), eps
     assert a.pinger is not None and a.pinger.poll() is None
     kill_is_dead_within_bound(a, "w")
-    with board.registry():
+    with board_words(board).registry():
         board._hb[i] = 0
         board._records[i]["checksum"] = 0
 

@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
@@ -189,7 +190,7 @@ def test_a_push_flood_neither_delays_a_local_kill_nor_fills_the_remote_table(
         t.join(10)
     rate = sent[0] / (time.monotonic() - t0)
     print(f"{sent[0]} pushes of 64 new keys ({rate:.0f}/s); a kill during it DEAD after "
-          f"{took * 1e3:.1f} ms; lateness {a.board.lateness_ms():.1f} ms")
+          f"{took * 1e3:.1f} ms; lateness {board_words(a.board).lateness_ms():.1f} ms")
     wait_until(lambda: a.stats()["push_unlisted"] > unlisted0 + 100, what="unlisted pushes counted")
     p = a.peer(f.ip)
     assert p is not None and len(p.slots) == 4, "a push created rows"

@@ -1,6 +1,6 @@
 """The stalled holder: a holder of the agent role stopped as a whole
 (SIGSTOP, or a C call holding its GIL, so neither its loop nor its watchdog runs) keeps
-its lock byte; a standby replaces it within seconds (shmhb.board.agentterm), and the holder,
+its lock byte; a standby replaces it within seconds (shmhb.agent.election), and the holder,
 once it resumes, stands down and writes no more."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.testing.loopback import child_env
 
@@ -87,7 +88,7 @@ def test_a_daemon_replaces_a_stopped_embedded_holder_which_stands_down_on_resume
                    what="the daemon took the role from the stopped holder")
         took = time.monotonic() - t0
         assert took < 10, f"the takeover took {took:.1f} s"
-        assert board.agent().term > term0 and board.agent_held()
+        assert board.agent().term > term0 and board_words(board).agent_held()
         _kill_is_dead(procs, board, "victim")
         term1 = board.agent().term
     finally:
@@ -129,7 +130,7 @@ def test_a_holder_in_a_c_call_holding_the_gil_is_replaced_by_an_embedded_standby
     wait_until(lambda: "standing down" in (tmp_path / "holder.log").read_text(),
                timeout_s=10, what="the holder stands down after the C call")
     # Once the holder let its byte go, the standby sets the role up anew in a fresh
-    # term (the repair; shmhb.board.agentterm), during which the agent's pid briefly reads 0:
+    # term (the repair; shmhb.agent.election), during which the agent's pid briefly reads 0:
     # observe after it, as the daemon's test above does (looking across it failed once
     # on a loaded machine).
     wait_until(lambda: board.agent().term > term1 and _holds(board, standby.pid),
@@ -202,12 +203,12 @@ CLAIMER = child("term_claimer")
 
 def test_processes_claiming_one_term_at_once_exactly_one_wins(
         board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
-    from shmhb.board.agentterm import TERM_WORD
+    from shmhb.board.layout import TERM_WORD
 
     claimers = [_spawn(procs, [sys.executable, CLAIMER, board.name],
                        tmp_path / f"claimer{i}.log", ready=True) for i in range(6)]
     for _round in range(10):
-        t = int(board.words[TERM_WORD])
+        t = int(board_words(board).words[TERM_WORD])
         flag = tmp_path / f"go{_round}"
         for p in claimers:  # all at once: each claims term t+1 having read t
             assert p.stdin is not None
@@ -218,7 +219,7 @@ def test_processes_claiming_one_term_at_once_exactly_one_wins(
         flag.touch()
         won = [int(p.stdout.readline()) for p in claimers if p.stdout is not None]
         assert sum(won) == 1, won
-        assert int(board.words[TERM_WORD]) == t + 1
+        assert int(board_words(board).words[TERM_WORD]) == t + 1
         winner = claimers[won.index(1)]
         assert winner.stdin is not None and winner.stdout is not None
         winner.stdin.write(f"release {t + 1} -\n")
@@ -295,37 +296,3 @@ def test_the_systemd_watchdog_is_fed_through_a_takeover_and_a_stand_down(
     finally:
         na.close()
         nb.close()
-
-
-OLD_HOLDER = child("old_holder")
-
-
-def test_a_holder_of_an_earlier_version_keeps_the_role_from_this_one(board: shmhb.Board) -> None:
-    """Earlier versions hold the role by ``LOCK_AGENT`` alone.  During a rolling upgrade
-    both run on one board: a standby of this version must not take the role (by a term
-    byte nobody else knows) while such a holder lives, and takes it once it is gone."""
-    import subprocess
-    import sys
-
-    from shmhb.agent.role import Agent
-    from shmhb.testing.loopback import child_env
-    old = subprocess.Popen([sys.executable, OLD_HOLDER, board.name], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, text=True, env=child_env())
-    a = None
-    try:
-        assert old.stdout is not None and old.stdout.readline().strip() == "held"
-        assert board.agent_held()
-        a = Agent(board.name, network=False, config=shmhb.AgentConfig(election_poll_s=0.02)).start()
-        assert not a.holding.wait(1.5), "took the role from a holder of an earlier version"
-        assert old.stdin is not None
-        old.stdin.close()
-        old.wait(10)
-        assert a.holding.wait(10), "never took the role once the earlier holder was gone"
-    finally:
-        if a is not None:
-            a.stop()
-        if old.poll() is None:
-            old.kill()
-        old.wait(10)
-        if old.stdout is not None:
-            old.stdout.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board.address import (
     MAX_ADDRESS_TEXT, check_endpoint, format_address, is_canonical, is_endpoint, parse_address,
 )
@@ -89,14 +90,14 @@ def test_register_and_watch_refuse(board: shmhb.Board, text: str) -> None:
         board.register("k", endpoints=(text,), agent=False)
     with pytest.raises(InvalidAddress):
         board.watch(text)
-    assert board.watched_hosts() == {} and board.slots() == []
+    assert board_words(board).watches.watched_hosts() == {} and board.slots() == []
 
 
 def test_register_stores_the_canonical_endpoint(board: shmhb.Board) -> None:
     with board.register("k", endpoints=("[0::1]:30003",), agent=False):
         assert board.slot("k").endpoints == ("[::1]:30003",)  # type: ignore[union-attr]
     board.watch("[0::1]:30003")
-    assert board.watched_hosts() == {"[::1]": 1}
+    assert board_words(board).watches.watched_hosts() == {"[::1]": 1}
 
 
 @pytest.mark.parametrize("peer", ["host_a, host_b", "a b", "*", "hé", "[a:b]:1", "-x:1",

@@ -14,6 +14,7 @@ import posix_ipc
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board import layout as L
 from shmhb.testing.loopback import child_env
 
@@ -241,12 +242,12 @@ def test_watches_are_counted_per_process(board: shmhb.Board) -> None:
     board.watch("10.0.0.2:30003")
     board.watch("10.0.0.2:30004")
     board.watch("10.0.0.3:1")
-    assert board.watched_hosts() == {"10.0.0.2": 1, "10.0.0.3": 1}
+    assert board_words(board).watches.watched_hosts() == {"10.0.0.2": 1, "10.0.0.3": 1}
     board.unwatch("10.0.0.2:30003")
-    assert board.watched_hosts() == {"10.0.0.2": 1, "10.0.0.3": 1}
+    assert board_words(board).watches.watched_hosts() == {"10.0.0.2": 1, "10.0.0.3": 1}
     board.unwatch("10.0.0.2:30004")
     board.unwatch("10.0.0.3:1")
-    assert board.watched_hosts() == {}
+    assert board_words(board).watches.watched_hosts() == {}
 
 
 @pytest.mark.system
@@ -257,14 +258,14 @@ def test_dead_watchers_lose_their_watches_but_other_namespaces_are_left_alone(bo
     env = child_env()
     subprocess.run([sys.executable, code, board.name, "10.1.1.1:1"], check=True, env=env,
                    timeout=60)
-    assert board.watched_hosts() == {"10.1.1.1": 1}
-    assert board.reclaim_watches() == 1
-    assert board.watched_hosts() == {}
+    assert board_words(board).watches.watched_hosts() == {"10.1.1.1": 1}
+    assert board_words(board).watches.reclaim_watches() == 1
+    assert board_words(board).watches.watched_hosts() == {}
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private pid namespace")
     out = subprocess.run(["unshare", "-p", "-f", "--kill-child", sys.executable, code,
                           board.name, "10.1.1.2:1"], env=env, timeout=60, capture_output=True)
     if out.returncode != 0:
         pytest.skip(f"cannot create a pid namespace here: {out.stderr.decode().strip()}")
-    assert board.reclaim_watches() == 0  # pid 1 of another namespace: cannot be judged here
-    assert board.watched_hosts() == {"10.1.1.2": 1}
+    assert board_words(board).watches.reclaim_watches() == 0  # pid 1 of another namespace: cannot be judged here
+    assert board_words(board).watches.watched_hosts() == {"10.1.1.2": 1}

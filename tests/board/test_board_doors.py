@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board import locks, segment
 from shmhb.board.layout import (
     HEADER_DTYPE, LOCK_REGISTRY, LOCK_SLOT_BASE, record_checksum, watch_checksum,
@@ -54,7 +55,7 @@ def _exit_code(pid: int, timeout_s: float = 20) -> int:
 
 def _held_elsewhere(board: shmhb.Board) -> bool:
     """Whether a description other than a fresh one of ours holds the registry lock."""
-    fd = board.new_fd()
+    fd = board_words(board).new_fd()
     try:
         return locks.is_held(fd, LOCK_REGISTRY)
     finally:
@@ -70,14 +71,14 @@ def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registr
     from_child_r, from_child_w = os.pipe()
 
     def hold() -> int:
-        with board.registry():
+        with board_words(board).registry():
             os.write(from_child_w, b"L")
             os.read(to_child_r, 1)  # until the parent says so; it SIGKILLs us instead
         return 0
 
     def try_once() -> int:
         try:
-            with board.registry(timeout_s=0.3):
+            with board_words(board).registry(timeout_s=0.3):
                 return 1  # got it while a sibling held it: no exclusion
         except shmhb.LockTimeout:
             return 0
@@ -87,7 +88,7 @@ def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registr
         assert os.read(from_child_r, 1) == b"L"
         # The parent, and a second child forked from the same handle, are kept out.
         with pytest.raises(shmhb.LockTimeout):
-            with board.registry(timeout_s=0.3):
+            with board_words(board).registry(timeout_s=0.3):
                 pass
         assert _exit_code(_fork(try_once)) == 0
         assert _held_elsewhere(board)
@@ -97,7 +98,7 @@ def test_forked_children_exclude_each_other_and_a_killed_child_frees_the_registr
     # Killed inside registry(): the kernel released its own description's lock.  Every
     # process gets the registry again, the parent, a new child, and a stranger.
     wait_until(lambda: not _held_elsewhere(board), timeout_s=5, what="the lock released")
-    with board.registry(timeout_s=2):
+    with board_words(board).registry(timeout_s=2):
         pass
 
     def use() -> int:
@@ -170,7 +171,7 @@ def test_stale_board_opened_by_eight_processes_at_once_stays_one_board(
         idx = sorted(int(ln[2]) for ln in lines)
         assert len(set(idx)) == 8
         assert sorted(s.key for s in b.slots()) == [f"k{k}" for k in range(8)]
-        fd = b.new_fd()
+        fd = board_words(b).new_fd()
         try:  # every slot lock lies on the board's own inode
             assert all(locks.is_held(fd, LOCK_SLOT_BASE + i) for i in idx)
         finally:
@@ -193,13 +194,13 @@ def test_a_board_created_anew_is_not_locked_through_its_old_handle(board_name: s
         old.unlink()
         with shmhb.Board.create(board_name) as new:
             # the old handle's new descriptors stay on the old segment, not the new name
-            fd = old.new_fd()
+            fd = board_words(old).new_fd()
             try:
                 assert os.fstat(fd).st_ino != os.stat(f"/dev/shm/{board_name}").st_ino
             finally:
                 os.close(fd)
             with old.register("k", agent=False) as hb:  # its slot lock: on the old inode
-                nfd = new.new_fd()
+                nfd = board_words(new).new_fd()
                 try:
                     assert not locks.is_held(nfd, LOCK_SLOT_BASE + hb.index)
                 finally:
@@ -239,7 +240,7 @@ def _plant_record(board: shmhb.Board, index: int, *, key: bytes | None = None,
                   endpoints: bytes | None = None) -> None:
     """Rewrite slot ``index``'s record as a laxer older version could have written it
     (with a valid checksum), as its registrant does: under the registry lock."""
-    with board.registry():
+    with board_words(board).registry():
         rec = board._records[index]
         rec["checksum"] = 0
         if key is not None:
@@ -250,8 +251,8 @@ def _plant_record(board: shmhb.Board, index: int, *, key: bytes | None = None,
 
 
 def _plant_watch(board: shmhb.Board, address: bytes) -> None:
-    with board.registry():
-        w = board._watches
+    with board_words(board).registry():
+        w = board_words(board).watch_table
         row = w[int(np.flatnonzero(w["checksum"] == 0)[0])]
         # owned by this (live) process, as a worker's watch: kept by every pinger start
         row["owner_pid"], row["owner_start"] = os.getpid(), start_time() or 0
@@ -283,9 +284,9 @@ def test_readers_skip_rows_an_older_version_stored(board: shmhb.Board,
             assert set(slots) == {"good", "odd"}  # the undecodable key is skipped
             assert slots["odd"].endpoints == ("10.0.0.1:2",)  # only the bad endpoints go
             assert fresh.slot("odd").endpoints == ("10.0.0.1:2",)  # type: ignore[union-attr]
-            assert fresh.watched_hosts() == {"10.0.0.3": 1}
+            assert board_words(fresh).watches.watched_hosts() == {"10.0.0.3": 1}
             for _ in range(100):  # again and again: logged once per kind, never raised
-                fresh.watched_hosts()
+                board_words(fresh).watches.watched_hosts()
                 fresh.slots()
             assert fresh.remote("a b:1") is None and fresh.peers() == []
         finally:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.status import Status
 from tests.conftest import Procs, wait_until
 from ..children import child
@@ -42,10 +43,10 @@ def test_a_beat_bound_before_close_cannot_store_into_the_next_registrant(
             beat()
         hb2 = b.register("other", agent=False)
         assert hb2.index == hb.index
-        before = int(b.words[b.hb_index(hb2.index)])
+        before = int(board_words(b).words[board_words(b).hb_index(hb2.index)])
         with pytest.raises(shmhb.HeartbeatClosed):
             beat()
-        assert int(b.words[b.hb_index(hb2.index)]) == before
+        assert int(board_words(b).words[board_words(b).hb_index(hb2.index)]) == before
         hb2.close()
     finally:
         b.close()

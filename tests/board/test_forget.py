@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.agent.role import Agent
 from shmhb.board.layout import HEADER_DTYPE
@@ -115,19 +116,6 @@ def test_forget_after_s_clears_dead_slots_but_not_hung_ones(board_name: str, pro
         b.close()
 
 
-def test_a_board_of_an_earlier_version_reads_forget_off(board_name: str) -> None:
-    b = shmhb.Board.create(board_name, forget_after_s=5.0)
-    h = np.ndarray((), HEADER_DTYPE, buffer=b._seg.mm)
-    h["forget_after_ns"], h["timens_offset_ns"], h["features"] = 0, 0, 0  # fields not there yet
-    del h
-    b.close()
-    with shmhb.Board.attach(board_name) as old:
-        assert old.policy.forget_after_s is None and old.timens_offset_ns is None
-        assert old.forget_expired() == []
-        with old.register("k", agent=False):  # this process is in the host's namespace
-            assert old.status("k") is Status.ALIVE
-
-
 # -- the lower doors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw", [{"suspect_after_s": 0.0005, "dead_after_s": 1.0},
@@ -197,9 +185,9 @@ def test_watch_rows_of_dead_owners_in_another_pid_namespace_are_reclaimed(board_
         for k in range(2):
             subprocess.run(["unshare", "--pid", "--fork", sys.executable, WATCH_AND_DIE,
                             board_name, f"10.0.0.{k + 1}:1"], env=ENV, timeout=60)
-        assert sorted(b.watched_hosts()) == ["10.0.0.1", "10.0.0.2"]
+        assert sorted(board_words(b).watches.watched_hosts()) == ["10.0.0.1", "10.0.0.2"]
         b.watch("10.0.0.9:1")  # the table was full of the dead: reclaimed, no WatchTableFull
-        assert b.watched_hosts() == {"10.0.0.9": 1}
+        assert board_words(b).watches.watched_hosts() == {"10.0.0.9": 1}
     finally:
         b.close()
         unlink_quietly(board_name)
@@ -217,7 +205,7 @@ def test_watch_rows_of_live_owners_in_another_pid_namespace_are_kept(board_name:
         assert p.stdout is not None and p.stdout.readline().strip() == "watching"
         with pytest.raises(shmhb.WatchTableFull):
             b.watch("10.0.0.9:1")
-        assert b.watched_hosts() == {"10.0.0.1": 1}
+        assert board_words(b).watches.watched_hosts() == {"10.0.0.1": 1}
     finally:
         assert p.stdin is not None
         p.stdin.close()  # the owner exits

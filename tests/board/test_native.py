@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board import judge as J
 from shmhb.board import layout as L
 from shmhb.clock import FakeClock
@@ -172,7 +173,7 @@ def test_both_paths_judge_local_slots_alike(monkeypatch: pytest.MonkeyPatch, boa
             assert nat.status("w") is pure.status("w") is a.status  # type: ignore[union-attr]
             assert nat.changes() == pure.changes()
             idx = np.array([hb.index], np.intp)
-            assert nat.oldest_beat_age(idx) == pure.oldest_beat_age(idx)
+            assert board_words(nat).oldest_beat_age(idx) == board_words(pure).oldest_beat_age(idx)
             seen.append(a.status)  # type: ignore[union-attr]
         assert {Status.ALIVE, Status.SUSPECT, Status.DEAD} <= set(seen)
         hb.beat()
@@ -206,7 +207,7 @@ def test_both_paths_judge_remote_slots_alike(monkeypatch: pytest.MonkeyPatch, bo
     nat, pure = _pair(monkeypatch, board_name, clock)
     try:
         w = RowWriter(nat)
-        q, ai = nat._q, nat._agent_hb_i
+        q, ai = nat._q, board_words(nat).agent_hb_index
 
         def agent_beat() -> None:
             q[ai] = L.pack_hb(1, clock.monotonic_ns() >> L.TS_SHIFT)
@@ -287,11 +288,11 @@ def test_beat_uses_the_real_clock(hot_path: str, board_name: str) -> None:
         t1 = time.monotonic_ns() >> L.TS_SHIFT
         assert w >> L.INC_SHIFT == L.inc_tag(hb.incarnation) and not w & L.LEFT_BIT
         assert t0 <= w & L.TS39_MASK <= t1
-        assert b.oldest_beat_age(np.array([hb.index], np.intp)) in (0, 1)
-        assert b.oldest_beat_age(np.array([], np.intp)) is None
+        assert board_words(b).oldest_beat_age(np.array([hb.index], np.intp)) in (0, 1)
+        assert board_words(b).oldest_beat_age(np.array([], np.intp)) is None
         if hot_path == "native":
             with pytest.raises(IndexError):
-                b.oldest_beat_age(np.array([4], np.intp))
+                board_words(b).oldest_beat_age(np.array([4], np.intp))
         hb.close()
     finally:
         b.close()

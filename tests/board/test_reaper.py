@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import DropReason, Link, LinkReaper, Status
 from shmhb.testing.loopback import free_port
 
@@ -629,7 +630,7 @@ def test_track_canonicalises_endpoint_text_or_refuses_it(board: shmhb.Board) -> 
     link = reaper.track("[FD00:0::1]:30001", incarnation=7)
     assert link.endpoint == "[fd00::1]:30001"
     assert [lk.endpoint for lk in reaper.links()] == ["[fd00::1]:30001"]
-    w = board.watch_table
+    w = board_words(board).watch_table
     assert [bytes(a).rstrip(b"\0") for a in w[w["checksum"] != 0]["address"]] == [b"[fd00::1]"]
     assert reaper.track("Node-A:30002", incarnation=3).endpoint == "node-a:30002"
     assert reaper.untrack("NODE-a:30002") is not None  # the same endpoint, however written

@@ -1,6 +1,6 @@
-"""``Board.register`` starts this process's embedded agent through the hook that the
-package installs (the board itself never imports the agent), and the last heartbeat's
-close stops it."""
+"""``shmhb.Board.register`` starts this process's embedded agent (the storage layer's
+``shmhb.board.handle.Board`` never imports the agent), and the last heartbeat's close
+stops it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import os
 
 import pytest
 
-from shmhb.board.handle import Board, set_register_hook
+import shmhb
+from shmhb.agent import embedded
+from shmhb.board import handle
+from shmhb.board.core import board_words
 from shmhb.board.heartbeat import Heartbeat
 from shmhb.status import Status
 
@@ -16,7 +19,7 @@ from ..conftest import wait_until
 
 
 
-def test_register_starts_the_embedded_agent_and_the_last_close_stops_it(board: Board) -> None:
+def test_register_starts_the_embedded_agent_and_the_last_close_stops_it(board: shmhb.Board) -> None:
     a = board.register("hook-a")
     b = board.register("hook-b")
     try:
@@ -24,46 +27,31 @@ def test_register_starts_the_embedded_agent_and_the_last_close_stops_it(board: B
                    and board.agent().pid == os.getpid(), what="the embedded agent holds the role")
         a.close()
         assert board.agent().status is Status.ALIVE  # b still beats in this process
-        assert board.agent_held()
+        assert board_words(board).agent_held()
     finally:
         b.close()
         a.close()
     # the last heartbeat of this board in this process is gone: so is the agent
-    assert not board.agent_held()
+    assert not board_words(board).agent_held()
     assert board.agent().status is Status.LEFT
 
 
-def test_the_hook_runs_only_when_asked_and_a_failed_hook_undoes_the_registration(
-        board: Board) -> None:
-    calls: list[tuple[Board, Heartbeat]] = []
-    closed: list[str] = []
+def test_the_agent_joins_only_when_asked_and_a_failed_join_undoes_the_registration(
+        board: shmhb.Board, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert shmhb.Board is embedded.Board and issubclass(shmhb.Board, handle.Board)
+    with board.register("quiet", agent=False):
+        assert not board_words(board).agent_held()
+    with handle.Board.attach(board.name) as storage:  # the storage layer's board
+        with storage.register("storage"):
+            assert not board_words(board).agent_held()
 
-    def record(b: Board, hb: Heartbeat) -> None:
-        calls.append((b, hb))
-        hb.on_close(lambda: closed.append(hb.key))
+    def refuse(b: handle.Board, hb: Heartbeat) -> None:
+        raise RuntimeError("no agent today")
 
-    prev = set_register_hook(record)
-    try:
-        with board.register("quiet", agent=False):
-            assert calls == []
-        hb = board.register("loud")
-        assert calls == [(board, hb)] and closed == []
-        hb.close()
-        assert closed == ["loud"]
-        hb.on_close(lambda: closed.append("late"))  # on a closed heartbeat: at once
-        assert closed == ["loud", "late"]
-
-        def refuse(b: Board, hb: Heartbeat) -> None:
-            raise RuntimeError("no agent today")
-
-        set_register_hook(refuse)
-        with pytest.raises(RuntimeError, match="no agent today"):
-            board.register("refused")
-        got = board.slot("refused")
-        assert got is not None and got.status is Status.LEFT  # undone, not left held
-        set_register_hook(None)
-        board.register("refused").close()  # the key is free again; nothing starts
-    finally:
-        set_register_hook(prev)
-    assert prev is not None  # the package's own hook, installed by ``import shmhb``
-    assert not board.agent_held()
+    monkeypatch.setattr(embedded, "embedded_register", refuse)  # the agent cannot start
+    with pytest.raises(RuntimeError, match="no agent today"):
+        board.register("refused")
+    got = board.slot("refused")
+    assert got is not None and got.status is Status.LEFT  # undone, not left held
+    board.register("refused", agent=False).close()  # the key is free again
+    assert not board_words(board).agent_held()

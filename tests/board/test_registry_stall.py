@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import DropReason, LinkReaper, Status
 from shmhb.agent.role import Agent
 from shmhb.testing.loopback import child_env
@@ -34,7 +35,7 @@ WATCHER = child("watcher")
 
 def refs(board: shmhb.Board, host: str) -> int:
     """How many watches of ``host`` the board counts, over all processes."""
-    rows = board._watches.copy()
+    rows = board_words(board).watch_table.copy()
     return sum(int(r["refs"]) for r in rows if int(r["checksum"]) and bytes(r["address"]) == host.encode())
 
 
@@ -110,7 +111,7 @@ def test_the_pinger_survives_reclaiming_watches_under_a_held_lock(cluster: Clust
         stall.release()
 
     def reclaimed() -> bool:
-        rows = a.board._watches.copy()
+        rows = board_words(a.board).watch_table.copy()
         return not any(int(r["checksum"]) and int(r["owner_pid"]) == w.pid for r in rows)
     wait_until(reclaimed, timeout_s=5, what="the dead process's watch reclaimed")
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.board import layout as L
 from shmhb.clock import FakeClock
 from shmhb.net.protocol import DigestEntry
@@ -43,7 +44,7 @@ class Rows:
         return self.clock.monotonic_ns()
 
     def agent_beat(self) -> None:
-        self.b.words[L.header_index("agent_hb")] = L.pack_hb(1, self.now_ns() >> L.TS_SHIFT)
+        board_words(self.b).words[L.header_index("agent_hb")] = L.pack_hb(1, self.now_ns() >> L.TS_SHIFT)
 
     def entry(self, key: str, inc: int, status: Status) -> DigestEntry:
         return DigestEntry(key, inc, status.code, 40 + inc, 0, (EP,))
@@ -134,7 +135,7 @@ def test_a_row_caught_mid_rewrite_reads_as_its_old_record_or_not_at_all(rows: Ro
     old = rows.check()
     # the writer's steps for a new generation, stopped after each (rowwriter.put_remote):
     # the reader sees the old record whole, or nothing; never the new key under the old
-    row = b.remote_table[held.row]
+    row = board_words(b).remote_table[held.row]
     steps = [("checksum", 0), ("gen", held.gen + 1), ("incarnation", 12), ("pid", 52),
              ("key", b"r9")]
     for field, value in steps:

@@ -7,6 +7,8 @@ lock, SIGKILLed half-way (the window is microseconds wide: no timing could hit i
 
 from __future__ import annotations
 
+from shmhb.board.core import board_words
+
 import sys
 
 
@@ -53,8 +55,8 @@ def test_a_running_holder_keeps_its_settings_through_a_tear_and_applies_the_comp
     a = cluster.host()
     gen0 = wait_net(a, "listening").settings_gen
     b = a.board
-    with b.registry():
-        h = b.header
+    with board_words(b).registry():
+        h = board_words(b).header
         h["cfg_checksum"] = 0
         h["cfg_gen"] = int(h["cfg_gen"]) + 1  # and stays torn for a while
         assert a.pinger is not None

@@ -35,6 +35,7 @@ from typing import Any
 import zmq
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Board, LinkReaper
 from shmhb.board import locks
 from shmhb.cli.check import check_rows
@@ -1102,7 +1103,7 @@ class Harness(HostileFaults, LocalFaults):
                     c["killed"] = c["last"] = now_ns()
                     self.note(f"h{h.idx} connector pid {p.pid} SIGKILLed", f"h{h.idx}", t=c["killed"])
                 continue
-            w = h.board._watches.copy()
+            w = board_words(h.board).watch_table.copy()
             left = [i for i in range(len(w)) if int(w[i]["checksum"]) and int(w[i]["owner_pid"]) == p.pid]
             if not left:
                 self._watchers.remove(c)
@@ -1329,7 +1330,7 @@ class Harness(HostileFaults, LocalFaults):
             for lk in o.reaper.links() if o.reaper is not None else []:
                 k = lk.endpoint.rsplit(":", 1)[0].encode()
                 want[k] = want.get(k, 0) + 1
-            w = o.board._watches.copy()
+            w = board_words(o.board).watch_table.copy()
             got = {bytes(w[i]["address"]): int(w[i]["refs"]) for i in range(len(w))
                    if int(w[i]["checksum"]) and int(w[i]["owner_pid"]) == me}
             if got != want:

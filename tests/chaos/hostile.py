@@ -27,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from shmhb.board.core import board_words
 from shmhb.board.layout import watch_checksum
 from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
@@ -215,8 +216,8 @@ class HostileFaults:
         addr = BAD_WATCHES[f.salt % len(BAD_WATCHES)]
         b = h.board
         try:
-            with b.registry(timeout_s=0.05):
-                w = b._watches
+            with board_words(b).registry(timeout_s=0.05):
+                w = board_words(b).watch_table
                 free = [i for i in range(len(w)) if int(w[i]["checksum"]) == 0]
                 if not free:
                     return False
@@ -235,9 +236,9 @@ class HostileFaults:
         def end() -> None:
             rows = self.bad_rows.pop(h.idx, [])
             try:
-                with b.registry(timeout_s=5):
+                with board_words(b).registry(timeout_s=5):
                     for i in rows:
-                        b._watches[i]["checksum"] = 0
+                        board_words(b).watch_table[i]["checksum"] = 0
                     b._head["reg_gen"] = int(b._head["reg_gen"]) + 1
             except Exception as e:  # noqa: BLE001 - tried again later
                 self.bad_rows[h.idx] = rows

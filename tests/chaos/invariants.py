@@ -61,6 +61,8 @@ Checks (``Checker``), and how each case is modelled:
 
 from __future__ import annotations
 
+from shmhb.board.core import board_words
+
 import os
 import threading
 import time
@@ -279,7 +281,7 @@ def read_view(board: Board, host_of_ip: dict[str, int]) -> View:
     vs = board._verdict.copy()
     nowu = board._now_ns() >> TS_SHIFT
     for i in np.flatnonzero(hbs):
-        info = board.read_slot(int(i))
+        info = board_words(board).read_slot(int(i))
         if info is None:
             continue
         key, _pid, inc, _eps = info

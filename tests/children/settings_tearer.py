@@ -4,9 +4,11 @@ settings."""
 
 import os, signal, sys
 import shmhb
+from shmhb.board.core import board_words
 b = shmhb.Board.attach(sys.argv[1])
-with b.registry():                  # store_config's first steps, then killed
-    h = b.header
+w = board_words(b)
+with w.registry():                  # store_config's first steps, then killed
+    h = w.header
     h["cfg_checksum"] = 0
     h["cfg_gen"] = int(h["cfg_gen"]) + 1
     h["cfg_listen"] = sys.argv[2].encode()

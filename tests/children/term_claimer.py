@@ -4,9 +4,12 @@ and prints 1 or 0; on ``release TERM 0`` lets the term's byte go (``released``).
 
 import os, sys
 import shmhb
-from shmhb.board import agentterm, locks
+from shmhb.board.core import board_words
+from shmhb.agent import election
+from shmhb.board import locks
+from shmhb.board.layout import term_byte
 b = shmhb.Board.attach(sys.argv[1])
-fd = b.new_fd()
+fd = board_words(b).new_fd()
 print("ready", flush=True)
 for line in sys.stdin:
     cmd, t, flag = line.split()
@@ -14,7 +17,7 @@ for line in sys.stdin:
         print("armed", flush=True)
         while not os.path.exists(flag):
             pass
-        print(1 if agentterm.claim(fd, b.words, int(t)) else 0, flush=True)
+        print(1 if election.claim(fd, board_words(b).words, int(t)) else 0, flush=True)
     else:  # let the term's byte go, as a holder standing down does
-        locks.unlock(fd, agentterm.term_byte(int(t)))
+        locks.unlock(fd, term_byte(int(t)))
         print("released", flush=True)

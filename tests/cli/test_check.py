@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.cli import gc
 from shmhb.board import layout as L
 from shmhb.cli.check import Finding, check_board
@@ -71,7 +72,7 @@ def test_each_kind_of_invalid_row_is_named(board: shmhb.Board, poke: Poke) -> No
     board.watch("10.0.0.9:1")
     try:
         assert board.slot("w0") is not None
-        i = board.cached_index("w0")
+        i = board_words(board).cached_index("w0")
         assert i is not None
         poke.records[i]["checksum"] ^= 1
         w = int(np.flatnonzero(poke.watches["checksum"] != 0)[0])
@@ -101,7 +102,7 @@ def test_a_slot_nobody_holds_is_not_reported_but_a_held_one_is(board: shmhb.Boar
     hb = board.register("w0", agent=False)
     try:
         assert board.slot("w0") is not None
-        i = board.cached_index("w0")
+        i = board_words(board).cached_index("w0")
         assert i is not None
         tag = L.inc_tag(int(poke.records[i]["incarnation"]))
         poke.q[poke.hb0 + i * 8] = ((tag % L.INC_MASK + 1) << L.INC_SHIFT) | 1

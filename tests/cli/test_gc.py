@@ -14,6 +14,7 @@ import posix_ipc
 import pytest
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb.cli import gc
 from shmhb.board import layout as L
 from shmhb.testing.loopback import child_env
@@ -205,7 +206,7 @@ def test_a_lock_held_on_the_segment_keeps_it(names: list[str], procs: Procs) -> 
     p = procs.spawn([sys.executable, "-m", "shmhb", "pinger", "--board", name, "--tick-s", "0.02"],
                     ready=False)
     with shmhb.Board.attach(name) as b:
-        wait_until(lambda: b.agent_held(), what="the pinger to hold the role")
+        wait_until(lambda: board_words(b).agent_held(), what="the pinger to hold the role")
     (bf,) = gc.list_boards([name])
     assert bf.locked and p.pid in bf.users and not gc.remove(bf)
     fd = os.open(gc.shm_path(name), os.O_RDONLY)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import shmhb
-from shmhb.cli.main import EXIT_BROKEN_PIPE
+from shmhb.cli.exits import EXIT_BROKEN_PIPE
 
 from ..conftest import ME, ROOT
 

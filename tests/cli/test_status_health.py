@@ -9,8 +9,10 @@ import subprocess
 import sys
 
 import shmhb
+from shmhb.board.core import board_words
 from shmhb import Status
-from shmhb.cli.view import EXIT_NETWORK, EXIT_NO_DAEMON, EXIT_OK, read_view
+from shmhb.cli.exits import EXIT_NETWORK, EXIT_NO_DAEMON, EXIT_OK
+from shmhb.cli.view import read_view
 from shmhb.testing.loopback import child_env, free_port
 
 from ..conftest import Procs, wait_until
@@ -65,7 +67,7 @@ def test_a_board_whose_last_worker_was_killed_and_forgotten_is_healthy_again(
                what="the worker holds the role")
     w.kill()
     w.wait()
-    wait_until(lambda: not board.agent_held(), what="the role is free")
+    wait_until(lambda: not board_words(board).agent_held(), what="the role is free")
     out = cli("status", "--board", board.name)
     assert out.returncode == 3, out
     agent_line = next(ln for ln in out.stdout.splitlines() if ln.lstrip().startswith("agent "))

@@ -25,7 +25,7 @@ import zmq
 import shmhb
 from shmhb import Status
 from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
-from shmhb.net.sendcounter import COUNTER_WORD, RESERVE, SendCounter
+from shmhb.net.exchange import COUNTER_WORD, RESERVE, SendCounter
 
 from ..conftest import wait_until
 from ..hosts import FAST, Cluster, write_secret

@@ -7,7 +7,8 @@ import random
 import numpy as np
 
 from shmhb.board.layout import (
-    HEADER_DTYPE, INC_MASK, net_checksum, pack_net_gen, pack_net_state, unpack_net_state,
+    HEADER_DTYPE, INC_MASK, NetStateWord, net_checksum, pack_net_gen, pack_net_state,
+    unpack_net_state,
 )
 from shmhb.net.state import Backoff, NetAuth, NetReason, NetState, decode_network
 
@@ -17,7 +18,9 @@ def _head(term: int, state: NetState, *, listening: bool = True, reason: NetReas
           err: int = 0, skipped: int = 0, gen: int = 7, listen: bytes = b"10.0.0.1:45645",
           error: bytes = b"", ck_ok: bool = True) -> np.ndarray:
     h = np.zeros(1, HEADER_DTYPE)[0]
-    word = pack_net_state(term, int(state), int(NetAuth.HMAC), listening, int(reason), err, skipped)
+    word = pack_net_state(NetStateWord(term=term, state=int(state), auth=int(NetAuth.HMAC),
+                                       listening=listening, reason=int(reason), errno=err,
+                                       skipped=skipped))
     gw = pack_net_gen(term, gen)
     h["net_state"], h["net_gen"], h["net_listen"], h["net_error"] = word, gw, listen, error
     h["net_ck"] = net_checksum(word, gw, listen, error) + (0 if ck_ok else 1)
@@ -28,9 +31,11 @@ def test_the_state_word_round_trips_every_field() -> None:
     for term in (1, 5, INC_MASK):
         for st in NetState:
             for reason in NetReason:
-                w = pack_net_state(term, int(st), 2, True, int(reason), 98, 3)
-                assert unpack_net_state(w) == (term, int(st), 2, True, int(reason), 98, 3)
-    assert unpack_net_state(pack_net_state(1, 3, 0, False, 0, 0, 10**6))[6] == 511  # saturates
+                f = NetStateWord(term=term, state=int(st), auth=2, listening=True,
+                                 reason=int(reason), errno=98, skipped=3)
+                assert unpack_net_state(pack_net_state(f)) == f
+    big = NetStateWord(term=1, state=3, auth=0, listening=False, reason=0, errno=0, skipped=10**6)
+    assert unpack_net_state(pack_net_state(big)).skipped == 511  # saturates
 
 
 def test_decode_shows_details_only_with_a_matching_checksum() -> None:

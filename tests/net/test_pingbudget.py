@@ -39,18 +39,6 @@ def test_budget_is_stored_with_the_pinger_settings(board: shmhb.Board) -> None:
     assert got is not None and got[1].ping_budget_pps == 37.5
 
 
-def test_a_board_written_before_the_budget_existed_reads_the_default(board: shmhb.Board) -> None:
-    store_config(board, PingerConfig(listen="127.0.0.2:45645", ping_budget_pps=37.5))
-    # what the previous version left: no budget word, a checksum over the older fields
-    h = board._head
-    h["cfg_budget_mpps"] = 0
-    h["cfg_checksum"] = checksum(int(h["cfg_gen"]), bytes(h["cfg_listen"]), bytes(h["cfg_secret_path"]),
-                                 bytes(h["cfg_curve_dir"]), int(h["cfg_interval_ns"]))
-    got = load_config(board)
-    assert got is not None and got[1].ping_budget_pps == DEFAULT_BUDGET_PPS
-    assert got[1].listen == "127.0.0.2:45645"
-
-
 def test_a_bad_stored_budget_is_refused_with_a_clear_error(board: shmhb.Board) -> None:
     store_config(board, PingerConfig(listen="127.0.0.2:45645"))
     h = board._head
@@ -103,7 +91,7 @@ def test_with_a_secret_one_side_of_a_mutual_pair_pings_and_a_death_is_still_seen
 
 def test_without_a_secret_pings_that_echo_our_challenge_are_evidence(cluster: Cluster) -> None:
     """No secret: a ping counts only if it echoes a challenge we sent in our own pings
-    to that host (shmhb.net.challenge); the source address plays no part (all these
+    to that host (shmhb.net.evidence); the source address plays no part (all these
     pingers connect from 127.0.0.1).  The pair halves its messages as it does with a
     secret, and a death is still seen."""
     a, b = mutual_roles(cluster.host(), cluster.host())  # a active, b passive
@@ -250,7 +238,7 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
     import sys
 
     from shmhb.cli.main import build_parser
-    from shmhb.net.pinger import configure_from_args
+    from shmhb.cli.boardopts import store_pinger_args
 
     from ..conftest import ROOT
 
@@ -259,7 +247,7 @@ def test_the_command_line_refuses_a_bad_budget_and_stores_a_good_one(board: shmh
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "ping_budget_pps" in bad.stderr, bad
     assert load_config(board) is None  # nothing was stored
-    configure_from_args(build_parser().parse_args([*argv, "--ping-budget-pps", "12.5"]))
+    store_pinger_args(build_parser().parse_args([*argv, "--ping-budget-pps", "12.5"]))
     got = load_config(board)
     assert got is not None and got[1].ping_budget_pps == 12.5
 
@@ -305,18 +293,17 @@ def test_without_a_secret_only_a_ping_echoing_our_challenge_keeps_a_silent_host_
             d.close()
 
 
-def test_without_a_secret_a_peer_that_predates_challenges_is_pinged_in_full(
+def test_without_a_secret_a_peer_that_echoes_no_challenge_is_pinged_in_full(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
-    """A v1 peer (its acks do not advertise challenges) gets plain v1 pings, answers
-    them, and its own pings never count without a secret: we keep pinging it every
-    interval, as before mutual pairs existed."""
+    """Without a secret, a peer's own pings that echo none of our challenges never
+    count: we keep pinging it every interval, as if it did not ping us at all."""
     a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port)  # not capable
+    fake = FakePeer(cluster.spare_ip(), cluster.port)
     fake_peers.append(fake)
     a.board.watch(f"{fake.ip}:30001")
     fake.serve_until(lambda: a.peer_status(fake.ip) is Status.ALIVE, what="fake ALIVE on a")
     fake.serve_until(lambda: len(fake.pings) >= 10, what="ten pings")
-    assert not any(p.challenge or p.echo for p in fake.pings)
+    assert all(p.challenge for p in fake.pings)  # it was challenged: echoing would count
     d = Dealer(fake, a.listen, source=fake.ip)
     try:
         d.sync()

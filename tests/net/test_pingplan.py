@@ -93,9 +93,8 @@ def test_after_a_stall_each_host_is_pinged_once_not_a_backlog() -> None:
     assert len(after) <= p.rate_pps * 2 + 64 / 20 + 1
 
 
-@pytest.mark.parametrize("tells_gen", [False, True])
 def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_refreshes(
-        tells_gen: bool) -> None:
+        ) -> None:
     me, other = "10.0.0.9:45645", "10.0.0.1:45645"
     passive = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD)
     active = PingPlan(DEFAULT_BUDGET_PPS, S // 5, DEAD)
@@ -106,13 +105,13 @@ def test_passive_side_of_a_mutual_pair_skips_while_evidence_is_fresh_and_still_r
         now = k * TICK
         for _ in active.due(now):
             sent_a += 1
-            passive.evidence(other, now, passive=True, tells_gen=tells_gen)
+            passive.evidence(other, now, passive=True)
         sent_p += len(passive.due(now))
         active.evidence(me, now, passive=False)  # the active side ignores evidence for its turns
     assert sent_a == pytest.approx(30 * 5, abs=2)
-    # the passive side: the first ping, then one refresh per dead-after window -- or per
-    # LONG_REFRESH windows where the active side's pings tell its digest generation (v2)
-    every = DEAD * (LONG_REFRESH if tells_gen else 1)
+    # the passive side: the first ping, then one refresh per LONG_REFRESH dead-after
+    # windows (the active side's pings tell its digest generation)
+    every = DEAD * LONG_REFRESH
     assert 30 * S // every - 1 <= sent_p <= 30 * S // every + 2, sent_p
     # the active side stops (died): the passive side's turns come back within 1.5 intervals
     quiet_from = 30 * S
@@ -343,7 +342,7 @@ def test_a_dead_host_we_were_passive_to_is_dead_within_dead_after_plus_one_secon
                 phase[a] += interval
                 if not (dead and a == victim):
                     susp.on_evidence(peers[a], now)
-                    p.evidence(a, now, passive=True, tells_gen=True)
+                    p.evidence(a, now, passive=True)
                     if a == victim:
                         last_ev = now
         for st, old, new in susp.tick(list(peers.values()), now):

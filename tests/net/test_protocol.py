@@ -52,9 +52,8 @@ FRAMES: list[Frame] = [
     STEADY_ACK,
     Ack(2, PEER, "hostb:7070", 43, full=True, entries=()),
     FULL_ACK,
-    Ping(ME, "hosta:7070", 6, 42, PEER, challenge=3, echo=4, gen=2**62 | 9, version=2),
-    Ack(4, PEER, "hostb:7070", 44, full=False, version=2),
-    Ack(5, PEER, "hostb:7070", 44, full=True, entries=ENTRIES, body_age_ms=250, version=2),
+    Ping(ME, "hosta:7070", 6, 42, PEER, challenge=3, echo=4, gen=2**60 | 9),
+    Ack(5, PEER, "hostb:7070", 44, full=True, entries=ENTRIES, body_age_ms=250),
     Push(ME, "hosta:7070", 9, 45, entries=(entry(1, 0, 3), entry(2, 1, 4), entry(3, 8, 1))),
     Push(ME, "hosta:7070", 10, 46, entries=()),
 ]
@@ -120,14 +119,11 @@ def test_wants_full_digest() -> None:
 
 def test_largest_ack_is_exactly_max_frame_bytes() -> None:
     big = Ack(1, PEER, "h" * MAX_ADDRESS_BYTES, 1, True,
-              tuple(max_entry(i) for i in range(MAX_ACK_ENTRIES)), body_age_ms=2**32 - 1,
-              version=2)
+              tuple(max_entry(i) for i in range(MAX_ACK_ENTRIES)), body_age_ms=2**32 - 1)
     raw = encode_ack(big, SECRET)
     assert len(raw) == MAX_FRAME_BYTES
     assert decode(raw, SECRET) == big
-    v1 = Ack(1, PEER, "h" * MAX_ADDRESS_BYTES, 1, True, big.entries)
-    assert len(encode_ack(v1, SECRET)) == MAX_FRAME_BYTES - 4  # no body age in v1
-    # past 256 entries (a host of more than 256 workers): as many as the same bytes hold, up to 4,096
+    # past 256 entries: as many as the same bytes hold, up to 4,096
     many = Ack(1, PEER, "h", 1, True,
                tuple(entry(i, 0) for i in range(protocol.MAX_DIGEST_ENTRIES)))
     assert decode(encode_ack(many, SECRET), SECRET) == many
@@ -222,7 +218,7 @@ def test_header_reasons() -> None:
     assert reason(b"XHHB" + raw[4:]) == "magic"
     assert reason(raw[:4] + b"\x03" + raw[5:]) == "version"
     assert reason(raw[:4] + b"\x00" + raw[5:]) == "version"
-    assert reason(raw[:4] + b"\x02" + raw[5:]) == "truncated"  # a v2 ping has a longer tail
+    assert reason(raw[:4] + b"\x02" + raw[5:]) == "version"
     assert reason(raw[:5] + b"\x04" + raw[6:]) == "type"
     assert reason(raw[:5] + b"\x00" + raw[6:]) == "type"
     assert reason(raw[:6] + b"\x02" + raw[7:]) == "malformed"  # unknown flag bit
@@ -253,7 +249,8 @@ def _entry_bytes(key: bytes, status: int = 1, endpoints: tuple[bytes, ...] = (),
 
 def _ack_with(body: bytes, full: int = 1) -> bytes:
     raw = encode_ack_raw(1, PEER, "b:1", 1, None)  # full=0, no body
-    return raw[:48] + bytes((full,)) + raw[49:] + body
+    age = struct.pack("<I", 0) if full else b""  # a full ack's body age, then the body
+    return raw[:48] + bytes((full,)) + raw[49:] + age + body
 
 
 @pytest.mark.parametrize("body, why", [
@@ -338,8 +335,9 @@ def _left_out_entries(frame: bytes, result: Ping | Ack | Push) -> int:
     """How many entries ``frame`` counts beyond those ``decode`` returned."""
     if isinstance(result, Ping) or isinstance(result, Ack) and not result.full:
         return 0
-    head = protocol._ACK_HEAD if isinstance(result, Ack) else protocol._PUSH_HEAD
-    (count,) = struct.unpack_from("<H", frame, head.size + len(result.address.encode()))
+    # a full ack's u32 body age comes before the count
+    at = (protocol._ACK_HEAD.size + 4 if isinstance(result, Ack) else protocol._PUSH_HEAD.size)
+    (count,) = struct.unpack_from("<H", frame, at + len(result.address.encode()))
     return int(count) - len(result.entries)
 
 
@@ -453,79 +451,52 @@ def test_outstanding_pings_bounded_total() -> None:
         OutstandingPings(per_peer=0)
 
 
-# --- the PING challenge extension ---------------------------------------------------------
+# --- the ping's tail: challenge, echo, the sender's digest generation -------------------
 
-def test_the_challenge_extension_is_16_bytes_on_pings_only() -> None:
-    plain = encode_ping(PING_WITH_GEN)
-    ext = encode_ping(ECHO_PING)
-    assert len(ext) == len(plain) + 16 and ext[6] == 0x02
-    assert decode(ext) == ECHO_PING
-    assert decode(encode_ping(ECHO_PING, SECRET), SECRET) == ECHO_PING
-    assert reason(ext[:-1]) == "malformed"  # the extension cut short
-    assert reason(ext + b"\x00") == "malformed"
-    assert reason(plain[:6] + b"\x02" + plain[7:]) == "malformed"  # flag, no extension
-    one_sided = Ping(ME, "hosta:7070", 6, echo=9)  # an echo alone still sends both fields
+TAIL_PING = Ping(ME, "hosta:7070", 5, 3, PEER, challenge=11, echo=12, gen=(1 << 60) | 77)
+
+
+def test_every_ping_carries_the_challenge_echo_and_the_senders_gen() -> None:
+    raw = encode_ping(TAIL_PING)
+    assert raw[4] == 1 and raw[6] == 0  # no flag: the tail is not optional
+    assert decode(raw) == TAIL_PING
+    assert decode(encode_ping(TAIL_PING, SECRET), SECRET) == TAIL_PING
+    plain = Ping(ME, "hosta:7070", 5)  # nothing to echo: zeros, still there
+    assert len(encode_ping(plain)) == len(raw) and decode(encode_ping(plain)) == plain
+    assert reason(raw[:-1]) == "truncated" and reason(raw + b"\x00") == "malformed"
+    assert reason(raw[:6] + b"\x02" + raw[7:]) == "malformed"  # no flag but the tag's
+    one_sided = Ping(ME, "hosta:7070", 6, echo=9)
     assert decode(encode_ping(one_sided)) == one_sided
     for frame in (encode_ack(STEADY_ACK), encode_push(FRAMES[-1])):  # type: ignore[arg-type]
         assert reason(frame[:6] + b"\x02" + frame[7:]) == "malformed"
     biggest = Ping(PEER, "a" * (MAX_ADDRESS_BYTES - 2) + ":1", 2**64 - 1, 2**64 - 1, PEER,
-                   2**64 - 1, 2**64 - 1)
-    assert len(encode_ping(biggest, SECRET)) == 169 <= MAX_FRAME_BYTES
+                   2**64 - 1, 2**64 - 1, 2**64 - 1)
+    assert len(encode_ping(biggest, SECRET)) == 177 <= MAX_FRAME_BYTES
     with pytest.raises(ProtocolError):
         encode_ping(Ping(ME, "hosta:7070", 1, challenge=2**64))
 
 
-V2_PING = Ping(ME, "hosta:7070", 5, 3, PEER, challenge=11, echo=12, gen=(1 << 62) | 77, version=2)
-
-
-def test_v2_ping_always_carries_the_challenge_and_the_senders_gen() -> None:
-    raw = encode_ping(V2_PING)
-    assert raw[4] == 2 and raw[6] == 0  # version 2, no flag: the tail is not optional
-    assert decode(raw) == V2_PING
-    assert decode(encode_ping(V2_PING, SECRET), SECRET) == V2_PING
-    plain = Ping(ME, "hosta:7070", 5, version=2)  # nothing to echo: zeros, still there
-    assert len(encode_ping(plain)) == len(encode_ping(Ping(ME, "hosta:7070", 5))) + 24
-    assert decode(encode_ping(plain)) == plain
-    assert reason(raw[:-1]) == "truncated" and reason(raw + b"\x00") == "malformed"
-    assert reason(raw[:6] + b"\x02" + raw[7:]) == "malformed"  # v1's ECHO flag means nothing in v2
-    biggest = Ping(PEER, "a" * (MAX_ADDRESS_BYTES - 2) + ":1", 2**64 - 1, 2**64 - 1, PEER,
-                   2**64 - 1, 2**64 - 1, 2**64 - 1, 2)
-    assert len(encode_ping(biggest, SECRET)) == 177 <= MAX_FRAME_BYTES
-    with pytest.raises(ProtocolError):
-        encode_ping(Ping(ME, "hosta:7070", 1, gen=5))  # v1 has no place for a gen
-    with pytest.raises(ProtocolError):
-        encode_ping(Ping(ME, "hosta:7070", 1, version=3))
-
-
-def test_v2_full_ack_says_how_old_its_body_is_and_a_steady_one_is_as_in_v1() -> None:
-    full = Ack(9, PEER, "hostb:7070", 4, True, (entry(0),), body_age_ms=1234, version=2)
+def test_a_full_ack_says_how_old_its_body_is_and_a_steady_one_carries_no_age() -> None:
+    full = Ack(9, PEER, "hostb:7070", 4, True, (entry(0),), body_age_ms=1234)
     raw = encode_ack(full)
-    assert raw[4] == 2 and decode(raw) == full
-    assert len(raw) == len(encode_ack(Ack(9, PEER, "hostb:7070", 4, True, full.entries))) + 4
+    assert decode(raw) == full
     assert decode(encode_ack(full, SECRET), SECRET) == full
-    steady = Ack(1, PEER, "hostb:7070", 42, False, version=2)
-    assert len(encode_ack(steady)) == len(encode_ack(STEADY_ACK)) and decode(encode_ack(steady)) == steady
+    steady_len = len(encode_ack(STEADY_ACK))
+    assert len(encode_ack(Ack(1, PEER, "hostb:7070", 42, True, ()))) == steady_len + 4 + 2
     assert reason(raw[:-1]) == "truncated"
-    late = encode_ack_raw(9, PEER, "hostb:7070", 4, encode_entries(()), version=2, body_age_ms=2**40)
+    late = encode_ack_raw(9, PEER, "hostb:7070", 4, encode_entries(()), body_age_ms=2**40)
     assert decode(late).body_age_ms == 2**32 - 1  # saturated: older than 49 days is all one needs
-    with pytest.raises(ProtocolError):
-        encode_ack_raw(9, PEER, "hostb:7070", 4, version=3)
 
 
-def test_v2_has_its_own_tag_domain_and_no_push() -> None:
-    v1, v2 = encode_ping(Ping(ME, "hosta:7070", 5), SECRET), encode_ping(Ping(ME, "hosta:7070", 5, version=2), SECRET)
-    assert v1[-16:] != v2[-16:]
-    # a v1 body under a v2 header (the tag recomputed as v1 would) fails authentication
-    forged = v1[:4] + b"\x02" + v1[5:-16]
-    from shmhb.net.frametag import seal
-    assert reason(seal([forged], SECRET), SECRET) == "auth"
-    push = encode_push(FRAMES[-1])  # type: ignore[arg-type]
-    assert reason(push[:4] + b"\x02" + push[5:]) == "type"
-    assert reason(v1[:4] + b"\x03" + v1[5:], SECRET) == "version"
+def test_a_frame_of_another_version_is_refused_as_version_even_when_tagged() -> None:
+    for frame in (encode_ping(TAIL_PING, SECRET), encode_ack(STEADY_ACK, SECRET),
+                  encode_push(FRAMES[-1], SECRET)):  # type: ignore[arg-type]
+        for v in (0, 2, 3, 255):
+            assert reason(frame[:4] + bytes([v]) + frame[5:], SECRET) == "version"
 
 
-def test_challenges_kept_echoed_and_advertised() -> None:
-    from shmhb.net.challenge import KEEP, advertised, capable, echoed, issue, new_challenge
+def test_challenges_kept_and_echoed() -> None:
+    from shmhb.net.evidence import KEEP, echoed, issue, new_challenge
 
     got = [new_challenge() for _ in range(100)]
     assert all(0 < c < 2**64 for c in got) and len(set(got)) == 100
@@ -535,6 +506,3 @@ def test_challenges_kept_echoed_and_advertised() -> None:
     assert kept == tuple(reversed(got[2:KEEP + 2]))
     assert echoed(kept, got[KEEP + 1]) and echoed(kept, got[2])
     assert not echoed(kept, got[1]) and not echoed(kept, 0) and not echoed((), 0)
-    gen = random.getrandbits(62) | 1
-    assert capable(advertised(gen)) and not capable(gen) and advertised(gen) != gen
-    assert advertised(advertised(gen)) == advertised(gen)

@@ -167,7 +167,7 @@ def _with(at: int, raw: bytes, body: bytes = ASK) -> bytes:
 
 @pytest.mark.parametrize("frame", [
     b"", b"\x04", ASK[:35], ASK[:-1], ASK + b"x",
-    _with(0, b"\x03"), _with(1, b"\x02"),  # version 3, a reply
+    _with(0, b"\x02"), _with(1, b"\x02"),  # another version, a reply
     _with(2, b"\x00\x00"), _with(2, struct.pack(">H", 1025)),  # 0 or too many ids
     _with(2, b"\x00\x02"),  # two ids announced, one there
     _with(36, b"\x00\x00"), _with(36, b"\x01\x01"),  # an empty id, one past the frame
@@ -259,7 +259,7 @@ def test_the_server_grants_only_its_incarnation_and_survives_garbage(
         native: bool, server_of: Callable[..., FenceServer]) -> None:
     """Nothing a peer sends or does ends the server's thread or keeps others from their
     grants: a bad length (garbage, oversize, zero, a ZMTP greeting) or a malformed ask
-    (version 3's JSON) closes that connection and is counted; a partial frame, a close
+    (JSON, say) closes that connection and is counted; a partial frame, a close
     and a reset cost only their connection."""
     t = _table(native)
     t.start([_load("a"), _load("b")])
@@ -269,8 +269,8 @@ def test_the_server_grants_only_its_incarnation_and_survives_garbage(
         srv.set_incarnation(77)
         tok = bytes.fromhex(srv.token_for(EP))
         zmtp = b"\xff" + b"\x00" * 8 + b"\x7f"
-        v3 = pack(b'{"v": 3, "n": 1, "inc": 77, "reqs": ["b"]}')
-        for raw in (b"garbage", struct.pack(">I", MAX_FRAME + 1) + b"x", b"\x00" * 4, zmtp, v3):
+        json = pack(b'{"v": 1, "n": 1, "inc": 77, "reqs": ["b"]}')
+        for raw in (b"garbage", struct.pack(">I", MAX_FRAME + 1) + b"x", b"\x00" * 4, zmtp, json):
             s = _connect(srv.endpoint)
             socks.append(s)
             s.sendall(raw)

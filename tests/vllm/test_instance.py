@@ -14,7 +14,7 @@ import shmhb  # noqa: E402
 from shmhb.errors import InvalidConfig  # noqa: E402
 from shmhb.board.instances import board_instances  # noqa: E402
 from shmhb.vllm.instance import register_engine_instance, role_of, routable_bootstrap  # noqa: E402
-from shmhb.vllm.settings import ConnectorSettings, rank_key  # noqa: E402
+from shmhb.vllm.settings import FIRST_RANK, ConnectorSettings, Rank, rank_key  # noqa: E402
 
 INNER = {"kv_connector": "MooncakeConnector"}
 
@@ -44,14 +44,14 @@ def test_roles_and_the_routable_bootstrap_address() -> None:
 def test_the_bootstrap_rank_registers_the_instance_and_closes_it_with_itself(board: shmhb.Board) -> None:
     eps = {"engine": "127.0.0.7:17000", "bootstrap": "127.0.0.7:8998"}
     hb = board.register(rank_key("eng-1", 0, 0, 0), endpoints=tuple(eps.values()), agent=False)
-    inst = register_engine_instance(board, hb, eps, (0, 0, 0), "prefill", "eng-1",
+    inst = register_engine_instance(board, hb, eps, FIRST_RANK, "prefill", "eng-1",
                                     settings(serving_url="http://127.0.0.7:8000"))
     assert inst is not None
     (got,) = board_instances(board)
     assert (got.engine, got.role, got.serving, got.bootstrap, got.ranks) == \
         ("eng-1", "prefill", "127.0.0.7:8000", "127.0.0.7:8998", 1)
     # another rank of the engine registers none
-    assert register_engine_instance(board, hb, {"engine": "127.0.0.7:17001"}, (0, 1, 0), "prefill",
-                                    "eng-1", settings()) is None
+    assert register_engine_instance(board, hb, {"engine": "127.0.0.7:17001"},
+                                    Rank(dp=0, tp=1, pp=0), "prefill", "eng-1", settings()) is None
     hb.close()
     assert board_instances(board)[0].status is shmhb.Status.LEFT

@@ -1,8 +1,7 @@
-"""Version 2 of the exchange, against a real pinger process: spoken per pair
-to hosts that advertise it (v1 to the others, and after an unanswered ping), a host's
-own pings matched by its board identity whatever address they name (NAT, a name), a v2
-ping that says our copy of its digest is behind answered by a ping at once, and a
-remote worker's own beat age carried by pushes and v2 acks onto the board."""
+"""A pair of hosts that follow each other, against a real pinger process: a host's own
+pings matched by its board identity whatever address they name (NAT, a name), a ping
+that says our copy of its digest is behind answered by a ping at once, and a remote
+worker's own beat age carried by pushes and full acks onto the board."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import signal
 import time
 
 from shmhb import Status
-from shmhb.net.challenge import SPEAKS_V2, advertised
 from shmhb.net.protocol import DigestEntry
 
 from ..conftest import wait_until
@@ -28,38 +26,8 @@ def _serve_a_while(fakes: list[FakePeer], seconds: float) -> None:
                 f.ack(got)
 
 
-def test_v2_is_spoken_to_a_host_that_advertises_it_v1_to_one_that_does_not(
-        cluster: Cluster, fake_peers: list[FakePeer]) -> None:
-    a = cluster.host()
-    new = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
-    old = FakePeer("127.0.0.8", cluster.port, capable=True, v2=False)  # v1 + challenges
-    fake_peers += [new, old]
-    for f in (new, old):
-        a.board.watch(f"{f.ip}:30001")
-
-    def both_alive() -> bool:
-        _serve_a_while([new, old], 0.2)
-        return a.peer_status(new.ip) is Status.ALIVE and a.peer_status(old.ip) is Status.ALIVE
-    wait_until(both_alive, what="both fakes ALIVE")
-    _serve_a_while([new, old], 1.0)
-    to_new, to_old = new.pings[-3:], old.pings[-3:]
-    assert {p.version for p in to_new} == {2} and {p.version for p in to_old} == {1}
-    # a v2 ping tells the sender's own digest generation, advertised as its acks carry it
-    assert all(p.gen & SPEAKS_V2 and p.challenge for p in to_new), to_new
-    assert all(p.gen == 0 and p.challenge for p in to_old), to_old
-    # the new host stops answering (went back to v1, say): after one unanswered ping the
-    # next is plain v1, which any version answers
-    first = new.next_ping()
-    assert first.version == 2
-    second = new.next_ping()
-    assert second.version == 1
-    new.ack(second)
-    third = new.next_ping()
-    assert third.version == 2, "back to v2 once an ack advertises it again"
-
-
 def _followed_fake(cluster: Cluster, fake_peers: list[FakePeer]) -> tuple[Host, FakePeer, Dealer]:
-    """``hosts.followed_fake`` (a v2 fake peer), and the fake's own pinging side."""
+    """``hosts.followed_fake``, and the fake's own pinging side."""
     a, fake = followed_fake(cluster, fake_peers)
     return a, fake, Dealer(fake, a.listen)
 
@@ -93,19 +61,19 @@ def test_a_hosts_own_pings_count_by_its_identity_whatever_address_they_name(
         d.close()
 
 
-def test_a_v2_ping_saying_our_copy_of_its_digest_is_behind_makes_us_ask_at_once(
+def test_a_ping_saying_our_copy_of_its_digest_is_behind_makes_us_ask_at_once(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
     a, fake, d = _followed_fake(cluster, fake_peers)
     try:
         d.sync()
-        held = fake.advertised_gen()  # what a holds: its last full ack's
+        held = fake.gen  # what a holds: its last full ack's
         c0 = a.stats()["pings_confirm"]
         for _ in range(5):  # its gen as a holds it: nothing to ask
-            d.ping(echo=fake.challenge(), version=2, my_gen=held)
+            d.ping(echo=fake.challenge(), my_gen=held)
             fake.drain(0.06)
         d.sync()
         assert a.stats()["pings_confirm"] == c0
-        d.ping(echo=fake.challenge(), version=2, my_gen=advertised(fake.gen + 1))
+        d.ping(echo=fake.challenge(), my_gen=fake.gen + 1)
         wait_until(lambda: a.stats()["pings_confirm"] > c0 or fake.drain(0.01) < 0,
                    timeout_s=5, what="a confirming ping")
     finally:
@@ -117,10 +85,10 @@ def _beat_age(a: Host, ep: str) -> float | None:
     return None if s is None else s.beat_age_s
 
 
-def test_a_remote_workers_own_beat_age_comes_from_v2_acks_and_pushes_not_v1_acks(
+def test_a_remote_workers_own_beat_age_comes_from_full_acks_and_pushes(
         cluster: Cluster, fake_peers: list[FakePeer]) -> None:
     a = cluster.host()
-    fake = FakePeer(cluster.spare_ip(), cluster.port, capable=True)
+    fake = FakePeer(cluster.spare_ip(), cluster.port)
     fake_peers.append(fake)
     ep, ep2 = f"{fake.ip}:30001", f"{fake.ip}:30002"
     fake.set(DigestEntry("hung", 3, Status.SUSPECT.code, 11, 2500, (ep,)),
@@ -137,15 +105,14 @@ def test_a_remote_workers_own_beat_age_comes_from_v2_acks_and_pushes_not_v1_acks
     got2 = _beat_age(a, ep)
     assert got2 is not None and got2 >= got + 0.4, (got, got2)  # it grows: it is not beating
     assert _beat_age(a, ep2) is None  # ALIVE: it beat since, by an amount no report tells
-    # the same digest in v1: a full ack says nothing of its body's age
-    fake.v2 = False
+    # a full ack whose body age saturated says nothing of its body's age
+    fake.body_age_ms = 2**32 - 1
     fake.set(DigestEntry("hung", 5, Status.SUSPECT.code, 12, 2500, (ep,)))
     fake.serve_until(lambda: (s := a.remote(ep)) is not None and s.incarnation == 5,
-                     what="the v1 digest on a")
+                     what="the new digest on a")
     _serve_a_while([fake], 0.5)
     assert _beat_age(a, ep) is None
     # a push's ages are taken when it is built: a death pushed with its age
-    fake.serve_until(lambda: fake.pings[-1].version == 1, what="a v1 ping")
     fake.send(fake.push_frame(2**62, DigestEntry("hung", 5, Status.DEAD.code, 12, 700, (ep,))))
     wait_until(lambda: (s := a.remote(ep)) is not None and s.status is Status.DEAD,
                what="the pushed death on a")

@@ -1,4 +1,5 @@
-"""Terms of the agent role as lock bytes, and how a stalled holder is replaced.
+"""The election of the agent role: terms as lock bytes, and how a stalled holder is
+replaced.
 
 Term T of the role is held by whoever holds the OFD lock byte ``term_byte(T)``
 (``LOCK_TERM_BASE + T % TERM_RING``); the board's ``agent_term`` names the current one.
@@ -65,13 +66,12 @@ from __future__ import annotations
 
 import logging
 
-from . import locks
-from .layout import LOCK_TERM_BASE, TERM_RING, header_index
+from ..board import locks
+from ..board.layout import LOCK_TERM_BASE, TERM_RING, TERM_WORD, header_index, term_byte
 
 log = logging.getLogger(__name__)
 
-#: indices among the header's u64 words (``Board.words``)
-TERM_WORD = header_index("agent_term")
+#: indices among the header's u64 words (``BoardWords.words``); TERM_WORD is layout's
 HB_WORD = header_index("agent_hb")
 STALE_WORD = header_index("agent_stale_ns")
 
@@ -80,11 +80,6 @@ STALL_FACTOR = 3
 #: the bound is kept within these, whatever the header says (nothing outside trusted)
 STALL_MIN_NS = 1_000_000_000
 STALL_MAX_NS = 60_000_000_000
-
-
-def term_byte(term: int) -> int:
-    """The lock byte that term ``term`` of the role is held by."""
-    return LOCK_TERM_BASE + term % TERM_RING
 
 
 def stall_bound_ns(words: memoryview) -> int:
