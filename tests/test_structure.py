@@ -49,10 +49,8 @@ MAX_FUNCTION_LINES = 60
 #: fits), never grow; a new long function fails.  Split them when next touched.
 LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
     "cli/check.py:_check_rows": 103,
-    "cli/main.py:build_parser": 100,
-    "net/digest.py:LocalDigest.rebuild": 62,
+    "cli/main.py:build_parser": 99,
     "cli/exporter.py:BoardCollector._families": 119,
-    "agent/localwatch.py:LocalWatch._examine": 73,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
 }
 

@@ -4,6 +4,7 @@ with real engine processes on a real board.  The real routers: tests/routers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -74,7 +75,7 @@ def test_plan_adds_back_where_it_can_and_replaces_a_restarted_entry() -> None:
 
 def test_plan_takes_a_draining_instance_out_and_keeps_it_out_until_the_drain_ends() -> None:
     mem = Memory()
-    draining = inst("e", A)._replace(draining=True)
+    draining = dataclasses.replace(inst("e", A), draining=True)
     acts = plan([draining], [rw()], mem, lambda r: True)
     assert ops(acts) == [("remove", "http://127.0.0.5:8000")] and "draining" in acts[0].why
     assert plan([draining], [], mem, lambda r: True) == []  # not added back while it drains

@@ -3,6 +3,7 @@ alone, then the exporter over real HTTP with a real engine killed and restarted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -41,7 +42,7 @@ def test_the_change_log_resumes_from_a_revision_and_resets_when_it_cannot() -> N
 def test_a_drain_is_a_change_and_a_draining_instance_is_not_live() -> None:
     log = InstanceLog()
     log.update([inst("e1", Status.ALIVE)])
-    log.update([inst("e1", Status.ALIVE)._replace(draining=True)])
+    log.update([dataclasses.replace(inst("e1", Status.ALIVE), draining=True)])
     got = log.since(1, log.epoch)["changes"]
     assert [(c["op"], c["instance"]["draining"]) for c in got] == [("changed", True)]
     assert log.snapshot(live_only=True)["instances"] == []
