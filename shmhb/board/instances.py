@@ -38,6 +38,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .address import check_endpoint, format_address, parse_address
+from .handle import Board
+from .heartbeat import Heartbeat
 from ..errors import InvalidConfig
 from ..ratelog import RateLimitedLog
 from .records import check_key
@@ -190,9 +192,9 @@ def board_instances(board: Any, *, remote: bool = True) -> list[Instance]:
     return out
 
 
-def register_instance(board: Any, rank_hb: Any, role: str, engine_token: str, *,
+def register_instance(board: Board, rank_hb: Heartbeat, role: str, engine_token: str, *,
                       serving: str | None, bootstrap: str | None,
-                      interval_s: float = 0.1) -> Any:
+                      interval_s: float = 0.1) -> Heartbeat:
     """Register the instance slot beside the rank whose heartbeat is ``rank_hb`` (same
     process): it beats every ``interval_s`` and closes when the rank's heartbeat closes,
     so a graceful shutdown reads LEFT and a crash DEAD.  Returns its ``Heartbeat``.
@@ -204,16 +206,18 @@ def register_instance(board: Any, rank_hb: Any, role: str, engine_token: str, *,
     eps = () if serving is None else (check_endpoint(serving),)
     bport = None if bootstrap is None else parse_address(bootstrap, need_port=True).port
     key = instance_key(role, engine_token, bootstrap_port=bport, serving=serving is not None)
-    hb = board.register(key, endpoints=eps, agent=False).start(interval_s)
+    # The storage layer's register, also on the package's Board: an instance slot never
+    # joins the election for the agent role (its rank's own slot does, where it should).
+    hb = Board.register(board, key, endpoints=eps).start(interval_s)
     rank_hb.on_close(hb.close)
     log.info("instance %s registered (incarnation %d, endpoints %s)", key, hb.incarnation, eps)
     return hb
 
 
-def register_drain(board: Any, key: str, *, interval_s: float = 0.1) -> Any:
+def register_drain(board: Board, key: str, *, interval_s: float = 0.1) -> Heartbeat:
     """Start a drain of instance ``key`` on ``board``: a slot beating every ``interval_s``
     from this process, the drain lasting until its ``Heartbeat`` closes or this process
     dies.  ``KeyInUse`` if a drain of it is under way already."""
-    hb = board.register(drain_key(key), agent=False).start(interval_s)
+    hb = Board.register(board, drain_key(key)).start(interval_s)  # no agent: see above
     log.info("drain of %s started", key)
     return hb
