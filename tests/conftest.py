@@ -21,7 +21,6 @@ import posix_ipc
 import pytest
 
 import shmhb
-from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.cli import units
 from shmhb.board.instances import Instance

@@ -12,14 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 import shmhb
 from shmhb.board.core import board_words
 from shmhb import Status
 from shmhb.agent.role import Agent
-from shmhb.board.layout import HEADER_DTYPE
 from shmhb.testing.loopback import child_env
 
 from ..children import child

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import Any
 
 import shmhb
-from shmhb.board.core import board_words
 from shmhb import Status
 
 from ..children import child
