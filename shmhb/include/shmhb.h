@@ -84,7 +84,7 @@ extern "C" {
 #define SHMHB_HDR_NET_LISTEN 1296
 #define SHMHB_HDR_NET_ERROR 1360
 #define SHMHB_HDR_NET_CK 1616
-/* the role holder's reservation of ping nonces and push seqs (shmhb/net/sendcounter.py) */
+/* the role holder's reservation of ping nonces and push seqs (shmhb/net/exchange.py) */
 #define SHMHB_HDR_NET_COUNTER 2048
 
 /* slot words: one 64-byte line per slot at slot_off + i * SHMHB_SLOT_BYTES */
