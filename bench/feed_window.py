@@ -32,7 +32,7 @@ from shmhb.board.instances import board_instances
 from shmhb.cli.feed import reader
 from shmhb.cli.feeder import Feeder, FeederConfig
 from shmhb.cli.routerapi import RouterWorker, VllmRouter
-from shmhb.testing.loopback import private_network
+from tests.routers.stack import private_network
 from tests.routers.stack import PdStack, router_binary, wait_for
 
 

@@ -146,7 +146,7 @@ def _messages(a1: Any, r: Results) -> None:
     a1.plot(hs, [msgs_model_mutual(h) for h in hs], "--", color="#2a7",
             label="shmhb: one pinger per host, ping budget, mutual pairs (model)")
     a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], ":", color="#2a7",
-            label="shmhb, no mutual pairs (v1 peers) (model)")
+            label="shmhb, no mutual pairs (model)")
     title = "Q4: messages (model)"
     shape = r.shape
     if shape is not None and shape.sh_msgs:

@@ -310,7 +310,7 @@ def q4_messages(r: Results, targets: list[Target]) -> list[str]:
                      f"{shmhb_interval_s(sr.H):.3g} s", f"{sr.seed_full_msgs / sr.sh_msgs:.0f}x" if sr.sh_msgs else "-",
                      "measured (bench.cluster.run_shape, all hosts; no secret; loopback: no pair is mutual)"])
     out = [stats.table(["hosts x ranks", "seed msgs/s (every rank, 1 s)", "shmhb msgs/s (defaults)",
-                        "shmhb msgs/s, no mutual pairs (v1 peers)", "shmhb per-host interval",
+                        "shmhb msgs/s, no mutual pairs", "shmhb per-host interval",
                         "seed / shmhb", "how"], rows), MESSAGES_MODEL]
     if sr is not None:
         sh_cpu = stats.median(sr.sh_cpu_w) if sr.sh_cpu_w else float("nan")

@@ -25,7 +25,8 @@ import urllib.parse
 
 import zmq
 
-from shmhb.testing.loopback import free_port, private_network
+from shmhb.testing.loopback import free_port
+from tests.routers.stack import private_network
 from tests.routers.stack import PdStack, http_json, router_binary, wait_for
 
 
