@@ -42,8 +42,14 @@ from .verdict import may_hold_blocks, producer_verdict
 log = logging.getLogger(__name__)
 
 
+#: fields of the outer config the inner connector inherits unless its own config sets
+#: them: the role, the engine id, and where it listens (vllm-ascend's side channel is
+#: ``kv_port``)
+_INHERITED = ("kv_role", "engine_id", "kv_ip", "kv_port")
+
+
 def _inner_transfer_config(ktc: Any, settings: ConnectorSettings) -> KVTransferConfig:
-    fields = {"kv_role": ktc.kv_role, "engine_id": ktc.engine_id}
+    fields = {f: getattr(ktc, f) for f in _INHERITED if hasattr(ktc, f)}
     fields.update(settings.inner)
     return KVTransferConfig(**fields)
 
@@ -262,9 +268,10 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         return self.inner.get_finished(finished_req_ids)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        """(vLLM 0.32 and 0.33's model runners; 0.23's call ``get_finished``)"""
         if self.guard is not None:
             self.guard.poll()
-        return self.inner.get_transfer_results(finished_req_ids)
+        return getattr(self.inner, "get_transfer_results")(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.inner.get_block_ids_with_load_errors()
@@ -290,13 +297,14 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self) -> None:
         self.inner.wait_for_save()
 
+    # (the two properties below are vLLM 0.32 and 0.33's; 0.23's base class has neither)
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
-        return bool(self.inner.supports_divergent_local_hybrid_hits)
+        return bool(getattr(self.inner, "supports_divergent_local_hybrid_hits", False))
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return bool(self.inner.requires_kv_delivery)
+        return bool(getattr(self.inner, "requires_kv_delivery", False))
 
     def __getattr__(self, name: str) -> Any:
         # Anything this class does not define (hooks of newer vLLM versions) goes to the
