@@ -47,7 +47,7 @@ Uses, on ``connector.connector_worker`` (``MooncakeConnectorWorker``): ``kv_role
 ``_handle_request``, ``_transfer_kv_cache_all_groups``, ``_mark_failed_recv_request``,
 ``_send_done_recv_signal``, ``_get_remote_socket`` (wrapped), ``engine`` (its
 ``batch_transfer_sync_read`` wrapped), ``_mark_request_task_done``,
-``_clear_failed_recv_request``, ``request_queue``, ``task_tracker``,
+``_clear_failed_recv_request``, ``request_queue``, ``request_task_counts``, ``task_tracker``,
 ``remote_metadata_lock`` and the five tables above, ``remote_sockets(_lock)``,
 ``local_engine_id``.
 """
@@ -92,7 +92,8 @@ WORKER_NEEDS = ("kv_role", "tp_rank", "pp_rank", "dp_rank", "side_channel_host",
 THREAD_METHODS = ("_handle_request", "_transfer_kv_cache_all_groups",
                   "_mark_failed_recv_request", "_send_done_recv_signal", "_get_remote_socket",
                   "_mark_request_task_done", "_clear_failed_recv_request")
-THREAD_FIELDS = ("engine", "request_queue", "task_tracker", "remote_metadata_lock",
+THREAD_FIELDS = ("engine", "request_queue", "request_task_counts", "task_tracker",
+                 "remote_metadata_lock",
                  "remote_sockets", "remote_sockets_lock", "local_engine_id", *TABLES)
 #: requests failed by the fence, remembered until their pool threads are done with them
 #: (the oldest are forgotten past this)
@@ -179,12 +180,16 @@ class AscendMooncakeAdapter(InnerAdapter):
             raise TypeError(f"this MooncakeConnectorV1's receiving thread lacks {missing}: "
                             f"{HINT}")
         self._hooks = hooks
+        self._wrap_pulls(recv, hooks)
+        self._wrap_exits(recv)
+        recv.engine = _GoAheadEngine(recv.engine, self)
+
+    def _wrap_pulls(self, recv: Any, hooks: Hooks) -> None:
+        """Each pull task: tracked as a load, vetoed if its producer is gone, skipped if
+        its request was failed at the fence already."""
         task = self._task
         handle = recv._handle_request
         transfer = recv._transfer_kv_cache_all_groups
-        mark_failed = recv._mark_failed_recv_request
-        done_signal = recv._send_done_recv_signal
-        get_socket = recv._get_remote_socket
 
         def _handle_request(req_meta: dict[str, Any]) -> None:
             rid = str(req_meta["request_id"])
@@ -217,6 +222,17 @@ class AscendMooncakeAdapter(InnerAdapter):
                                    f"{task.engine_id} is gone")
             return transfer(req_meta)
 
+        recv._handle_request = _handle_request
+        recv._transfer_kv_cache_all_groups = _transfer_kv_cache_all_groups
+
+    def _wrap_exits(self, recv: Any) -> None:
+        """A task's ways out: no second failure report for a fenced request, no done
+        message to a dropped producer, and sockets that never block their close."""
+        task = self._task
+        mark_failed = recv._mark_failed_recv_request
+        done_signal = recv._send_done_recv_signal
+        get_socket = recv._get_remote_socket
+
         def _mark_failed_recv_request(request_id: str, local_block_ids: Any) -> None:
             if self._is_fenced(request_id):
                 return  # reported at the fence: its blocks may be another request's now
@@ -237,12 +253,9 @@ class AscendMooncakeAdapter(InnerAdapter):
                         f"tcp://{format_hostport(host, int(port))}")
             return sock
 
-        recv._handle_request = _handle_request
-        recv._transfer_kv_cache_all_groups = _transfer_kv_cache_all_groups
         recv._mark_failed_recv_request = _mark_failed_recv_request
         recv._send_done_recv_signal = _send_done_recv_signal
         recv._get_remote_socket = _get_remote_socket
-        recv.engine = _GoAheadEngine(recv.engine, self)
 
     def read_allowed(self) -> bool:
         """On a pool thread, just before its read: the consumer's own go-ahead."""

@@ -91,6 +91,9 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         self.settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
         if self.settings.on_dead_peer == "recompute":
             _recover_by_default(ktc, role)
+        # which adapter serves the inner connector, before it is built: a connector
+        # refused on purpose is refused with its reason, not with whatever its build hits
+        cls_a = adapter_class(self.settings.inner["kv_connector"])
         inner_cfg = _inner_config(vllm_config, self.settings)
         cls = KVConnectorFactory.get_connector_class(inner_cfg.kv_transfer_config)
         self.inner: KVConnectorBase_V1 = cls(inner_cfg, role, kv_cache_config)
@@ -100,7 +103,6 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         self._board: Board | None = None
         self._vetoed: dict[str, str] = {}  # request id -> reason (scheduler role)
         # how the inner connector's transfer params name the producer's address
-        cls_a = adapter_class(self.settings.inner["kv_connector"])
         self._address_fields, self._address = cls_a.address_fields, cls_a.producer_address
         self._parsed: dict[tuple[Any, ...], str | None] = {}  # their values -> board endpoint
         # board endpoint -> (board changes(), the slot read then): reused while nothing

@@ -19,6 +19,13 @@ from typing import Any
 
 import pytest
 
+# This process imports vLLM (shmhb.vllm): with vllm-ascend installed, vLLM's plugins would
+# make its NPU platform current, which wants the real torch_npu.  The engines run the same
+# way (tests/vllm_ascend/stack.py, ENV); nothing may look up a model hub.
+for _k, _v in (("VLLM_PLUGINS", "none"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+               ("HF_ENDPOINT", "http://127.0.0.1:9")):
+    os.environ.setdefault(_k, _v)
+
 HOW = ("vllm-ascend 0.23.0.post1 with vLLM 0.23.0 not installed: run tests/vllm_ascend in "
        "their own venv (bash .ci/vllm_ascend DIR; see tests/vllm_ascend/conftest.py)")
 

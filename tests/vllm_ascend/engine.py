@@ -160,8 +160,31 @@ def inner_state(worker: Any) -> dict[str, Any]:
 
 
 class AscendEngine(base.Engine):
+    def __init__(self, a: argparse.Namespace) -> None:
+        super().__init__(a)
+        if a.role == "decode":
+            self._watch_reads()
+
     def build(self, a: argparse.Namespace) -> Any:
         return build(a)
+
+    def _watch_reads(self) -> None:
+        """Tell the test when a pull starts reading (its Mooncake read is called), so a
+        fault can be placed in the middle of it."""
+        inner = getattr(self.worker, "inner", self.worker)
+        recv = inner.connector_worker.kv_recv_thread
+        engine = recv.engine
+
+        class Watched:
+            def batch_transfer_sync_read(self, session: str, src: Any, dst: Any,
+                                         lengths: Any) -> int:
+                emit(ev="reading", bytes=int(sum(lengths)))
+                return int(engine.batch_transfer_sync_read(session, src, dst, lengths))
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(engine, name)
+
+        recv.engine = Watched()
 
     def _watch_asks(self) -> None:
         """(Upstream Mooncake's producer hook: vllm-ascend's consumer pulls.)"""
@@ -177,6 +200,12 @@ class AscendEngine(base.Engine):
     def handle(self, cmd: dict[str, Any]) -> bool:
         if cmd["op"] == "inner":
             emit(ev="inner", **inner_state(self.worker))
+            return True
+        if cmd["op"] == "veto_counts":
+            # The scheduler-role wrapper's counts, taken here: vLLM 0.23's Scheduler asks
+            # its connector for stats only in a step whose workers reported some.
+            counts = getattr(self.sched, "counts", None)
+            emit(ev="veto_counts", data=counts.take() if counts is not None else {})
             return True
         return super().handle(cmd)
 
@@ -197,7 +226,7 @@ def main() -> None:
     ap.add_argument("--tp-rank", type=int, default=0)
     ap.add_argument("--kv-layout", default="blocks")
     ap.add_argument("--inner", default="ascend")
-    ap.add_argument("--connector", default=CONNECTOR,
+    ap.add_argument("--connector", default=os.environ.get("SHMHB_TEST_ASCEND_CONNECTOR", CONNECTOR),
                     help="the vllm-ascend connector to run (the others are refused wrapped)")
     a = ap.parse_args()
     os.environ["VLLM_HOST_IP"] = a.ip

@@ -63,13 +63,14 @@ def dead_on(stack: Stack, p: EngineProc, timeout_s: float = 10.0) -> None:
 
 
 def prefilled(p: EngineProc, seed: int = 0, prompt: list[int] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-    """A request computed and finished on ``p``: its id and the transfer params its
-    ``request_finished`` returned (what the decode side pulls with)."""
+              ) -> tuple[str, dict[str, Any], str]:
+    """A request computed and finished on ``p``: its id, the transfer params its
+    ``request_finished`` returned (what the decode side pulls with), and the digest of
+    its blocks (what a right pull moves)."""
     rid, xid = new_ids()
-    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed, prompt=prompt)
+    ev = p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=seed, prompt=prompt)
     p.send("finish", rid=rid)
-    return rid, dict(p.expect("finished", rid=rid)["params"])
+    return rid, dict(p.expect("finished", rid=rid)["params"]), str(ev["digest"])
 
 
 def load(d: EngineProc, p: EngineProc, rid: str, params: dict[str, Any]) -> str:
