@@ -114,11 +114,12 @@ def test_dead_before_the_first_handshake(stack: AscendStack) -> None:
         # pool thread blocks closing the socket of the timed-out metadata request
         with pytest.raises(AssertionError):
             d.expect("loaded", "load_failed", rid=rid, timeout_s=STOCK_WAIT_S)
-        print(f"stock: dead before the first handshake: not finished after "
-              f"{time.monotonic() - t_kill:.1f} s")
+        waited = time.monotonic() - t_kill
         # (later requests to that address queue behind that thread until something binds
         # the port again) and the process cannot exit
         assert not exits(d, 5), "stock exited: the hang this scenario records is gone"
+        print(f"stock: dead before the first handshake: not finished after {waited:.1f} s; "
+              "the process does not exit")
         return
     if how == "vetoed":
         took, outcome = time.monotonic() - t_kill, "vetoed"
@@ -211,9 +212,10 @@ def test_stopped_before_the_request(stack: AscendStack) -> None:
     if not stack.wrapped:
         with pytest.raises(AssertionError):
             d.expect("loaded", "load_failed", rid=rid, timeout_s=STOCK_WAIT_S)
-        print(f"stock: stopped before the request: not finished after "
-              f"{time.monotonic() - t_stop:.1f} s")
+        waited = time.monotonic() - t_stop
         assert not exits(d, 5), "stock exited: the hang this scenario records is gone"
+        print(f"stock: stopped before the request: not finished after {waited:.1f} s; "
+              "the process does not exit")
         return
     ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=15)
     took = ev["t"] - t_stop
@@ -223,3 +225,50 @@ def test_stopped_before_the_request(stack: AscendStack) -> None:
     p2 = fresh_prefill(stack)  # (kills the stopped one)
     right(p2, d, 14)
     assert exits(d)
+
+
+def test_stopped_during_the_pull(stack: AscendStack) -> None:
+    """SIGSTOP of the producer in the middle of a read (64 MiB), that is after the
+    consumer's go-ahead: a read once started cannot be called back, so the wrapper leaves
+    it to finish or fail, as stock does, even once the board says DEAD: its blocks stay
+    out of vLLM's hands while bytes may still land.  Resumed, the read completes with the
+    producer's bytes, in both."""
+    p = fresh_prefill(stack, env=BIG)
+    d = fresh_decode(stack, env=BIG)
+    rid, params, digest = prefilled(p, 15)
+    assert load(d, p, rid, params) == "loading"
+    d.expect("reading", timeout_s=30)
+    t_stop = p.stop()
+    if stack.wrapped:
+        dead_on(stack, p)  # the verdict came...
+    with pytest.raises(AssertionError):  # ...and the granted read is not failed for it
+        d.expect("loaded", "load_failed", rid=rid, timeout_s=STOCK_WAIT_S / 2)
+    waited = time.monotonic() - t_stop
+    p.cont()
+    ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=30)
+    mode = "wrapped" if stack.wrapped else "stock"
+    print(f"{mode}: stopped during the pull: still reading after {waited:.1f} s; resumed: "
+          f"{ev['ev']} after {ev['t'] - t_stop - waited:.3f} s")
+    if ev["ev"] == "loaded":
+        assert ev["digest"] == digest
+    p.expect("sent", rid=rid, timeout_s=15)  # the producer was told: its blocks are free
+
+
+def test_consumer_restarted_before_its_pull(stack: AscendStack) -> None:
+    """The decode instance dies after the prefill finished a request for it, before it
+    pulled: the prefill holds that request's blocks until its abort timeout (it learns who
+    pulls a request only from the done message), in both; the restarted decode instance
+    is served at once."""
+    abort = {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": "4"}
+    p = fresh_prefill(stack, env=abort)
+    d = fresh_decode(stack)
+    right(p, d, 16)
+    rid, _, _ = prefilled(p, 17)
+    t_kill = d.kill()
+    d2 = fresh_decode(stack)
+    right(p, d2, 18)
+    freed = p.expect("sent", rid=rid, timeout_s=30)
+    mode = "wrapped" if stack.wrapped else "stock"
+    print(f"{mode}: consumer restarted before its pull: the producer freed the request's "
+          f"blocks after {freed['t'] - t_kill:.1f} s (its abort timeout: 4 s here)")
+    assert freed["t"] - t_kill >= 3.0
