@@ -33,11 +33,11 @@ ROWS = (
      "the next two requests"),
     ("new engine id", "restarted under a new engine id (vllm-ascend's default): the next "
      "request"),
-    ("killed mid-pull", "the producer killed while the consumer reads the request"),
+    ("killed mid-pull", "the producer killed with half the request's bytes read"),
     ("stopped before the request", "SIGSTOP of the producer before the consumer's first "
      "request to it"),
-    ("stopped during the pull", "SIGSTOP in the middle of a read (after the consumer's "
-     "go-ahead), then SIGCONT"),
+    ("stopped during the pull", "SIGSTOP with half the request's bytes read (after the "
+     "consumer's go-ahead), then SIGCONT"),
     ("consumer restarted before its pull", "the consumer killed after the producer "
      "finished a request for it, then restarted"),
 )
@@ -100,7 +100,8 @@ vllm-ascend 0.23.0.post1 with vLLM 0.23.0 (`.ci/vllm_ascend`'s venv), Mooncake's
 transport, CPU KV tensors, the NPU device layer stubbed (docs/VLLM_ASCEND.md); a producer
 on 127.0.0.2 and a consumer on 127.0.0.3, each host with its board and pinger; shmhb
 policy suspect-after 0.5 s, dead-after 2.0 s; a shared 2-core machine.  Requests of 3
-blocks (48 KiB), 64 MiB for the pulls a fault lands in.
+blocks (48 KiB); a fault "mid-pull" lands with half a read's bytes in (the test engine
+cuts that read in two and holds the second half until the fault is placed).
 
 `python -m bench.vllm_ascend` (it runs `tests/vllm_ascend/test_scenarios.py` and tables
 what each scenario printed): what the consumer's connector reported for the request

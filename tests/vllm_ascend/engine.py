@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from typing import Any
 
 from tests.vllm import engine as base
@@ -143,6 +144,26 @@ def build(a: argparse.Namespace) -> Any:
     return cfg, sched, worker, kv, kvc
 
 
+Descs = tuple[list[int], list[int], list[int]]
+
+
+def halves(src: list[int], dst: list[int], lengths: list[int]) -> tuple[Descs, Descs]:
+    """A read's descriptors (local address, remote address, length) cut at half its bytes:
+    the first half and the rest."""
+    left = sum(lengths) // 2
+    first: Descs = ([], [], [])
+    rest: Descs = ([], [], [])
+    for a, b, n in zip(src, dst, lengths):
+        take = min(n, max(left, 0))
+        for part, (x, y, m) in ((first, (a, b, take)), (rest, (a + take, b + take, n - take))):
+            if m:
+                part[0].append(x)
+                part[1].append(y)
+                part[2].append(m)
+        left -= take
+    return first, rest
+
+
 def inner_state(worker: Any) -> dict[str, Any]:
     """What the consumer's receiving thread caches about producers (for the leak checks):
     its per-engine tables and its pooled sockets."""
@@ -169,17 +190,30 @@ class AscendEngine(base.Engine):
         return build(a)
 
     def _watch_reads(self) -> None:
-        """Tell the test when a pull starts reading (its Mooncake read is called), so a
-        fault can be placed in the middle of it."""
+        """Tell the test when a pull starts reading (its Mooncake read is called); with
+        ``hold_reads`` the first half of the bytes is read, ``half_read`` is told, and the
+        rest waits for ``release_reads``: a fault placed in the middle of a read."""
         inner = getattr(self.worker, "inner", self.worker)
         recv = inner.connector_worker.kv_recv_thread
         engine = recv.engine
+        self.hold_reads = False
+        self.release = threading.Event()
+        held = self
 
         class Watched:
-            def batch_transfer_sync_read(self, session: str, src: Any, dst: Any,
-                                         lengths: Any) -> int:
-                emit(ev="reading", bytes=int(sum(lengths)))
-                return int(engine.batch_transfer_sync_read(session, src, dst, lengths))
+            def batch_transfer_sync_read(self, session: str, src: list[int], dst: list[int],
+                                         lengths: list[int]) -> int:
+                total = int(sum(lengths))
+                emit(ev="reading", bytes=total)
+                if not held.hold_reads:
+                    return int(engine.batch_transfer_sync_read(session, src, dst, lengths))
+                first, rest = halves(src, dst, lengths)
+                ret = int(engine.batch_transfer_sync_read(session, *first))
+                emit(ev="half_read", bytes=total, read=int(sum(first[2])), ret=ret)
+                held.release.wait()
+                if ret != 0 or not rest[2]:
+                    return ret
+                return int(engine.batch_transfer_sync_read(session, *rest))
 
             def __getattr__(self, name: str) -> Any:
                 return getattr(engine, name)
@@ -200,6 +234,14 @@ class AscendEngine(base.Engine):
     def handle(self, cmd: dict[str, Any]) -> bool:
         if cmd["op"] == "inner":
             emit(ev="inner", **inner_state(self.worker))
+            return True
+        if cmd["op"] == "hold_reads":
+            self.hold_reads = True
+            emit(ev="holding")
+            return True
+        if cmd["op"] == "release_reads":
+            self.release.set()
+            emit(ev="released")
             return True
         if cmd["op"] == "veto_counts":
             # The scheduler-role wrapper's counts, taken here: vLLM 0.23's Scheduler asks

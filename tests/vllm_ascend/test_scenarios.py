@@ -174,27 +174,27 @@ def test_restart_under_a_new_engine_id(stack: AscendStack) -> None:
                timeout_s=10, what="the dead engine evicted")
 
 
-#: blocks per request for the mid-pull scenario: 64 MiB, long enough to kill into
-BIG = {"SHMHB_VLLM_PROMPT_BLOCKS": "4096"}
-
-
 def test_killed_mid_pull(stack: AscendStack) -> None:
-    """A producer killed while the consumer reads (64 MiB): the read fails when the
-    transport sees the peer gone, the load is reported failed (vLLM recomputes it),
-    nothing stays blocked, and a producer restarted on that address serves the next."""
-    p = fresh_prefill(stack, env=BIG)
-    d = fresh_decode(stack, env=BIG)
-    rid, params, _ = prefilled(p, 10)
+    """A producer killed in the middle of a read (half its bytes landed): the rest of the
+    read fails when the transport sees the peer gone, the load is reported failed (vLLM
+    recomputes it), nothing stays blocked, and a producer restarted on that address
+    serves the next request."""
+    p = fresh_prefill(stack)
+    d = fresh_decode(stack)
+    right(p, d, 10)  # the producer's metadata is known: the next pull reads at once
+    d.request("hold_reads", "holding")
+    rid, params, _ = prefilled(p, 11)
     assert load(d, p, rid, params) == "loading"
-    reading = d.expect("reading", timeout_s=30)
+    half = d.expect("half_read", timeout_s=30)
+    assert half["ret"] == 0 and 0 < half["read"] < half["bytes"], half
     t_kill = p.kill()
+    d.request("release_reads", "released")
     ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=30)
     mode = "wrapped" if stack.wrapped else "stock"
-    print(f"{mode}: killed mid-pull ({reading['bytes'] >> 20} MiB): {ev['ev']} after "
-          f"{ev['t'] - t_kill:.3f} s")
-    assert ev["ev"] == "load_failed", ev  # killed within the read: nothing whole landed
-    p2 = fresh_prefill(stack, env=BIG)
-    right(p2, d, 11)
+    print(f"{mode}: killed mid-pull: {ev['ev']} after {ev['t'] - t_kill:.3f} s")
+    assert ev["ev"] == "load_failed", ev
+    p2 = fresh_prefill(stack)
+    right(p2, d, 12)  # (reads still cut in two, the second half no longer held)
     assert exits(d, 15), "the consumer must exit"
 
 
@@ -228,17 +228,20 @@ def test_stopped_before_the_request(stack: AscendStack) -> None:
 
 
 def test_stopped_during_the_pull(stack: AscendStack) -> None:
-    """SIGSTOP of the producer in the middle of a read (64 MiB), that is after the
-    consumer's go-ahead: a read once started cannot be called back, so the wrapper leaves
-    it to finish or fail, as stock does, even once the board says DEAD: its blocks stay
-    out of vLLM's hands while bytes may still land.  Resumed, the read completes with the
-    producer's bytes, in both."""
-    p = fresh_prefill(stack, env=BIG)
-    d = fresh_decode(stack, env=BIG)
-    rid, params, digest = prefilled(p, 15)
+    """SIGSTOP of the producer in the middle of a read (half its bytes landed), that is
+    after the consumer's go-ahead: a read once started cannot be called back, so the
+    wrapper leaves it to finish or fail, as stock does, even once the board says DEAD:
+    its blocks stay out of vLLM's hands while bytes may still land.  Resumed, the read
+    completes with the producer's bytes, in both."""
+    p = fresh_prefill(stack)
+    d = fresh_decode(stack)
+    right(p, d, 15)
+    d.request("hold_reads", "holding")
+    rid, params, digest = prefilled(p, 16)
     assert load(d, p, rid, params) == "loading"
-    d.expect("reading", timeout_s=30)
+    d.expect("half_read", timeout_s=30)
     t_stop = p.stop()
+    d.request("release_reads", "released")  # the rest of the read, from a stopped peer
     if stack.wrapped:
         dead_on(stack, p)  # the verdict came...
     with pytest.raises(AssertionError):  # ...and the granted read is not failed for it
@@ -249,8 +252,7 @@ def test_stopped_during_the_pull(stack: AscendStack) -> None:
     mode = "wrapped" if stack.wrapped else "stock"
     print(f"{mode}: stopped during the pull: still reading after {waited:.1f} s; resumed: "
           f"{ev['ev']} after {ev['t'] - t_stop - waited:.3f} s")
-    if ev["ev"] == "loaded":
-        assert ev["digest"] == digest
+    assert ev["ev"] == "loaded" and ev["digest"] == digest, ev
     p.expect("sent", rid=rid, timeout_s=15)  # the producer was told: its blocks are free
 
 
