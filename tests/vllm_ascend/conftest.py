@@ -13,6 +13,7 @@ project's own script, which then runs this folder (CI does the same):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -21,10 +22,12 @@ import pytest
 
 # This process imports vLLM (shmhb.vllm): with vllm-ascend installed, vLLM's plugins would
 # make its NPU platform current, which wants the real torch_npu.  The engines run the same
-# way (tests/vllm_ascend/stack.py, ENV); nothing may look up a model hub.
-for _k, _v in (("VLLM_PLUGINS", "none"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-               ("HF_ENDPOINT", "http://127.0.0.1:9")):
-    os.environ.setdefault(_k, _v)
+# way (tests/vllm_ascend/stack.py, ENV); nothing may look up a model hub.  (Only where
+# vllm-ascend is installed: elsewhere these tests skip and the session's environment stays.)
+if importlib.util.find_spec("vllm_ascend") is not None:
+    for _k, _v in (("VLLM_PLUGINS", "none"), ("HF_HUB_OFFLINE", "1"),
+                   ("TRANSFORMERS_OFFLINE", "1"), ("HF_ENDPOINT", "http://127.0.0.1:9")):
+        os.environ.setdefault(_k, _v)
 
 HOW = ("vllm-ascend 0.23.0.post1 with vLLM 0.23.0 not installed: run tests/vllm_ascend in "
        "their own venv (bash .ci/vllm_ascend DIR; see tests/vllm_ascend/conftest.py)")
