@@ -1,7 +1,7 @@
 """vllm-ascend's ``MooncakeConnectorV1``, stock against wrapped: each scenario's outcome and
 its time, written to ``bench/results_vllm_ascend.md``.
 
-    python -m bench.vllm_ascend [--out PATH]      # about 12 minutes on 2 busy cores
+    python -m bench.vllm_ascend [--out PATH]      # about 8 minutes on 2 busy cores
 
 Run in the venv of ``.ci/vllm_ascend`` (vllm-ascend 0.23.0.post1, vLLM 0.23.0).  The
 figures are the ones the scenarios of ``tests/vllm_ascend/test_scenarios.py`` measure and
@@ -113,6 +113,12 @@ FOOTER = """
 Stock's failed loads fail the client's request at vLLM's default `kv_load_failure_policy`
 ("fail"); wrapped, the policy is "recompute": each such request is served, right, by a
 local prefill (`tests/vllm_ascend/test_recovery.py`, vLLM 0.23's real Scheduler).
+
+What the table does not show (asserted by the same tests, not timed): after "new engine
+id", stock's decode still holds the dead engine's metadata (its FIFO tables keep up to
+16,000 engines), the wrapped one has evicted it; after "dead before the first handshake"
+and "stopped before the request", the wrapped decode serves the next producer on that
+address and exits when asked.
 """
 
 
