@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import importlib.metadata
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -170,7 +171,13 @@ def vllm_release(version: str | None = None) -> tuple[int, int] | None:
 
 
 def installed(package: str) -> str | None:
-    """The installed version of ``package`` (its metadata: nothing is imported), or None."""
+    """The version of ``package`` this process runs: its module's ``__version__`` where it
+    is imported already, else its installed metadata (nothing is imported); None if
+    absent."""
+    mod = sys.modules.get(package.replace("-", "_"))
+    version = getattr(mod, "__version__", None)
+    if isinstance(version, str):
+        return version
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
