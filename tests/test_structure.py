@@ -121,6 +121,9 @@ ALLOWED_FILES: dict[str, str] = {
     "vllm/mooncake_pulls.py": "the Mooncake adapter's settlement of pulls, split out of "
                               "mooncake_adapter.py for length; it names what it uses, and "
                               "mooncake_adapter.py checks those at startup",
+    "vllm/ascend_adapter.py": "the adapter that reaches into vllm-ascend's "
+                              "MooncakeConnectorV1 (pull); it names every internal it "
+                              "uses and checks them at startup",
     "vllm/nixl_adapter.py": "the adapter that reaches into vLLM's NixlConnector (pull), "
                             "whose per-request and per-engine state has no public API; "
                             "it names each such attribute and checks them at startup",

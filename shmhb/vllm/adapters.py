@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from .ascend_adapter import REFUSED, AscendMooncakeAdapter
 from .inner import InnerAdapter
 from .mooncake_adapter import MooncakeAdapter
 from .nixl_adapter import NixlAdapter
 
 __all__ = ["ADAPTERS", "adapter_class", "adapter_for"]
 
-ADAPTERS: list[type[InnerAdapter]] = [MooncakeAdapter, NixlAdapter]
+ADAPTERS: list[type[InnerAdapter]] = [MooncakeAdapter, NixlAdapter, AscendMooncakeAdapter]
 
 
 def adapter_class(name: str) -> type[InnerAdapter]:
-    """The adapter that serves inner connector ``name`` (``TypeError`` if none does)."""
+    """The adapter that serves inner connector ``name`` (``TypeError`` if none does, with
+    the reason where a connector is refused on purpose)."""
+    if name in REFUSED:
+        raise TypeError(REFUSED[name])
     for cls in ADAPTERS:
         if name in cls.names:
             return cls

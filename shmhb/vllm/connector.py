@@ -42,8 +42,14 @@ from .verdict import may_hold_blocks, producer_verdict
 log = logging.getLogger(__name__)
 
 
+#: fields of the outer config the inner connector inherits unless its own config sets
+#: them: the role, the engine id, and where it listens (vllm-ascend's side channel is
+#: ``kv_port``)
+_INHERITED = ("kv_role", "engine_id", "kv_ip", "kv_port")
+
+
 def _inner_transfer_config(ktc: Any, settings: ConnectorSettings) -> KVTransferConfig:
-    fields = {"kv_role": ktc.kv_role, "engine_id": ktc.engine_id}
+    fields = {f: getattr(ktc, f) for f in _INHERITED if hasattr(ktc, f)}
     fields.update(settings.inner)
     return KVTransferConfig(**fields)
 
@@ -85,6 +91,9 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         self.settings = ConnectorSettings.from_extra_config(ktc.kv_connector_extra_config)
         if self.settings.on_dead_peer == "recompute":
             _recover_by_default(ktc, role)
+        # which adapter serves the inner connector, before it is built: a connector
+        # refused on purpose is refused with its reason, not with whatever its build hits
+        cls_a = adapter_class(self.settings.inner["kv_connector"])
         inner_cfg = _inner_config(vllm_config, self.settings)
         cls = KVConnectorFactory.get_connector_class(inner_cfg.kv_transfer_config)
         self.inner: KVConnectorBase_V1 = cls(inner_cfg, role, kv_cache_config)
@@ -94,7 +103,6 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         self._board: Board | None = None
         self._vetoed: dict[str, str] = {}  # request id -> reason (scheduler role)
         # how the inner connector's transfer params name the producer's address
-        cls_a = adapter_class(self.settings.inner["kv_connector"])
         self._address_fields, self._address = cls_a.address_fields, cls_a.producer_address
         self._parsed: dict[tuple[Any, ...], str | None] = {}  # their values -> board endpoint
         # board endpoint -> (board changes(), the slot read then): reused while nothing
@@ -262,9 +270,10 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         return self.inner.get_finished(finished_req_ids)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        """(vLLM 0.32 and 0.33's model runners; 0.23's call ``get_finished``)"""
         if self.guard is not None:
             self.guard.poll()
-        return self.inner.get_transfer_results(finished_req_ids)
+        return getattr(self.inner, "get_transfer_results")(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.inner.get_block_ids_with_load_errors()
@@ -290,13 +299,14 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self) -> None:
         self.inner.wait_for_save()
 
+    # (the two properties below are vLLM 0.32 and 0.33's; 0.23's base class has neither)
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
-        return bool(self.inner.supports_divergent_local_hybrid_hits)
+        return bool(getattr(self.inner, "supports_divergent_local_hybrid_hits", False))
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return bool(self.inner.requires_kv_delivery)
+        return bool(getattr(self.inner, "requires_kv_delivery", False))
 
     def __getattr__(self, name: str) -> Any:
         # Anything this class does not define (hooks of newer vLLM versions) goes to the

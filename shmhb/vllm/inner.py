@@ -24,18 +24,24 @@ An adapter answers six things:
 * ``evict_engine(engine_id)`` / ``evict_consumer(endpoint)``: forget what the inner
   connector caches about a peer that is gone, so the next request asks afresh.
 
-``nixl_adapter.NixlAdapter`` is the second (the consumer reads: no go-ahead); a
-vllm-ascend adapter would be the same shape (see docs/VLLM.md).
+``nixl_adapter.NixlAdapter`` is the second (the consumer reads: no go-ahead);
+``ascend_adapter.AscendMooncakeAdapter`` (vllm-ascend's ``MooncakeConnectorV1``, the
+consumer reads too) the third.  Each names the releases it supports (``Release``,
+``check_release``): a worker on any other combination refuses to start.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import importlib.metadata
+import sys
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..board.config import format_hostport, parse_hostport
+from ..errors import ShmhbError
 from .settings import Rank
 
 
@@ -123,31 +129,87 @@ class InnerAdapter(ABC):
         return set()
 
 
-#: the vLLM releases (major, minor) whose connectors' internals the adapters were written
-#: and tested against; on another, an adapter's ``check()`` fails at startup
-SUPPORTED_VLLM = ((0, 32), (0, 33))
+@dataclass(frozen=True)
+class Release:
+    """Releases of one package an adapter was written and tested against: each entry of
+    ``versions`` is a release line ("0.32": any 0.32.x) or one exact version ("0.23.0",
+    "0.23.0.post1"; a local suffix such as "+cpu" is ignored)."""
+
+    package: str
+    versions: tuple[str, ...]
+
+    def matches(self, version: str | None) -> bool:
+        if version is None:
+            return False
+        v = version.split("+", 1)[0]
+        for want in self.versions:
+            if want.count(".") == 1:
+                if release_line(v) == release_line(want):
+                    return True
+            elif v == want:
+                return True
+        return False
 
 
-def vllm_release(version: str | None = None) -> tuple[int, int] | None:
-    """(major, minor) of ``version``, or of the installed vLLM; None if unreadable."""
-    if version is None:
-        import vllm
-        version = str(getattr(vllm, "__version__", ""))
-    parts = version.split(".")
+#: the vLLM releases the upstream adapters (vLLM's own MooncakeConnector, NixlConnector)
+#: were written and tested against; on another, their ``check()`` fails at startup
+UPSTREAM_VLLM = (Release("vllm", ("0.32", "0.33")),)
+UPSTREAM_HINT = "install 'vllm>=0.32,<0.34'"
+
+
+def release_line(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of ``version``; None if unreadable."""
+    parts = (version or "").split(".")
     try:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
         return None
 
 
-def check_release(adapter: str) -> None:
-    """``TypeError`` (saying what to install) unless the installed vLLM is supported."""
-    if vllm_release() not in SUPPORTED_VLLM:
-        import vllm
-        raise TypeError(
-            f"shmhb's {adapter} adapter supports vLLM 0.32 and 0.33, not "
-            f"{getattr(vllm, '__version__', '?')}: install 'vllm>=0.32,<0.34', or a "
-            "shmhb written for this vLLM")
+def vllm_release(version: str | None = None) -> tuple[int, int] | None:
+    """(major, minor) of ``version``, or of the installed vLLM; None if unreadable."""
+    return release_line(version if version is not None else installed("vllm"))
+
+
+def installed(package: str) -> str | None:
+    """The version of ``package`` this process runs: its module's ``__version__`` where it
+    is imported already, else its installed metadata (nothing is imported); None if
+    absent."""
+    mod = sys.modules.get(package.replace("-", "_"))
+    version = getattr(mod, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_release(adapter: str, releases: tuple[Release, ...] = UPSTREAM_VLLM,
+                  hint: str = UPSTREAM_HINT) -> None:
+    """``TypeError``, saying what to install, unless every package of ``releases`` is
+    installed at one of its versions: an adapter relies on internals (how a release
+    settles a transfer, which tables it keeps) that no attribute check can see."""
+    have = {r.package: installed(r.package) for r in releases}
+    wrong = [r for r in releases if not r.matches(have[r.package])]
+    if wrong:
+        got = ", ".join(f"{r.package} {have[r.package] or '(absent)'}" for r in releases)
+        want = ", ".join(f"{r.package} {' or '.join(r.versions)}" for r in releases)
+        raise TypeError(f"shmhb's {adapter} adapter supports {want}, not {got}: {hint}, "
+                        "or a shmhb written for these releases")
+
+
+def host_port_address(*values: object) -> str | None:
+    """The board endpoint of a producer that transfer params name by a host and a port
+    (``remote_host``, ``remote_port``: NIXL's handshake listener, vllm-ascend's side
+    channel), or None (untrusted input: anything but a valid pair is None)."""
+    host, port = (values + (None, None))[:2]
+    if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int):
+        return None
+    try:  # formatted, then read back through the one address door: validated
+        return format_hostport(*parse_hostport(format_hostport(host, port)))
+    except (ShmhbError, ValueError):
+        return None
 
 
 @functools.lru_cache(maxsize=1024)

@@ -55,9 +55,9 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from ..board.config import format_hostport, parse_hostport
+from ..board.config import format_hostport
 from ..errors import ShmhbError
-from .inner import Hooks, InnerAdapter, check_release
+from .inner import Hooks, InnerAdapter, check_release, host_port_address
 from .settings import Rank
 
 log = logging.getLogger(__name__)
@@ -92,13 +92,7 @@ class NixlAdapter(InnerAdapter):
 
     @staticmethod
     def producer_address(*values: object) -> str | None:
-        host, port = (values + (None, None))[:2]
-        if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int):
-            return None
-        try:  # formatted, then read back through the one address door: validated
-            return format_hostport(*parse_hostport(format_hostport(host, port)))
-        except (ShmhbError, ValueError):
-            return None
+        return host_port_address(*values)
 
     def check(self) -> None:
         check_release("NIXL")

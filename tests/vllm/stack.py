@@ -40,9 +40,11 @@ class EngineProc:
                  on_dead_peer: str = "recompute", scheduler: bool = False,
                  failure_policy: str | None = None, tp_size: int = 1, tp_rank: int = 0,
                  dist_port: int, kv_layout: str = "blocks",
-                 inner: str = "mooncake", wait: bool = True) -> None:
+                 inner: str = "mooncake", wait: bool = True,
+                 module: str = "tests.vllm.engine") -> None:
         """``wait=False``: return once started; ``wait_ready()`` before use (the ranks of
-        one TP group start together: each waits for the others in the gloo group)."""
+        one TP group start together: each waits for the others in the gloo group).
+        ``module``: the engine's program (tests/vllm_ascend runs its own)."""
         self.role, self.ip, self.engine_id, self.wrapped = role, ip, engine_id, wrapped
         self.inner = inner
         self.tp_rank = tp_rank
@@ -58,7 +60,7 @@ class EngineProc:
         self.log_path = os.path.join(log_dir, f"{role}-{engine_id}-tp{tp_rank}-"
                                               f"{uuid.uuid4().hex[:6]}.log")
         log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "tests.vllm.engine", "--role", role, "--ip", ip,
+        cmd = [sys.executable, "-m", module, "--role", role, "--ip", ip,
                "--board", board, "--engine-id", engine_id, "--dist-port", str(dist_port),
                "--model-dir", os.path.join(log_dir, "model"), "--on-dead-peer", on_dead_peer,
                "--tp-size", str(tp_size), "--tp-rank", str(tp_rank), "--kv-layout", kv_layout,
