@@ -32,8 +32,8 @@ from shmhb.board.instances import board_instances
 from shmhb.cli.feed import reader
 from shmhb.cli.feeder import Feeder, FeederConfig
 from shmhb.cli.routerapi import RouterWorker, VllmRouter
-from tests.routers.stack import private_network
-from tests.routers.stack import PdStack, router_binary, wait_for
+from tests.routers.stack import bench_refusal
+from tests.routers.stack import PdStack, wait_for
 
 
 class TimedRouter(VllmRouter):
@@ -104,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--poll-ms", type=float, default=2.0)
     a = ap.parse_args(argv)
-    if router_binary("vllm") is None:
-        print("vllm-router not installed: pip install '.[routers]'", file=sys.stderr)
-        return 2
-    if not private_network() and os.geteuid() == 0:
-        print("as root, yet not in a network namespace of loopback only", file=sys.stderr)
+    why = bench_refusal(["vllm"])
+    if why is not None:
+        print(why, file=sys.stderr)
         return 2
     runs = [once(a.poll_ms / 1000) for _ in range(a.repeats)]
     print(f"kill -> vllm-router's removal, ms, median (max) of {a.repeats}; feeder poll "

@@ -47,8 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import shmhb
-from tests.routers.stack import (TUNED, Client, PdStack, Result, private_network, router_binary,
-                                 wait_for)
+from tests.routers.stack import TUNED, Client, PdStack, Result, bench_refusal, wait_for
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- routers:begin -->", "<!-- routers:end -->"
@@ -289,12 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shmhb feed, 3 boards x 4 engines x 4 ranks, idle, router unreachable: "
               f"{feeder_cpu():.1f} % of one core")
         return 0
-    for k in a.kinds:
-        if router_binary(k) is None:
-            print(f"{k}-router not installed: pip install '.[routers]'", file=sys.stderr)
-            return 2
-    if not private_network() and os.geteuid() == 0:
-        print("as root, yet not in a network namespace of loopback only", file=sys.stderr)
+    why = bench_refusal(a.kinds)
+    if why is not None:
+        print(why, file=sys.stderr)
         return 2
     t0 = time.monotonic()
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}

@@ -17,7 +17,6 @@ only.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import urllib.parse
 import zmq
 
 from shmhb.testing.loopback import free_port
-from tests.routers.stack import private_network
+from tests.routers.stack import bench_refusal
 from tests.routers.stack import PdStack, http_json, router_binary, wait_for
 
 
@@ -45,11 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--interval-ms", type=float, default=50.0)
     a = ap.parse_args(argv)
-    if router_binary("vllm") is None:
-        print("vllm-router not installed: pip install '.[routers]'", file=sys.stderr)
-        return 2
-    if not private_network() and os.geteuid() == 0:
-        print("as root, yet not in a network namespace of loopback only", file=sys.stderr)
+    why = bench_refusal(["vllm"])
+    if why is not None:
+        print(why, file=sys.stderr)
         return 2
     ctx = zmq.Context.instance()
     with tempfile.TemporaryDirectory(prefix="shmhb-bench-disc-") as tmp:

@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any
 
 import shmhb
@@ -74,6 +75,17 @@ def private_network() -> bool:
         flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
     return only_loopback()
+
+
+def bench_refusal(kinds: Collection[str]) -> str | None:
+    """Why a bench of the ``kinds`` routers cannot run here, or None: then this process is
+    in a loopback-only network namespace wherever it runs as root (:func:`private_network`)."""
+    for k in kinds:
+        if router_binary(k) is None:
+            return f"{k} router not installed: pip install '.[routers]'"
+    if not private_network() and os.geteuid() == 0:
+        return "as root, yet not in a network namespace of loopback only"
+    return None
 
 
 #: What a router writes when it tries to reach a model hub: a download, a tokenizer load
