@@ -109,3 +109,21 @@ def test_todays_stacks_are_read_back_as_measured_and_a_missing_file_says_how(tmp
         anchors.load(path)
     with pytest.raises(RuntimeError, match="no figures of today's stacks"):
         anchors.load(tmp_path / "missing.json")
+
+
+def test_every_bench_module_imports_without_the_optional_stacks() -> None:
+    """A module moved under a benchmark's feet fails here, not when someone next runs it:
+    every bench module imports with the test extras alone (vLLM and the routers are
+    imported where they are used)."""
+    import importlib
+    import pkgutil
+
+    import bench
+    failed = {}
+    for m in pkgutil.iter_modules(bench.__path__):
+        if m.name != "__main__":
+            try:
+                importlib.import_module(f"bench.{m.name}")
+            except ImportError as e:
+                failed[m.name] = repr(e)
+    assert failed == {}
