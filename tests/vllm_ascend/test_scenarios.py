@@ -11,6 +11,7 @@ on the prefill is its blocks freed.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -85,7 +86,7 @@ def exits(e: EngineProc, timeout_s: float = 10.0) -> bool:
     try:
         e.p.wait(timeout_s)
         return True
-    except Exception:
+    except subprocess.TimeoutExpired:
         return False
 
 
