@@ -141,7 +141,11 @@ def test_smg_worker_met_while_draining_is_put_back_and_stays(stack: PdStack) -> 
     p1 = stack.instances["p1"]
     stack.feeder.kill()  # type: ignore[union-attr]
     stack.feeder.wait(10)  # type: ignore[union-attr]
-    w = next(w for w in stack.router_workers() if w["url"] == p1.url)
+    # smg drains only a worker whose status is "ready" when the removal runs; one still
+    # "pending" (healthy, not yet promoted) is removed at once with no drain window
+    w = wait_for(lambda: next((x for x in stack.router_workers()
+                               if x["url"] == p1.url and x.get("status") == "ready"), None),
+                 10, "p1 ready in smg")
     t_del = time.monotonic_ns()
     st, _ = http_json("127.0.0.1", stack.router_port, "DELETE", "/workers/" + w["id"])
     assert st == 202
