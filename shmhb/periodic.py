@@ -1,10 +1,27 @@
 """A function called every few seconds from one daemon thread: the background half of
-``Heartbeat.start`` and ``LinkReaper.start``."""
+``Heartbeat.start`` and ``LinkReaper.start``; and the signal mask every thread shmhb starts
+in a host's process sets first."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
+
+#: The faults a thread raises on itself: never blocked (a blocked SIGSEGV kills at once).
+_SYNCHRONOUS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
+                          signal.SIGTRAP, signal.SIGKILL, signal.SIGSTOP})
+
+
+def block_host_signals() -> None:
+    """Block, in the calling thread, every signal a host process may handle (SIGINT, SIGTERM,
+    SIGCHLD, ...).  Python runs signal handlers in the main thread only, and the kernel hands
+    a signal sent to the process to any thread that does not block it: one handed to a
+    thread of ours leaves a main thread blocked in ``signal.pause()``, ``select`` or a read
+    asleep with its handler pending, so a worker's Ctrl-C or ``kill`` went unanswered.
+    With every thread we start blocking them, they reach the main thread, as in a process
+    without us."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - _SYNCHRONOUS)
 
 
 class Periodic:
@@ -53,6 +70,7 @@ class Periodic:
 
 
 def _run(fn: Callable[[], object], interval_s: float, stop: threading.Event) -> None:
+    block_host_signals()
     wait = stop.wait
     while not wait(interval_s):
         fn()

@@ -37,6 +37,7 @@ from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
+from ..periodic import block_host_signals
 from ..procinfo import thread_switches
 from ..ratelog import RateLimitedLog
 from ..net.rowwriter import RowWriter
@@ -153,6 +154,7 @@ class Agent:
         return self._thread is not None and self._thread.is_alive()
 
     def run(self) -> None:
+        block_host_signals()  # the host's signals go to its main thread (shmhb.periodic)
         board = Board.attach(self.board_name, clock=self.clock)
         waiting_since = time.monotonic_ns()
         try:
@@ -264,6 +266,7 @@ class Agent:
         (a loaded host: it is preempted, it waits for the GIL) keeps switching and is
         left alone up to the long bound; so is a process stopped as a whole (SIGSTOP),
         during which the watchdog does not run either."""
+        block_host_signals()
         bound_ns = int(self.config.watchdog_s * 1e9)
         period = min(1.0, self.config.watchdog_s / 8)  # 1 s at the default 10 s
         period_ns = int(period * 1e9)
