@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import anchors, stats
+from . import stats
 from .scenarios import msgs_model, msgs_model_mutual, seed_model
 from .seed_baseline import purge_model
 
@@ -100,14 +100,8 @@ def _detection_series(r: Results) -> tuple[list[tuple[str, list[float]]],
     if r.push is not None:
         measured.insert(1, ("shmhb remote worker kill (push)", r.push.push.values))
         measured.insert(2, ("shmhb remote worker kill (pings only, 1 s)", r.push.pings.values))
-    for m in (r.anchors.sglang, r.anchors.etcd):
-        if m is not None:
-            measured.append((m.name, [x * 1e3 for x in m.values_s]))
     modelled = [("seed: is_alive() False", [x * 1e3 for x in seed_model()]),
                 ("seed: link purged", [x * 1e3 for x in purge_model(seed_model(50), phases=50)])]
-    modelled += [(k, [x * 1e3 for x in v]) for k, v in r.anchors.models.items()]
-    modelled.append(("stock vLLM MooncakeConnector (measured with vLLM)",
-                     [anchors.VLLM_MOONCAKE_S * 1e3]))
     return measured, modelled
 
 

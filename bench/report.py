@@ -15,7 +15,7 @@ import shmhb
 from shmhb.board.config import Policy
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, MIN_PINGS_PER_WINDOW
 
-from . import anchors, figures, stats
+from . import figures, stats
 from . import cluster as cluster_bench
 from .scenarios import Q1, Q2, log, msgs_model, msgs_model_mutual, seed_model, shmhb_interval_s
 from .seed_baseline import purge_model
@@ -229,7 +229,7 @@ def q3_rows(r: Results) -> list[list[str]]:
         ["", "seed: cached link info purged (60 s watcher)", *dist(purge_model(sm, phases=60), "s"),
          "modelled: + uniform 0-60 s wait", "-"],
     ]
-    return rows + anchors.rows(r.anchors)
+    return rows
 
 
 def remote_worker_rows(r: Results) -> list[list[str]]:
@@ -273,9 +273,9 @@ def q3_section(r: Results, targets: list[Target]) -> list[str]:
                f"{host.policy.peer_dead_after_s:g} s (default {pol.peer_suspect_after_s:g} / "
                f"{pol.peer_dead_after_s:g} s). Silence counts from the last ack, up to one interval before "
                "the kill, so the figure can sit under peer-dead-after.")
-    out.append("- today's stacks (bench.anchors): " + anchors.NOTE
-               + f" These rows are not measured by this run: they come from bench/results_anchors.json, "
-                 f"made by {r.anchors.made_by}.")
+    out.append("- today's stacks (SGLang's heartbeat checker, Dynamo's etcd lease, vLLM NIXL's "
+               "lease, Mooncake's TTL): the design study's figures, in bench/STUDY.md (not measured "
+               "by this suite).")
     out.append(Q3_NOTES)
     kr = r.kills.rows[1].summary
     targets.append(Target(f"local kill to DEAD <= {TARGETS['kill_ms']:g} ms", f"{kr.median:.2f} ms median",
