@@ -83,7 +83,9 @@ def _picked(md: str, study: str) -> dict[str, dict[str, str]]:
     """The rows of RESULTS.md (and of the design study, ``study``) the headline quotes,
     by a short name."""
     t = tables(md)
-    stacks = _table_with(_section(tables(study), "Today's stacks"), "verdict")
+    st = tables(study)
+    stacks = _table_with(_section(st, "Today's stacks"), "verdict")
+    seed = _section(st, "The seed")
     q1 = _table_with(_section(t, "1."), "heartbeat median")
     q2 = _table_with(_section(t, "2."), "step median")
     q3 = _table_with(_section(t, "3."), "verdict")
@@ -94,17 +96,17 @@ def _picked(md: str, study: str) -> dict[str, dict[str, str]]:
     cpu_col = "pinger CPU (% of a core), default settings"
     return {
         "c": _row(q1, "mechanism", "shmhb, C path"), "py": _row(q1, "mechanism", "shmhb, pure-Python"),
-        "floor": _row(q1, "mechanism", "physical floor"), "seed": _row(q1, "mechanism", "seed"),
+        "floor": _row(q1, "mechanism", "physical floor"), "zmq": _row(q1, "mechanism", "ZMQ round trip"),
         "mgr": _row(q1, "mechanism", "multiprocessing.Manager"),
         "plain": _row(q2, "step loop", "no heartbeat"), "thread": _row(q2, "step loop", "beat thread"),
         "per": _row(q2, "step loop", "beat() per step"),
         "kill": _row(q3, "verdict", "shmhb: DEAD via the agent's pidfd"),
         "kfloor": _row(q3, "verdict", "floor: the kernel"),
         "push": _row(q3, "verdict", "shmhb: DEAD on the watching host (push)"),
-        "purge": _row(q3, "verdict", "seed: cached link info purged"),
+        "purge": _row(_table_with(seed, "verdict"), "verdict", "seed: cached link info purged"),
         "sglang": _row(stacks, "verdict", "SGLang heartbeat checker (GET"),
         "etcd": _row(stacks, "verdict", "Dynamo etcd lease"),
-        "shape": _row(msgs, col4, "shmhb"), "seed_shape": _row(msgs, col4, "seed (every"),
+        "shape": _row(msgs, col4, "shmhb"), "seed_shape": _row(_table_with(seed, col4), col4, "seed (every"),
         "f64": _row(cpu, cpu_col, "follow 64 hosts"),
         "f250": _row(cpu, cpu_col, "follow 250 hosts + answer their pings"),
     }
@@ -126,7 +128,8 @@ def render(md: str, study: str | None = None) -> str:
     head = (f"From the full run in `bench/RESULTS.md` ({run.group(2)}, {run.group(3)}"
             + (f"; 1/5/15-min load at the start {load.group(1)}" if load else "")
             + "; medians). \"seed\" is the first design proposed for this problem: a ZMQ ping "
-            "thread in every connector of every rank (`bench/seed_baseline.py`).")
+            "thread in every connector of every rank; its figures and today's stacks' are the "
+            "design study's (`bench/STUDY.md`), not measured by the suite.")
     tgt = [[r["target (medians)"], r["figure"], r[""]] for r in targets]
     return "\n\n".join([head, stats.table(["", "shmhb", "alternative"],
                                                   _rows(_picked(md, study or STUDY.read_text()), q5)),
@@ -139,15 +142,15 @@ def _rows(r: dict[str, dict[str, str]], q5: Table) -> list[list[str]]:
     """The headline table's rows, from the picked rows and the stress table."""
     dead = sum(int(x["DEAD polls (episodes)"].split()[0]) for x in q5)
     susp = ", ".join(f"{x['watched']} {x['SUSPECT polls (episodes)']}" for x in q5)
-    c, py, floor, seed, mgr = r["c"], r["py"], r["floor"], r["seed"], r["mgr"]
+    c, py, floor, zmq, mgr = r["c"], r["py"], r["floor"], r["zmq"], r["mgr"]
     thread, per = r["thread"], r["per"]
     hb, rd, ov = "heartbeat median", "liveness read median", "overhead (median of paired ratios)"
     pct = "10th..90th pct of paired ratios"
     return [
         ["one heartbeat", f"{c[hb]} (`beat()`, C path), {py[hb]} (pure Python); floor {floor[hb]}",
-         f"{seed[hb]} ZMQ round trip ({seed['x shmhb']}), {mgr[hb]} Manager dict ({mgr['x shmhb']})"],
+         f"{zmq[hb]} ZMQ round trip ({zmq['x shmhb']}), {mgr[hb]} Manager dict ({mgr['x shmhb']})"],
         ["one liveness read", f"{c[rd]} (`board.slot()`, C path), {py[rd]} (pure Python); floor {floor[rd]}",
-         f"{seed[rd]} ZMQ round trip ({seed['x shmhb (2)']}), {mgr[rd]} Manager dict "
+         f"{zmq[rd]} ZMQ round trip ({zmq['x shmhb (2)']}), {mgr[rd]} Manager dict "
          f"({mgr['x shmhb (2)']})"],
         [f"step-loop overhead, {r['plain']['step median']} numpy step",
          f"{thread[ov]} (beat thread), {per[ov]} (`beat()` per step); 10th..90th pct "

@@ -2,8 +2,8 @@
 returning its figures as a named record; bench/suite.py runs them, bench/report.py and
 bench/figures.py turn the records into RESULTS.md and the plots.
 
-1. cost of one heartbeat and one liveness read: shmhb against a ZMQ REQ round trip (the
-   seed's design), a multiprocessing.Manager dict, a Redis key with a TTL (only where a
+1. cost of one heartbeat and one liveness read: shmhb against a ZMQ REQ round trip (what
+   one check over the network costs), a multiprocessing.Manager dict, a Redis key with a TTL (only where a
    ``redis-server`` binary exists), and the physical floor (clock + store);
 2. overhead on a worker's step loop (numpy, ~2 ms a step);
 3. detection time: local kill, local hang, remote host kill (remote worker kill and the
@@ -54,11 +54,9 @@ from .harness import (
     start_pinger,
     stop_process,
 )
-from .seed_baseline import HEARTBEAT_ACK, HEARTBEAT_MSG, POLL_INTERVAL_S, TIMEOUT_S
 from .stats import Variant
 
 REPO = Path(__file__).resolve().parent.parent
-SEED_ALIVE_S = 3 * POLL_INTERVAL_S + TIMEOUT_S  # 4 s
 
 
 def log(msg: str) -> None:
@@ -67,11 +65,16 @@ def log(msg: str) -> None:
 
 # -- 1: one heartbeat, one read ---------------------------------------------------------
 
+#: a peer's listener: a ROUTER that answers each request with one frame, until stdin closes
 _ZMQ_SERVER = """
-import sys, time, zmq
-from bench.seed_baseline import serve_heartbeats
-ctx = zmq.Context()
-serve_heartbeats(ctx, sys.argv[1], int(sys.argv[2]))
+import sys, threading, zmq
+sock = zmq.Context().socket(zmq.ROUTER)
+sock.bind(f"tcp://{sys.argv[1]}:{sys.argv[2]}")
+def answer():
+    while True:
+        ident, empty, _ = sock.recv_multipart()
+        sock.send_multipart((ident, empty, b"ack"))
+threading.Thread(target=answer, daemon=True).start()
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -150,9 +153,9 @@ class Q1:
     native: bool  # whether the "shmhb" rows ran on the C path
 
 
-def seed_check(stack: contextlib.ExitStack) -> Callable[[], bool]:
-    """The seed's design: a REQ socket to the peer's ROUTER, answered by the seed's own
-    listener loop (bench.seed_baseline.serve_heartbeats) in another process; one check."""
+def zmq_check(stack: contextlib.ExitStack) -> Callable[[], bool]:
+    """One check over the network: a REQ socket to a peer's ROUTER, answered by a
+    listener thread in another process."""
     port = free_port(["127.0.0.1"])
     srv = subprocess.Popen([sys.executable, "-c", _ZMQ_SERVER, "127.0.0.1", str(port)], cwd=REPO,
                            env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -166,13 +169,13 @@ def seed_check(stack: contextlib.ExitStack) -> Callable[[], bool]:
     req.setsockopt(zmq.LINGER, 0)
     stack.callback(req.close)
     req.connect(f"tcp://127.0.0.1:{port}")
-    req.send(HEARTBEAT_MSG)
-    assert req.recv() == HEARTBEAT_ACK
+    req.send(b"heartbeat")
+    assert req.recv() == b"ack"
 
-    def zmq_check() -> bool:
-        req.send(HEARTBEAT_MSG)
-        return req.recv() == HEARTBEAT_ACK
-    return zmq_check
+    def check() -> bool:
+        req.send(b"heartbeat")
+        return req.recv() == b"ack"
+    return check
 
 
 def redis_variants(stack: contextlib.ExitStack, ns: dict[str, object], key: str,
@@ -201,7 +204,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
     board, hb, _ = board_bench.path_boards(stack, "q1", key, shmhb.native)
     pure_board, pure_hb, _ = board_bench.path_boards(stack, "q1-py", key, False)
     mm = board_bench.floor_memory()
-    zmq_check = seed_check(stack)
+    check = zmq_check(stack)
     mgr = multiprocessing.Manager()
     stack.callback(mgr.shutdown)
     d = mgr.dict()
@@ -210,7 +213,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
         "HB": hb, "BOARD": board, "KEY": key, "MONO": time.monotonic_ns,
         "PHB": pure_hb, "PBOARD": pure_board,
         "WORD": np.ndarray((), np.uint64, buffer=mm, offset=64), "Q": memoryview(mm).cast("B").cast("Q"),
-        "ZMQ": zmq_check, "D": d,
+        "ZMQ": check, "D": d,
     }
     vs = [
         Variant("floor: clock + store (0-d uint64 view of shm)", "word[()] = mono()", ns,
@@ -221,7 +224,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
         Variant("shmhb hb.beat(), pure Python", "hb.beat()", ns, setup="hb = PHB"),
         Variant("shmhb board.slot(key), pure Python", "board.slot(key)", ns,
                 setup="board, key = PBOARD, KEY"),
-        Variant("seed: ZMQ REQ->ROUTER round trip (one check)", "zmq()", ns, batch=20,
+        Variant("ZMQ REQ->ROUTER round trip (one check)", "zmq()", ns, batch=20,
                 setup="zmq = ZMQ"),
         Variant("Manager dict: d[key] = monotonic_ns()", "d[key] = mono()", ns, batch=20,
                 setup="d, key, mono = D, KEY, MONO"),
@@ -424,12 +427,6 @@ def q3_host_kill(stack: contextlib.ExitStack, n: int) -> HostKill:
     return res
 
 
-def seed_model(n: int = 200) -> list[float]:
-    """The seed's verdict time after a death at a uniformly random phase of its 1 s ping:
-    alive until the last reply + 4 s, the last reply 0..1 s before the death: 3..4 s."""
-    return [SEED_ALIVE_S - POLL_INTERVAL_S * (k + 0.5) / n for k in range(n)]
-
-
 # -- 5: false verdicts under stress -----------------------------------------------------
 
 _WORKERS = """
@@ -574,12 +571,11 @@ def shmhb_interval_s(H: int) -> float:
     return cluster_bench.emulated_interval_s(H - 1)
 
 
-def msgs_model(H: int, R: int) -> tuple[float, float]:
-    """Messages/s, whole cluster, every host following every other: shmhb without mutual
-    pairs (hosts that cannot see each other's source address, behind NAT: ping + ack per
-    followed host per budgeted interval, both directions) and the seed (every rank pings
-    every rank of every other host once a second, ping + ack)."""
-    return 2 * H * (H - 1) / shmhb_interval_s(H), 2 * H * R * (H - 1) * R / POLL_INTERVAL_S
+def msgs_model(H: int) -> float:
+    """Messages/s, whole cluster, every host following every other, without mutual pairs
+    (hosts that cannot see each other's source address: ping + ack per followed host per
+    budgeted interval, both directions)."""
+    return 2 * H * (H - 1) / shmhb_interval_s(H)
 
 
 def msgs_model_mutual(H: int) -> float:

@@ -76,7 +76,7 @@ class Results:
     hang: Hang
     host: HostKill
     push: push_bench.PushResult | None  # remote worker kills (full runs only)
-    shape: cluster_bench.ShapeResult | None  # both designs at 4 x 16 (full runs only)
+    shape: cluster_bench.ShapeResult | None  # 4 x 16 (full runs only)
     cpu: list[cluster_bench.CpuResult]
     stress: Stress
     mem: list[tuple[int, int, int]]
@@ -105,11 +105,9 @@ def clusters(p: Profile) -> tuple[cluster_bench.ShapeResult | None, list[cluster
     and 250 emulated hosts (none in a short run)."""
     if not p.clusters:
         return None, []
-    log("Q4: 4 x 16 cluster, both designs at once (bench.cluster.run_shape)")
+    log("Q4: 4 x 16 cluster (bench.cluster.run_shape)")
     rng = random.Random()
-    shape = cluster_bench.run_shape(4, 16, window_s=4.0, subwindows=2, sh_kills=10, seed_kills_n=6,
-                                    seed_monitor_hosts=4, seed_monitor_ranks=16, concurrent=True,
-                                    rng=rng)
+    shape = cluster_bench.run_shape(4, 16, window_s=4.0, subwindows=2, sh_kills=10, rng=rng)
     cpu = []
     for n in (cluster_bench.CPU_HOSTS, cluster_bench.CPU_KILL_HOSTS):
         log(f"Q4: pinger CPU, {n} emulated hosts (bench.cluster.run_cpu_target)")
