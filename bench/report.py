@@ -17,7 +17,7 @@ from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, MIN_PINGS_PER_WINDO
 
 from . import figures, stats
 from . import cluster as cluster_bench
-from .scenarios import Q1, Q2, log, msgs_model, msgs_model_mutual, shmhb_interval_s
+from .scenarios import Q1, Q2, Verdicts, log, msgs_model, msgs_model_mutual, shmhb_interval_s
 
 if TYPE_CHECKING:
     from .suite import Results
@@ -188,38 +188,40 @@ def q2_section(q: Q2, targets: list[Target]) -> list[str]:
     return ["## 2. Overhead on a worker's step loop\n", txt, ""]
 
 
+def verdict_rows(event: str, v: Verdicts, peer: str, run: tuple[float, float], default_s: float,
+                 faults: str) -> list[list[str]]:
+    """A fault's rows: DEAD and SUSPECT under the run's shortened policy ``run``
+    (suspect-after, dead-after; ``peer``: ``"peer "`` for a host's, ``""`` for a
+    worker's), and DEAD at the default dead-after ``default_s`` plus the measured lag."""
+    suspect, dead = run
+    lag = [x - dead * 1e3 for x in v.dead_ms]
+    return [
+        [event, f"shmhb: {peer}DEAD, run policy {peer}dead-after {dead:g} s", *dist(v.dead_ms),
+         f"measured, {len(v.dead_ms)} {faults}" + (f" (+{v.missed} missed)" if v.missed else ""),
+         f"{stats.median(lag):+.0f} ms vs {peer}dead-after" if lag else "-"],
+        ["", f"shmhb: {peer}SUSPECT, run policy {peer}suspect-after {suspect:g} s", *dist(v.suspect_ms),
+         "measured", "-"],
+        ["", f"shmhb at the default policy ({peer}dead-after {default_s:g} s)",
+         *dist([default_s * 1e3 + x for x in lag]), f"computed: default {peer}dead-after + the measured lag",
+         "-"],
+    ]
+
+
 def q3_rows(r: Results) -> list[list[str]]:
-    """The detection table's rows: measured, computed from measured lags, modelled."""
+    """The detection table's rows: measured, and computed from measured lags."""
     kr, fl = r.kills.rows[1].summary, r.kills.rows[0].summary
-    hang, host, pol = r.hang, r.host, Policy()
-    hang_lag = [x - hang.dead_after_s * 1e3 for x in hang.dead_ms]
-    host_lag = [x - host.policy.peer_dead_after_s * 1e3 for x in host.dead_ms]
-    rows = [
+    hang, host, pol = r.hang, r.host.policy, Policy()
+    return [
         ["local kill (SIGKILL)", "shmhb: DEAD via the agent's pidfd", stats.fmt(kr.median, "ms"),
          stats.fmt(kr.p99, "ms"), f"measured, {kr.ops} kills", "-"],
         ["", "floor: the kernel reports the exit on our own pidfd", stats.fmt(fl.median, "ms"),
          stats.fmt(fl.p99, "ms"), "measured, same kills", "-"],
-        ["local hang (SIGSTOP)", f"shmhb: DEAD, run policy dead-after {hang.dead_after_s:g} s",
-         *dist(hang.dead_ms), f"measured, {len(hang.dead_ms)} hangs" + (f" (+{hang.missed} missed)" if hang.missed else ""),
-         f"{stats.median(hang_lag):+.0f} ms vs dead-after" if hang_lag else "-"],
-        ["", f"shmhb: SUSPECT, run policy suspect-after {hang.suspect_after_s:g} s", *dist(hang.suspect_ms),
-         "measured", "-"],
-        ["", f"shmhb at the default policy (dead-after {pol.dead_after_s:g} s)",
-         *(dist([pol.dead_after_s * 1e3 + x for x in hang_lag], "ms") if hang_lag else ["-", "-"]),
-         "computed: default dead-after + the measured lag", "-"],
+        *verdict_rows("local hang (SIGSTOP)", hang, "", (hang.suspect_after_s, hang.dead_after_s),
+                      pol.dead_after_s, "hangs"),
+        *remote_worker_rows(r),
+        *verdict_rows("remote host kill", r.host, "peer ", (host.peer_suspect_after_s, host.peer_dead_after_s),
+                      pol.peer_dead_after_s, "kills"),
     ]
-    rows += remote_worker_rows(r)
-    rows += [
-        ["remote host kill", f"shmhb: peer DEAD, run policy peer-dead-after {host.policy.peer_dead_after_s:g} s",
-         *dist(host.dead_ms), f"measured, {len(host.dead_ms)} kills" + (f" (+{host.missed} missed)" if host.missed else ""),
-         f"{stats.median(host_lag):+.0f} ms vs peer-dead-after" if host_lag else "-"],
-        ["", f"shmhb: peer SUSPECT, run policy {host.policy.peer_suspect_after_s:g} s", *dist(host.suspect_ms),
-         "measured", "-"],
-        ["", f"shmhb at the default policy (peer dead-after {pol.peer_dead_after_s:g} s)",
-         *(dist([pol.peer_dead_after_s * 1e3 + x for x in host_lag]) if host_lag else ["-", "-"]),
-         "computed: default + measured lag", "-"],
-    ]
-    return rows
 
 
 def remote_worker_rows(r: Results) -> list[list[str]]:

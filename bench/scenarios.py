@@ -303,10 +303,33 @@ def q2_step_loop(stack: contextlib.ExitStack, rounds: int, steps: int = 100) -> 
 # -- 3: detection -----------------------------------------------------------------------
 
 @dataclass
-class Hang:
+class Verdicts:
+    """Times in ms from each fault to SUSPECT and to DEAD, and the faults never judged DEAD."""
     dead_ms: list[float] = field(default_factory=list)
     suspect_ms: list[float] = field(default_factory=list)
     missed: int = 0
+
+    def time(self, read: Callable[[], Status | None], t0: float, limit_s: float, poll_s: float) -> None:
+        """Poll ``read`` every ``poll_s`` from the fault at ``t0`` (``perf_counter``) until
+        it reads DEAD or ``limit_s`` has passed."""
+        t_s = None
+        while True:
+            st = read()
+            t = time.perf_counter()
+            if t_s is None and st in (Status.SUSPECT, Status.DEAD):
+                t_s = t
+            if st is Status.DEAD or t - t0 > limit_s:
+                break
+            time.sleep(poll_s)
+        if st is Status.DEAD:
+            self.dead_ms.append((t - t0) * 1e3)
+            self.suspect_ms.append(((t_s or t) - t0) * 1e3)
+        else:
+            self.missed += 1
+
+
+@dataclass
+class Hang(Verdicts):
     suspect_after_s: float = 0.0
     dead_after_s: float = 0.0
 
@@ -329,20 +352,7 @@ def q3_hang(stack: contextlib.ExitStack, n: int, suspect_s: float = 0.2, dead_s:
         pid = victims.live[key]
         t0 = time.perf_counter()
         os.kill(pid, signal.SIGSTOP)
-        t_s = None
-        while True:
-            st = board.status(key)
-            t = time.perf_counter()
-            if t_s is None and st in (Status.SUSPECT, Status.DEAD):
-                t_s = t
-            if st is Status.DEAD or t - t0 > dead_s + 5:
-                break
-            time.sleep(0.0005)
-        if st is Status.DEAD:
-            res.dead_ms.append((t - t0) * 1e3)
-            res.suspect_ms.append(((t_s or t) - t0) * 1e3)
-        else:
-            res.missed += 1
+        res.time(lambda: board.status(key), t0, dead_s + 5, 0.0005)
         # SIGKILL ends a stopped process too (no SIGCONT needed): the victim's parent,
         # the fork server, ignores SIGCHLD, so the kernel reaps the victim at once and a
         # later signal to its pid would raise ProcessLookupError (or reach a reused pid).
@@ -364,10 +374,7 @@ def q3_hang(stack: contextlib.ExitStack, n: int, suspect_s: float = 0.2, dead_s:
 
 
 @dataclass
-class HostKill:
-    dead_ms: list[float] = field(default_factory=list)
-    suspect_ms: list[float] = field(default_factory=list)
-    missed: int = 0
+class HostKill(Verdicts):
     policy: Policy = field(default_factory=Policy)
     interval_s: float = 0.2
 
@@ -387,6 +394,11 @@ def q3_host_kill(stack: contextlib.ExitStack, n: int) -> HostKill:
     stack.callback(own.close)
     procs = {h: start_pinger(stack, names[h], f"{addrs[h]}:{port}", res.interval_s) for h in addrs}
     boards = dict(zip(addrs, attach_when_ready(stack, list(names.values()), procs=list(procs.values()))))
+
+    def b_from_a() -> Status | None:
+        p = boards["a"].peer(addrs["b"])
+        return p.status if p else None
+
     with contextlib.ExitStack() as hs_stack:
         for _ in range(n):
             hs = HostServer(hs_stack)
@@ -405,21 +417,7 @@ def q3_host_kill(stack: contextlib.ExitStack, n: int) -> HostKill:
             t0 = time.perf_counter()
             procs["b"].kill()
             os.kill(hs.ranks_pids[0], signal.SIGKILL)
-            t_s = None
-            while True:
-                p = boards["a"].peer(addrs["b"])
-                st = p.status if p else None
-                t = time.perf_counter()
-                if t_s is None and st in (Status.SUSPECT, Status.DEAD):
-                    t_s = t
-                if st is Status.DEAD or t - t0 > 15:
-                    break
-                time.sleep(0.001)
-            if st is Status.DEAD:
-                res.dead_ms.append((t - t0) * 1e3)
-                res.suspect_ms.append(((t_s or t) - t0) * 1e3)
-            else:
-                res.missed += 1
+            res.time(b_from_a, t0, 15, 0.001)
             procs["b"].wait()
             hs.close()
             procs["b"] = start_pinger(stack, names["b"], f"{addrs['b']}:{port}", res.interval_s)
