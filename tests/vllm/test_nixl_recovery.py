@@ -47,11 +47,7 @@ def decode(nixl: Stack) -> EngineProc:
 
 def _prefill(stack: Stack, engine_id: str | None = None) -> EngineProc:
     """A prefill on the stack's one side-channel address, its predecessor killed first."""
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    p = stack.start("prefill", engine_id)
+    p = stack.replace_prefill(engine_id)
     wait_alive_on_decode_host(stack, p)
     return p
 

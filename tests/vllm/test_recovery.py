@@ -75,11 +75,7 @@ def alive_here(stack: Stack, p: EngineProc) -> None:
 
 def fresh_prefill(stack: Stack, engine_id: str | None = None) -> EngineProc:
     """A prefill engine on the one bootstrap address, its predecessor killed first."""
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    return stack.start("prefill", engine_id)
+    return stack.replace_prefill(engine_id)
 
 
 def loaded(p: EngineProc, rid: str) -> None:

@@ -45,11 +45,7 @@ def decode(stack: AscendStack) -> EngineProc:
 
 
 def fresh_prefill(stack: AscendStack, engine_id: str | None = None) -> EngineProc:
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    p = stack.start("prefill", engine_id, env=SHORT_ABORT)
+    p = stack.replace_prefill(engine_id, env=SHORT_ABORT)
     alive_on(stack, p)
     return p
 
