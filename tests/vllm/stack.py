@@ -294,6 +294,15 @@ def stack_session(tmp: str, build: Callable[[Cluster, str], S]) -> Iterator[S]:
 open_stack = contextlib.contextmanager(stack_session)
 
 
+def recovering_decode(stack: Stack, **kw: Any) -> EngineProc:
+    """A decode engine on vLLM's real Scheduler, checked to recompute what it cannot
+    load: the default, since the wrapper sets vLLM's policy before the Scheduler reads it."""
+    d = stack.start("decode", scheduler=True, **kw)
+    blocks = d.request("blocks", "blocks")
+    assert blocks["policy"] == "recompute" and blocks["recompute"], blocks
+    return d
+
+
 def live(stack: Stack, role: str) -> EngineProc:
     return [e for e in stack.engines if e.role == role and e.p.poll() is None][-1]
 
