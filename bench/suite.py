@@ -101,8 +101,8 @@ def _scenario(what: str, fn: Callable[[contextlib.ExitStack], T]) -> T:
 
 
 def clusters(p: Profile) -> tuple[cluster_bench.ShapeResult | None, list[cluster_bench.CpuResult]]:
-    """bench.cluster's 4 x 16 shape, both designs at once, and the pinger's CPU with 64
-    and 250 emulated hosts (none in a short run)."""
+    """bench.cluster's 4 x 16 shape and the pinger's CPU with 64 and 250 emulated hosts
+    (none in a short run)."""
     if not p.clusters:
         return None, []
     log("Q4: 4 x 16 cluster (bench.cluster.run_shape)")
