@@ -459,11 +459,11 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             board.watch(f"{a}:30000")
         _wait_alive(res, board, hosts)
         emu.abba(pinger.pid, "follow", "both", board, rounds)
-        # hosts known by another address than the one they name (NAT, a name): since v2
-        # their pings count by identity, and the pairs are mutual as in "both"
+        # hosts known by another address than the one they name (NAT, a name): their
+        # pings count by identity, and the pairs are mutual as in "both"
         emu.abba(pinger.pid, "both", "both-nat", board, rounds)
-        # what a cluster pays where no pair is mutual (peers that predate challenges):
-        # both sides of every pair ping every interval
+        # what a cluster pays where no pair is mutual (pings that count as no host's
+        # evidence, as on loopback): both sides of every pair ping every interval
         for _ in range(rounds):
             emu.command("ping 2")
             _settle(res)
@@ -523,12 +523,12 @@ def cpu_section(cpu: CpuResult) -> str:
                             int(shmhb.Policy().peer_dead_after_s * 1e9)) / 1e9
     out.append(f"\n- {cpu.peers_alive}/{cpu.hosts} emulated hosts ALIVE on the board. The pinger runs "
                f"at its defaults (interval {SHMHB_INTERVAL_S:g} s, budget {DEFAULT_BUDGET_PPS:g} pings/s): "
-               f"it pings each host every {mine:.3g} s. Each emulated host pings it as a default (v2) "
+               f"it pings each host every {mine:.3g} s. Each emulated host pings it as a default "
                f"pinger following the whole cluster would: from its own address, and where it is the "
                f"passive side of the mutual pair (the larger board identity: about half of them; the "
                f"pinger is passive for the others) only once per refresh while the pinger's pings "
                f"count as evidence; behind NAT the same, its pings naming an address the pinger does "
-               f"not follow it by; with no mutual pairs (peers that predate challenges), "
+               f"not follow it by; with no mutual pairs (pings that count as no host's evidence), "
                f"every {cpu.interval_s:.3g} s. Live hosts read "
                f"other than ALIVE in {cpu.not_alive} of {cpu.samples * max(1, cpu.hosts)} samples "
                "(every 0.5 s, every host). The pinger's board holds 16 beating rank slots (its acks "
