@@ -210,12 +210,9 @@ def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Fin
     why = _settle(partial(_agent_problem, bw, pinger_pids))
     if why:
         out.append(Finding("agent", why))
-    tables: tuple[tuple[str, np.ndarray, Callable[[BoardWords, int], str | None]], ...] = (
-        ("peer", bw.peer_table, _peer_problem),
-        ("remote", bw.remote_table, _remote_problem),
-        ("watch", bw.watch_table, _watch_problem),
-    )
-    for what, table, problem in tables:
+    for what, table, problem in (("peer", bw.peer_table, _peer_problem),
+                                 ("remote", bw.remote_table, _remote_problem),
+                                 ("watch", bw.watch_table, _watch_problem)):
         for i in map(int, np.flatnonzero(table["checksum"] != 0)):
             why = _settle(partial(problem, bw, i))
             if why:
