@@ -43,11 +43,11 @@ def require_nixl() -> None:
     pytest.importorskip("nixl._api", reason="NIXL not installed: " + HOW)
 
 
-from .stack import Stack, stack_session
+from .stack import Stack, stack_scope
 
 
 def make_stack(tmp_path_factory: Any, *, wrapped: bool, env: dict[str, str] | None = None,
                inner: str = "mooncake") -> Iterator[Stack]:
     tmp = str(tmp_path_factory.mktemp(("vllm-wrapped" if wrapped else "vllm-stock") + f"-{inner}"))
-    yield from stack_session(tmp, lambda cluster, d: Stack(cluster, d, wrapped=wrapped, env=env,
+    yield from stack_scope(tmp, lambda cluster, d: Stack(cluster, d, wrapped=wrapped, env=env,
                                                            inner=inner))

@@ -274,7 +274,7 @@ class Stack:
 S = TypeVar("S", bound=Stack)
 
 
-def stack_session(tmp: str, build: Callable[[Cluster, str], S]) -> Iterator[S]:
+def stack_scope(tmp: str, build: Callable[[Cluster, str], S]) -> Iterator[S]:
     """A module fixture's body: the stack ``build`` makes on a fresh cluster in ``tmp``,
     yielded, then closed with every process the cluster started."""
     procs = Procs()
@@ -290,8 +290,8 @@ def stack_session(tmp: str, build: Callable[[Cluster, str], S]) -> Iterator[S]:
         cluster.close()
 
 
-#: ``stack_session`` as a ``with`` block (the benches' form)
-open_stack = contextlib.contextmanager(stack_session)
+#: ``stack_scope`` as a ``with`` block (the benches' form)
+open_stack = contextlib.contextmanager(stack_scope)
 
 
 def recovering_decode(stack: Stack, **kw: Any) -> EngineProc:

@@ -47,8 +47,8 @@ def require_vllm_ascend() -> None:
 
 
 def make_stack(tmp_path_factory: Any, *, wrapped: bool) -> Iterator[Any]:
-    from tests.vllm.stack import stack_session
+    from tests.vllm.stack import stack_scope
 
     from .stack import AscendStack
     tmp = str(tmp_path_factory.mktemp("ascend-wrapped" if wrapped else "ascend-stock"))
-    yield from stack_session(tmp, lambda cluster, d: AscendStack(cluster, d, wrapped=wrapped))
+    yield from stack_scope(tmp, lambda cluster, d: AscendStack(cluster, d, wrapped=wrapped))
