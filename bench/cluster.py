@@ -1,25 +1,14 @@
-"""shmhb against the seed's per-connector heartbeat on one simulated cluster:
-``python -m bench.cluster [--quick]``.
+"""shmhb on simulated clusters: ``python -m bench.cluster [--quick]``.
 
 Hosts are loopback addresses (host h is 127.0.0.(2+h)); hosts x ranks per host = 4 x 16
 and 32 x 16 (``--quick``: 4 x 16 only, shorter windows, fewer kills).  Every host follows
-every other host.
-
-* **shmhb host**: one board, one ``python -m shmhb pinger --listen 127.0.0.X:P
-  --interval-s 0.2`` process (the pinger's default interval: 5 pings/s to each followed
-  host; its default tick, 0.1 s), and one ranks process that registers the host's 16 rank slots,
-  beats them every 0.1 s from one thread and watches every other host
-  (``bench.cluster_hosts``).  Kill victims are extra worker processes on the board.
-* **seed host** (``bench.seed_baseline``): 16 rank processes, each answering pings on
-  its own port and running its own monitor thread that pings every rank of every other
-  host once a second over REQ sockets.
-
-At 4 x 16 both designs run at the same time, so their steady-state window (messages,
-CPU) sees the same noise; then the seed's kills (seconds each), then, with the seed's
-cluster stopped, shmhb's (milliseconds each).  At 32 x 16 the two clusters together
-would overload 2 cores, so they run one after the other, and only a few ranks of host 0
-run the seed's monitor (all 512 ranks answer); its whole-cluster figures are computed
-from theirs.  Then, separately:
+every other host.  Each host: one board, one ``python -m shmhb pinger --listen
+127.0.0.X:P --interval-s 0.2`` process (the pinger's default interval: 5 pings/s to each
+followed host; its default tick, 0.1 s), and one ranks process that registers the
+host's 16 rank slots, beats them every 0.1 s from one thread and watches every other
+host (``bench.cluster_hosts``).  Kill victims are extra worker processes on the board.
+The seed's per-rank design measured beside it is the design study's (bench/STUDY.md).
+Then, separately:
 
 * **pinger CPU target**: one real pinger following 64 remote hosts at 5 pings/s each,
   the hosts emulated by one light process (``bench.emulator``) answering with valid
@@ -30,8 +19,8 @@ from theirs.  Then, separately:
 
 What is measured and what is computed is said in each table and in
 bench/results_cluster.md, which the run overwrites (``--out`` to write elsewhere).
-Everything started is stopped and every board and shared table unlinked at the end, on
-Ctrl-C too.  Traffic stays on 127.0.0.0/8.
+Everything started is stopped and every board unlinked at the end, on Ctrl-C too.
+Traffic stays on 127.0.0.0/8.
 """
 
 from __future__ import annotations
@@ -42,7 +31,6 @@ import itertools
 import math
 import os
 import random
-import select
 import subprocess
 import sys
 import time
@@ -73,129 +61,13 @@ from .harness import (
     wait_quiet,
     wait_remote_alive,
 )
-from .seed_baseline import (
-    ACKS,
-    ANSWERED,
-    DEAD_FOR,
-    DEAD_T,
-    LAST_T,
-    LATE,
-    PID,
-    POLL_INTERVAL_S,
-    RECREATED,
-    SEND_ERR,
-    SENT,
-    TIMEOUT_S,
-    TIMEOUTS,
-    WATCH,
-    Table,
-    purge_model,
-)
 
 SHMHB_INTERVAL_S = 0.2
 BEAT_S = 0.1
-SEED_DOWN_S = 3 * POLL_INTERVAL_S + TIMEOUT_S
-TARGET_MSG_RATIO = 16.0
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# -- the seed's cluster ----------------------------------------------------------------------
-
-class SeedCluster:
-    """The ``bench.seed_baseline`` launcher and its shared table."""
-
-    def __init__(self, stack: contextlib.ExitStack, hosts: int, ranks: int, base_port: int,
-                 monitor_hosts: int, monitor_ranks: int) -> None:
-        self.H, self.R = hosts, ranks
-        self.mh, self.mr = monitor_hosts, monitor_ranks
-        self.tb = Table(f"/{board_name(f'seed{hosts}x{ranks}')}", hosts * ranks, create=True)
-        stack.callback(self.tb.unlink)
-        stack.callback(self.tb.close)
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "bench.seed_baseline", "launch", "--shm", self.tb.name,
-             "--hosts", str(hosts), "--ranks", str(ranks), "--base-port", str(base_port),
-             "--monitor-hosts", str(monitor_hosts), "--monitor-ranks", str(monitor_ranks),
-             "--ready-timeout", "120", "--recreate"],
-            cwd=REPO, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        stack.callback(self.close)
-
-    @property
-    def monitors(self) -> int:
-        return self.mh * self.mr
-
-    def wait_ready(self, timeout_s: float) -> str:
-        assert self.p.stdout is not None
-        r, _, _ = select.select([self.p.stdout], [], [], timeout_s)
-        line = self.p.stdout.readline().strip() if r else "timeout"
-        if line != "ready":
-            log(f"seed cluster: {line} (some monitors have not had a full round of replies yet)")
-        return line
-
-    def pids(self) -> list[int]:
-        return [int(x) for x in self.tb.column(PID) if x]
-
-    def counters(self) -> dict[str, float]:
-        return {n: sum(self.tb.column(c)) for n, c in
-                (("sent", SENT), ("acks", ACKS), ("answered", ANSWERED), ("send_err", SEND_ERR),
-                 ("timeouts", TIMEOUTS), ("late", LATE), ("recreated", RECREATED))}
-
-    def close(self) -> None:
-        if self.p.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.p.stdin.close()
-        stop_process(self.p, 10.0)
-
-
-def seed_kills(seed: SeedCluster, n: int, rng: random.Random, out: Dist, lasts: list[float],
-               bad: list[str]) -> None:
-    """Kill ``n`` seed ranks, each watched by a monitoring rank on another host, in batches
-    (one target per watcher at a time); the watcher's checker thread reports when
-    ``is_alive()`` first answers False.  Kills within a batch are spread over 1 s."""
-    tb, R = seed.tb, seed.R
-    watchers = [h * R + r for h in range(seed.mh) for r in range(seed.mr)]
-    rng.shuffle(watchers)
-    used = set(watchers[:n])
-    pids = [int(x) for x in tb.column(PID)]
-    left = n
-    while left > 0:
-        batch = []
-        for w in watchers[:min(left, len(watchers))]:
-            wh = w // R
-            cands = [v for v in range(seed.H * R) if v // R != wh and v not in used]
-            v = rng.choice(cands)
-            used.add(v)
-            batch.append((w, v))
-            tb.set(w, WATCH, v + 1)
-        time.sleep(0.6)  # the checkers look at WATCH every 0.25 s
-        start = time.monotonic()
-        kills = []
-        for off, (w, v) in sorted((rng.uniform(0, 1.0), wv) for wv in batch):
-            time.sleep(max(0.0, start + off - time.monotonic()))
-            t = time.monotonic()
-            try:
-                os.kill(pids[v], 9)
-            except ProcessLookupError:
-                bad.append(f"seed rank {v}: gone before its kill")
-                continue
-            kills.append((w, v, t))
-        deadline = time.monotonic() + SEED_DOWN_S + 4
-        for w, v, t in kills:
-            while int(tb.get(w, DEAD_FOR)) != v + 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if int(tb.get(w, DEAD_FOR)) != v + 1:
-                out.add(None)
-                bad.append(f"seed rank {v}: no verdict at watcher {w}")
-            elif tb.get(w, DEAD_T) < t:
-                out.add(None)
-                bad.append(f"seed rank {v}: watcher {w} thought it dead before the kill")
-            else:
-                out.add(tb.get(w, DEAD_T) - t)
-                lasts.append(tb.get(w, LAST_T) + SEED_DOWN_S - t)
-            tb.set(w, WATCH, 0)
-        left -= len(batch)
 
 
 # -- one cluster shape -------------------------------------------------------------------------
@@ -211,56 +83,14 @@ class ShapeResult:
     sh_msgs_w: list[float] = field(default_factory=list)  # per sub-window
     sh_cpu_w: list[float] = field(default_factory=list)  # per sub-window, mean over hosts
     sh_sched_w: list[float] = field(default_factory=list)
-    seed_msgs_w: list[float] = field(default_factory=list)
-    seed_cpu_w: list[float] = field(default_factory=list)  # per sub-window, all seed processes
-    seed_sched_w: list[float] = field(default_factory=list)
     sh_beats: list[float] = field(default_factory=list)
     sh_kill: Dist = field(default_factory=Dist)
     sh_local: Dist = field(default_factory=Dist)
     sh_within: int = 0  # kills seen remotely within local verdict + one interval
     sh_late: list[float] = field(default_factory=list)  # worst agent-loop lateness, ms, per kill
-    seed_monitors: int = 0
-    seed_msgs: float = 0.0  # measured
-    seed_parts: dict[str, float] = field(default_factory=dict)
-    seed_cpu_total: float = 0.0  # % of a core, all seed processes (utime+stime)
-    seed_sched_total: float = 0.0
-    seed_kill: Dist = field(default_factory=Dist)
-    seed_rule: list[float] = field(default_factory=list)
-    ready: str = ""
-    concurrent: bool = True
     dead_after_s: float = 10.0
-    seed_window_s: float = 0.0
     problems: list[str] = field(default_factory=list)
     load: tuple[float, float] = (0.0, 0.0)
-
-    # -- full-cluster figures ------------------------------------------------------------------
-    @property
-    def full_monitors(self) -> int:
-        return self.H * self.R
-
-    @property
-    def seed_full_msgs(self) -> float:
-        """Measured when every rank runs its monitor; else measured per monitoring rank x
-        every rank of the cluster (each ping is answered: pings + acks)."""
-        if self.seed_monitors == self.full_monitors:
-            return self.seed_msgs
-        return self.seed_msgs / self.seed_monitors * self.full_monitors
-
-    @property
-    def seed_cpu_host(self) -> float:
-        """% of a core per host.  All ranks monitoring: all seed CPU / hosts.  A subset
-        (k monitors, all on host 0): the subset's pings are answered by the other hosts,
-        so all seed CPU is k/R of one host's load (its pings out and, spread over the
-        others, as many pings in); scaled by R/k."""
-        if self.seed_monitors == self.full_monitors:
-            return self.seed_cpu_total / self.H
-        return self.seed_cpu_total * self.R / self.seed_monitors
-
-    @property
-    def seed_sched_host(self) -> float:
-        if self.seed_monitors == self.full_monitors:
-            return self.seed_sched_total / self.H
-        return self.seed_sched_total * self.R / self.seed_monitors
 
 
 def wait_converged(boards: list[shmhb.Board], slots: int, timeout_s: float) -> bool:
@@ -310,49 +140,29 @@ class ShmhbCluster:
         self.hs.close()
 
 
-def measure_steady(res: ShapeResult, sh: ShmhbCluster | None, seed: SeedCluster | None,
-                   window_s: float, subwindows: int) -> None:
-    """Messages and CPU of whichever designs run, over one window cut into sub-windows;
-    figures are medians over the sub-windows (robust to bursts of other load)."""
-    pp = sh.pids if sh else []
-    rp = sh.ranks_pids if sh else []
-    sp = seed.pids() if seed else []
+def measure_steady(res: ShapeResult, sh: ShmhbCluster, window_s: float, subwindows: int) -> None:
+    """Messages and CPU over one window cut into sub-windows; figures are medians over the
+    sub-windows (robust to bursts of other load)."""
+    pp, rp = sh.pids, sh.ranks_pids
     snaps = []
     for k in range(subwindows + 1):
         if k:
             time.sleep(window_s / subwindows)
-        snaps.append(([b.stats() for b in sh.boards] if sh else [], seed.counters() if seed else {},
-                      sample_cpu(pp + rp + sp)))
-    (st0, sc0, c0), (st1, sc1, c1) = snaps[0], snaps[-1]
-    dt = c1.t - c0.t
-    if sh:
-        res.window_s = dt
-        for k in ("pings_sent", "pings_answered", "pushes_sent", "acks_received"):
-            res.sh_parts[k] = sum(b[k] - a[k] for a, b in zip(st0, st1)) / dt
-        res.sh_cpu = [100 * cpu_delta(c0, c1, [p])[0] / dt for p in pp]  # whole window, per host
-        res.sh_beats = [100 * cpu_delta(c0, c1, [p])[1] / dt for p in rp]
-    if seed:
-        res.seed_window_s = dt
-        res.seed_parts = {k: (sc1[k] - sc0[k]) / dt for k in sc0}
-    for (a_st, a_sc, a_c), (b_st, b_sc, b_c) in itertools.pairwise(snaps):
+        snaps.append(([b.stats() for b in sh.boards], sample_cpu(pp + rp)))
+    (st0, c0), (st1, c1) = snaps[0], snaps[-1]
+    dt = res.window_s = c1.t - c0.t
+    for k in ("pings_sent", "pings_answered", "pushes_sent", "acks_received"):
+        res.sh_parts[k] = sum(b[k] - a[k] for a, b in zip(st0, st1)) / dt
+    res.sh_cpu = [100 * cpu_delta(c0, c1, [p])[0] / dt for p in pp]  # whole window, per host
+    res.sh_beats = [100 * cpu_delta(c0, c1, [p])[1] / dt for p in rp]
+    for (a_st, a_c), (b_st, b_c) in itertools.pairwise(snaps):
         w = b_c.t - a_c.t
-        if sh:
-            res.sh_msgs_w.append(sum(b[k] - a[k] for a, b in zip(a_st, b_st)
-                                     for k in ("pings_sent", "pings_answered", "pushes_sent")) / w)
-            u, sch = cpu_delta(a_c, b_c, pp)
-            res.sh_cpu_w.append(100 * u / w / sh.H)
-            res.sh_sched_w.append(100 * sch / w / sh.H)
-        if seed:
-            res.seed_msgs_w.append((b_sc["sent"] - a_sc["sent"] + b_sc["answered"] - a_sc["answered"]) / w)
-            u, sch = cpu_delta(a_c, b_c, sp)
-            res.seed_cpu_w.append(100 * u / w)
-            res.seed_sched_w.append(100 * sch / w)
-    if sh:
-        res.sh_msgs = stats.median(res.sh_msgs_w)
-    if seed:
-        res.seed_msgs = stats.median(res.seed_msgs_w)
-        res.seed_cpu_total = stats.median(res.seed_cpu_w)
-        res.seed_sched_total = stats.median(res.seed_sched_w)
+        res.sh_msgs_w.append(sum(b[k] - a[k] for a, b in zip(a_st, b_st)
+                                 for k in ("pings_sent", "pings_answered", "pushes_sent")) / w)
+        u, sch = cpu_delta(a_c, b_c, pp)
+        res.sh_cpu_w.append(100 * u / w / sh.H)
+        res.sh_sched_w.append(100 * sch / w / sh.H)
+    res.sh_msgs = stats.median(res.sh_msgs_w)
 
 
 def shmhb_kills(res: ShapeResult, sh: ShmhbCluster, n: int, rng: random.Random) -> None:
@@ -383,72 +193,19 @@ def shmhb_kills(res: ShapeResult, sh: ShmhbCluster, n: int, rng: random.Random) 
         last_change[vh] = time.monotonic()
 
 
-def _shape_ports(H: int, R: int, rng: random.Random) -> tuple[int, int]:
-    """The pingers' port and the first of the seed ranks' ``R`` ports (apart), free on
-    the ``H`` hosts' loopback addresses."""
-    addrs = loopback_addrs(H)
-    ps = free_port(addrs, rng=rng)
-    pb = ps
-    while ps in range(pb, pb + R):
-        pb = free_port(addrs, span=R, rng=rng)
-    return ps, pb
-
-
-def run_shape(H: int, R: int, *, window_s: float, subwindows: int, sh_kills: int, seed_kills_n: int,
-              seed_monitor_hosts: int, seed_monitor_ranks: int, concurrent: bool,
+def run_shape(H: int, R: int, *, window_s: float, subwindows: int, sh_kills: int,
               rng: random.Random) -> ShapeResult:
-    """Both designs at one shape.  ``concurrent``: both clusters up at once, measured over
-    the same window (the seed's kills run first, then its cluster stops, then shmhb's).
-    Otherwise one after the other (the seed's first), for shapes whose two clusters
-    together would overload the machine."""
-    res = ShapeResult(H, R, concurrent=concurrent)
+    """One shape: the cluster up and converged, its steady state, then ``sh_kills`` kills."""
+    res = ShapeResult(H, R)
     load0 = stats.loadavg()
-    ps, pb = _shape_ports(H, R, rng)
-
-    def seed_up(st: contextlib.ExitStack) -> SeedCluster:
-        seed = SeedCluster(st, H, R, pb, seed_monitor_hosts, seed_monitor_ranks)
-        res.seed_monitors = seed.monitors
-        return seed
-
-    def seed_kills_then_stop(seed: SeedCluster) -> None:
-        lasts: list[float] = []
-        seed_kills(seed, seed_kills_n, rng, res.seed_kill, lasts, res.problems)
-        res.seed_rule = lasts
-        seed.close()
-
-    def shmhb_up(st: contextlib.ExitStack) -> ShmhbCluster:
-        sh = ShmhbCluster(st, H, R, ps)
+    with contextlib.ExitStack() as st:
+        log(f"{H}x{R}: starting {H} shmhb hosts")
+        sh = ShmhbCluster(st, H, R, free_port(loopback_addrs(H), rng=rng))
         if not wait_converged(sh.boards, R + 1, 120):
             res.problems.append("shmhb: not every host saw every other ALIVE within 120 s")
-        return sh
-
-    monitoring = seed_monitor_hosts * seed_monitor_ranks
-    with contextlib.ExitStack() as st:
-        if concurrent:
-            log(f"{H}x{R}: starting {H} shmhb hosts and {H * R} seed ranks ({monitoring} monitoring), "
-                "both at once")
-            sh = shmhb_up(st)
-            seed = seed_up(st)
-            res.ready = seed.wait_ready(150)
-            time.sleep(2.0)
-            measure_steady(res, sh, seed, window_s, subwindows)
-            log(f"{H}x{R}: shmhb {res.sh_msgs:.0f} msgs/s, seed {res.seed_msgs:.0f} msgs/s; seed kills")
-            seed_kills_then_stop(seed)
-        else:
-            log(f"{H}x{R}: seed cluster first: {H * R} ranks, {monitoring} of them monitoring")
-            with contextlib.ExitStack() as st2:
-                seed = seed_up(st2)
-                res.ready = seed.wait_ready(150)
-                time.sleep(2.0)
-                measure_steady(res, None, seed, window_s, subwindows)
-                log(f"{H}x{R}: seed {res.seed_msgs:.0f} msgs/s; seed kills")
-                seed_kills_then_stop(seed)
-            log(f"{H}x{R}: then shmhb: {H} hosts")
-            sh = shmhb_up(st)
-            time.sleep(2.0)
-            measure_steady(res, sh, None, window_s, subwindows)
-            log(f"{H}x{R}: shmhb {res.sh_msgs:.0f} msgs/s")
-        log(f"{H}x{R}: {sh_kills} shmhb kills")
+        time.sleep(2.0)
+        measure_steady(res, sh, window_s, subwindows)
+        log(f"{H}x{R}: shmhb {res.sh_msgs:.0f} msgs/s; {sh_kills} kills")
         shmhb_kills(res, sh, sh_kills, rng)
         log(f"{H}x{R}: done")
         sh.stop()
@@ -702,11 +459,11 @@ def run_cpu_target(window_s: float, rounds: int, floor_rounds: int, rng: random.
             board.watch(f"{a}:30000")
         _wait_alive(res, board, hosts)
         emu.abba(pinger.pid, "follow", "both", board, rounds)
-        # hosts known by another address than the one they name (NAT, a name): since v2
-        # their pings count by identity, and the pairs are mutual as in "both"
+        # hosts known by another address than the one they name (NAT, a name): their
+        # pings count by identity, and the pairs are mutual as in "both"
         emu.abba(pinger.pid, "both", "both-nat", board, rounds)
-        # what a cluster pays where no pair is mutual (peers that predate challenges):
-        # both sides of every pair ping every interval
+        # what a cluster pays where no pair is mutual (pings that count as no host's
+        # evidence, as on loopback): both sides of every pair ping every interval
         for _ in range(rounds):
             emu.command("ping 2")
             _settle(res)
@@ -766,12 +523,12 @@ def cpu_section(cpu: CpuResult) -> str:
                             int(shmhb.Policy().peer_dead_after_s * 1e9)) / 1e9
     out.append(f"\n- {cpu.peers_alive}/{cpu.hosts} emulated hosts ALIVE on the board. The pinger runs "
                f"at its defaults (interval {SHMHB_INTERVAL_S:g} s, budget {DEFAULT_BUDGET_PPS:g} pings/s): "
-               f"it pings each host every {mine:.3g} s. Each emulated host pings it as a default (v2) "
+               f"it pings each host every {mine:.3g} s. Each emulated host pings it as a default "
                f"pinger following the whole cluster would: from its own address, and where it is the "
                f"passive side of the mutual pair (the larger board identity: about half of them; the "
                f"pinger is passive for the others) only once per refresh while the pinger's pings "
                f"count as evidence; behind NAT the same, its pings naming an address the pinger does "
-               f"not follow it by; with no mutual pairs (peers that predate challenges), "
+               f"not follow it by; with no mutual pairs (pings that count as no host's evidence), "
                f"every {cpu.interval_s:.3g} s. Live hosts read "
                f"other than ALIVE in {cpu.not_alive} of {cpu.samples * max(1, cpu.hosts)} samples "
                "(every 0.5 s, every host). The pinger's board holds 16 beating rank slots (its acks "
@@ -848,7 +605,7 @@ def report_cpu(cpus: list[CpuResult], info: list[tuple[str, str]], wall_s: float
 def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.PushResult,
            info: list[tuple[str, str]], wall_s: float, quick: bool) -> tuple[str, list[bool]]:
     """bench/results_cluster.md's text, and each target's verdict."""
-    out = ["# shmhb vs the seed's per-connector heartbeat: cluster benchmark\n",
+    out = ["# shmhb on simulated clusters\n",
            f"`python -m bench.cluster{' --quick' if quick else ''}`, {wall_s:.0f} s wall. "
            "Written by the run; figures differ run to run (2 shared cores).\n"]
     out += [f"- {k}: {v}" for k, v in info]
@@ -868,85 +625,42 @@ def report(shapes: list[ShapeResult], cpus: list[CpuResult], pr: push_bench.Push
 
 
 def steady_section(shapes: list[ShapeResult]) -> list[str]:
-    out: list[str] = []
-    out.append("## Steady state: messages and CPU\n")
-    rows = []
+    rows = [[f"{s.H} x {s.R}", rate(s.sh_msgs), pct(stats.median(s.sh_cpu_w)),
+             pct(stats.median(s.sh_sched_w)), pct(max(s.sh_cpu)), pct(stats.median(s.sh_beats))]
+            for s in shapes]
+    out = ["## Steady state: messages and CPU\n",
+           stats.table(["hosts x ranks", "msgs/s, whole cluster (measured: all hosts)",
+                        "pinger CPU per host (utime+stime)", "(schedstat)", "busiest pinger",
+                        "beats, 16 slots"], rows), ""]
     for s in shapes:
-        shape = f"{s.H} x {s.R}"
-        sh_cpu = stats.median(s.sh_cpu_w)
-        sh_sched = stats.median(s.sh_sched_w)
-        rows.append([shape, "shmhb (pinger every 0.2 s)", rate(s.sh_msgs), rate(s.sh_msgs),
-                     "measured: all hosts", pct(sh_cpu), pct(sh_sched),
-                     pct(max(s.sh_cpu)), pct(stats.median(s.sh_beats))])
-        full = s.seed_monitors == s.full_monitors
-        how = ("measured: all ranks" if full else
-               f"measured {s.seed_monitors} monitoring ranks (host 0); full = x{s.full_monitors // s.seed_monitors}")
-        rows.append([shape, "seed (every rank, REQ, 1 s)", rate(s.seed_msgs), rate(s.seed_full_msgs), how,
-                     pct(s.seed_cpu_host), pct(s.seed_sched_host), "-", "-"])
-        rows.append([shape, "seed / shmhb", "",
-                     f"{s.seed_full_msgs / s.sh_msgs:.0f}x" if s.sh_msgs else "-", "",
-                     f"{s.seed_cpu_host / sh_cpu:.0f}x" if sh_cpu else "-",
-                     f"{s.seed_sched_host / sh_sched:.0f}x" if sh_sched else "-", "", ""])
-    out.append(stats.table(["hosts x ranks", "design", "msgs/s in the run", "msgs/s, whole cluster",
-                            "how", "heartbeat CPU per host (utime+stime)", "(schedstat)",
-                            "busiest pinger", "shmhb beats, 16 slots"], rows))
+        p = s.sh_parts
+        out.append(f"- {s.H} x {s.R}: window {s.window_s:.1f} s in {len(s.sh_msgs_w)} sub-windows; msgs/s "
+                   f"and CPU are medians over sub-windows (pinger CPU per host: "
+                   f"{', '.join(f'{x:.2f}' for x in s.sh_cpu_w)} %). Whole-window means per second: "
+                   f"{p['pings_sent']:.0f} pings, {p['pings_answered']:.0f} acks sent, "
+                   f"{p['acks_received']:.0f} acks received, {p['pushes_sent']:.1f} pushes. "
+                   f"Load average {s.load[0]:.1f} before, {s.load[1]:.1f} after.")
     out.append("")
-    for s in shapes:
-        sp = s.seed_parts
-        how = ("both designs ran at once and were measured over the same window" if s.concurrent else
-               "one after the other (the seed's cluster, then shmhb's; both at once overload 2 cores), "
-               f"seed window {s.seed_window_s:.1f} s")
-        out.append(f"- {s.H} x {s.R}: {how}; window {s.window_s:.1f} s in {len(s.sh_msgs_w)} sub-windows; msgs/s "
-                   f"and CPU are medians over sub-windows (seed CPU, all processes: "
-                   f"{', '.join(f'{x:.0f}' for x in s.seed_cpu_w)} %; shmhb pinger CPU per host: "
-                   f"{', '.join(f'{x:.2f}' for x in s.sh_cpu_w)} %). Whole-window means: shmhb per second: "
-                   f"{s.sh_parts['pings_sent']:.0f} pings, {s.sh_parts['pings_answered']:.0f} acks sent, "
-                   f"{s.sh_parts['acks_received']:.0f} acks received, {s.sh_parts['pushes_sent']:.1f} pushes. "
-                   f"Seed per second: {sp['sent']:.0f} pings, {sp['answered']:.0f} acks sent, "
-                   f"{sp['acks']:.0f} acks received, {sp['send_err']:.1f} refused sends (EFSM/EAGAIN), "
-                   f"{sp['timeouts']:.1f} replies missing at the 1 s deadline (each socket recreated), "
-                   f"{sp['late']:.1f} late replies. "
-                   f"Seed launcher: {s.ready}. Load average {s.load[0]:.1f} before, {s.load[1]:.1f} after.")
-    out.append("")
-
     return out
 
 
 def kills_section(shapes: list[ShapeResult]) -> list[str]:
-    out: list[str] = []
-    out.append("## Kill a remote worker: time to the verdict on a watching host\n")
     rows = []
     for s in shapes:
         shape = f"{s.H} x {s.R}"
-        n = len(s.sh_kill.values)
-        rows.append([shape, "shmhb: DEAD on the watching host's board (push)", *dist_cells(s.sh_kill.values, "ms"),
-                     "measured", f"{n}" + (f" (+{s.sh_kill.missed} missed)" if s.sh_kill.missed else "")])
-        rows.append([shape, "shmhb: DEAD on the victim's own board (pidfd)", *dist_cells(s.sh_local.values, "ms"),
-                     "measured", str(len(s.sh_local.values))])
-        rows.append([shape, "seed: watcher's is_alive() turns False (4 s rule)",
-                     *dist_cells(s.seed_kill.values, "ms", 1e3), "measured",
-                     f"{len(s.seed_kill.values)}" + (f" (+{s.seed_kill.missed} missed)" if s.seed_kill.missed else "")])
-        pm = purge_model(s.seed_kill.values)
-        rows.append([shape, "seed: link info purged (60 s watcher)", *dist_cells(pm, "s"),
-                     "modelled: measured 4 s verdict + uniform 0-60 s wait", "-"])
-        if s.sh_kill.values and s.seed_kill.values:
-            rows.append([shape, "seed verdict / shmhb verdict",
-                         f"{stats.median(s.seed_kill.values) * 1e3 / stats.median(s.sh_kill.values):.0f}x",
-                         f"{stats.p99(s.seed_kill.values) * 1e3 / stats.p99(s.sh_kill.values):.0f}x", "", ""])
-    out.append(stats.table(["hosts x ranks", "verdict", "median", "p99", "how", "kills"], rows))
-    out.append("")
+        rows.append([shape, "DEAD on the watching host's board (push)", *dist_cells(s.sh_kill.values, "ms"),
+                     f"{len(s.sh_kill.values)}" + (f" (+{s.sh_kill.missed} missed)" if s.sh_kill.missed else "")])
+        rows.append([shape, "DEAD on the victim's own board (pidfd)", *dist_cells(s.sh_local.values, "ms"),
+                     str(len(s.sh_local.values))])
+    out = ["## Kill a remote worker: time to the verdict on a watching host\n",
+           stats.table(["hosts x ranks", "verdict (measured)", "median", "p99", "kills"], rows), ""]
     for s in shapes:
         if s.sh_late:
-            out.append(f"- {s.H} x {s.R}: shmhb agent loops (victim's host and watcher) ran up to "
+            out.append(f"- {s.H} x {s.R}: agent loops (victim's host and watcher) ran up to "
                        f"{stats.median(s.sh_late):.0f} ms late (median over kills of the worse of the two; "
-                       f"max {max(s.sh_late):.0f} ms; the tick is {AgentConfig().tick_s * 1000:.0f} ms): CPU starvation: this machine runs "
-                       f"all {s.H} pingers, the benchmark and other work on 2 cores.")
-        if s.seed_rule:
-            dev = max(abs(a * 1e3 - b * 1e3) for a, b in zip(s.seed_kill.values, s.seed_rule))
-            out.append(f"- {s.H} x {s.R}: the seed's verdicts agree with last reply + 4 s - kill "
-                       f"within {dev:.0f} ms (checker polls every 2 ms).")
+                       f"max {max(s.sh_late):.0f} ms; the tick is {AgentConfig().tick_s * 1000:.0f} ms): CPU "
+                       f"starvation: this machine runs all {s.H} pingers, the benchmark and other work on 2 cores.")
     out.append("")
-
     return out
 
 
@@ -970,12 +684,6 @@ def targets_section(shapes: list[ShapeResult], cpus: list[CpuResult],
     met: list[bool] = []
     out.append("## Targets\n")
     trows = []
-    for s in shapes:
-        r = s.seed_full_msgs / s.sh_msgs if s.sh_msgs else 0
-        ok = r >= TARGET_MSG_RATIO
-        met.append(ok)
-        trows.append([f">= {TARGET_MSG_RATIO:g}x fewer messages than the seed, {s.H} x {s.R}",
-                      f"{r:.0f}x ({rate(s.seed_full_msgs)} vs {rate(s.sh_msgs)})", "met" if ok else "MISSED"])
     for cpu in cpus:
         for row, ok in cpu_targets(cpu):
             met.append(ok)
@@ -1006,47 +714,23 @@ def targets_section(shapes: list[ShapeResult], cpus: list[CpuResult],
 
 MEASURED_VS_COMPUTED = """## What is measured, what is computed
 
-- **Shapes and timing.**  At 4 x 16 both clusters run at once and are measured over the
-  same window.  At 32 x 16 they run one after the other (the seed's first): the 32
-  pingers alone keep about one of the two cores busy, and both at once starved every
-  process in trial runs.  Steady-state figures are medians over sub-windows.
-- **Messages** are counted, never estimated, for what ran: shmhb from each board's
-  `stats()` (pings sent + acks sent + pushes sent, all hosts), the seed in its monitor
-  and listener threads (pings sent + acks sent).  *msgs/s, whole cluster* is the
-  measured figure wherever every rank ran.  At 32 x 16 only k ranks of host 0 run the
-  seed's monitor (512 ranks pinging 496 ports each is ~254,000 pings/s, far beyond 2
-  cores) while all 512 ranks answer; the whole-cluster figure is the measured rate per
-  monitoring rank times 512: **computed** (the analytic figure is 2 x 512 x 496 =
-  507,904 msgs/s).  shmhb's analytic figure at 32 x 16 is 2 x 32 x 31 x 5 = 9,920 msgs/s;
-  fewer are measured when starved pingers tick late.  At equal ping intervals (1 s) the
-  message ratio would be 16 x 16 = 256x; shmhb pings 5 times a second here, its default.
+- **Messages** are counted from each board's `stats()` (pings sent + acks sent + pushes
+  sent, all hosts), never estimated; steady-state figures are medians over sub-windows.
+  The analytic figure at 32 x 16 is 2 x 32 x 31 x 5 = 9,920 msgs/s; fewer are measured
+  when starved pingers tick late.
 - **CPU** is utime + stime from /proc/PID/stat (all threads) over each sub-window, as %
-  of one core; schedstat (ns run time of the live threads) is shown beside it.  shmhb:
-  each host's `shmhb pinger` process (the agent role: pidfd watch of local workers,
-  pings, acks, the board tick every 0.1 s); the ranks process that beats 16 slots is
-  shown apart.  Seed: every rank process, whose only work is heartbeats (monitor
-  thread, listener thread, libzmq I/O threads).  At 32 x 16 the CPU of all 512 rank
-  processes is the work of k monitors (k x 496 pings out a second) and of the listeners
-  that answer them (k x 496 pings in, spread over 31 hosts): k/16 of one host's load in
-  a full cluster, where each host sends and answers 16 x 496 pings a second.  CPU per
-  host = that figure x 16/k: **computed** from a measurement.
-- **The seed baseline** recreates a REQ socket whose reply missed the 1 s deadline
-  (see bench/seed_baseline.py): the seed's own code stopped pinging a peer after one
-  lost reply, and in a trial run one starved second silenced a whole monitor.
-- **Kill -> DEAD, shmhb** (measured): SIGKILL of a victim worker to the first poll
-  (~0.2 ms apart) at which another host's `board.remote(endpoint)` reads DEAD.  Victim
-  hosts take turns, the watcher is drawn at random, a random 0-0.2 s wait puts each
-  kill at a random phase of the ping cycle, and each kill is the only change on its
-  host for the pinger's push gap (50 ms) plus two ticks before it: the pinger sends at
-  most one push per gap, so a death right after another change there (the registration
-  of the previous victim's replacement) waits for the gap, by design.  shmhb's kills
-  run after the seed's cluster has stopped.  The stricter check compares each remote
-  verdict with the victim host's own (pidfd) verdict plus one ping interval.
-- **Kill -> not alive, seed** (measured): a rank process SIGKILLed; a monitoring rank
-  on another host asks `is_alive()` every 2 ms and reports when it turns False; the
-  table also checks it against last reply + 4 s.  **Purge** (modelled): the watcher
-  wakes every 60 s at a random phase, so purge = measured verdict + U(0, 60 s) (the
-  mixture over 600 evenly spaced phases per kill); no run lasts 60 s.
+  of one core; schedstat (ns run time of the live threads) is shown beside it: each
+  host's `shmhb pinger` process (the agent role: pidfd watch of local workers, pings,
+  acks, the board tick); the ranks process that beats 16 slots is shown apart.
+- **Kill -> DEAD** (measured): SIGKILL of a victim worker to the first poll (~0.2 ms
+  apart) at which another host's `board.remote(endpoint)` reads DEAD.  Victim hosts take
+  turns, the watcher is drawn at random, a random 0-0.2 s wait puts each kill at a
+  random phase of the ping cycle, and each kill is the only change on its host for the
+  pinger's push gap (50 ms) plus two ticks before it: the pinger sends at most one push
+  per gap, so a death right after another change there (the registration of the
+  previous victim's replacement) waits for the gap, by design.  The stricter check
+  compares each remote verdict with the victim host's own (pidfd) verdict plus one ping
+  interval.
 - **Pinger CPU target** (measured) on one real pinger at its default settings; the 64
   or 250 remote hosts are emulated by one process answering with valid `shmhb.net.protocol`
   acks and pinging the real pinger as a default-settings pinger would (its CPU is not
@@ -1067,8 +751,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="4 x 16 only, short windows, fewer kills, no floors (< 1 min)")
     p.add_argument("--out", default=str(REPO / "bench" / "results_cluster.md"),
                    help="markdown report to overwrite (default bench/results_cluster.md)")
-    p.add_argument("--seed-monitors-32", type=int, default=6,
-                   help="ranks of host 0 that run the seed's monitor at 32 x 16 (default 6)")
     p.add_argument("--seed", type=int, default=None, help="random seed (choices of victims, phases)")
     p.add_argument("--cpu-hosts", type=int, nargs="+", default=[CPU_HOSTS, CPU_KILL_HOSTS],
                    help=f"emulated host counts of the pinger CPU runs (default {CPU_HOSTS} "
@@ -1116,19 +798,14 @@ def main(argv: list[str] | None = None) -> int:
     load0 = stats.loadavg()
     shapes: list[ShapeResult] = []
     if a.quick:
-        shapes.append(run_shape(4, 16, window_s=3.0, subwindows=2, sh_kills=20, seed_kills_n=8,
-                                seed_monitor_hosts=4, seed_monitor_ranks=16, concurrent=True, rng=rng))
+        shapes.append(run_shape(4, 16, window_s=3.0, subwindows=2, sh_kills=20, rng=rng))
         cpus = [run_cpu_target(2.5, 1, 0, rng, hosts=h) for h in a.cpu_hosts]
         with contextlib.ExitStack() as st:
             log("pushes: 10 kills per mode")
             pr = push_bench.run(st, 10, log=log)
     else:
-        shapes.append(run_shape(4, 16, window_s=8.0, subwindows=4, sh_kills=30, seed_kills_n=16,
-                                seed_monitor_hosts=4, seed_monitor_ranks=16, concurrent=True, rng=rng))
-        shapes.append(run_shape(32, 16, window_s=12.0, subwindows=4, sh_kills=30,
-                                seed_kills_n=3 * a.seed_monitors_32,
-                                seed_monitor_hosts=1, seed_monitor_ranks=a.seed_monitors_32,
-                                concurrent=False, rng=rng))
+        shapes.append(run_shape(4, 16, window_s=8.0, subwindows=4, sh_kills=30, rng=rng))
+        shapes.append(run_shape(32, 16, window_s=12.0, subwindows=4, sh_kills=30, rng=rng))
         cpus = [run_cpu_target(4.0, 2, 1, rng, hosts=h, kills=5 if h == CPU_KILL_HOSTS else 0,
                                hog_s=60.0 if h == CPU_KILL_HOSTS else 0.0)
                 for h in a.cpu_hosts]

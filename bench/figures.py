@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import anchors, stats
-from .scenarios import msgs_model, msgs_model_mutual, seed_model
-from .seed_baseline import purge_model
+from . import stats
+from .scenarios import msgs_model, msgs_model_mutual
 
 if TYPE_CHECKING:
     from .suite import Results
 
-SEED_NOTE = "seed = the per-connector ZMQ ping design first proposed (bench/seed_baseline.py)"
 
 
 def draw(out_dir: Path, stamp: str, r: Results) -> list[str]:
@@ -36,10 +34,9 @@ def draw(out_dir: Path, stamp: str, r: Results) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = []
 
-    def save(fig: Any, name: str, note: str = "") -> None:
+    def save(fig: Any, name: str) -> None:
         fig.tight_layout(rect=(0, 0.06, 1, 1))
-        fig.text(0.01, 0.005, stamp + (f"\n{note}" if note else ""), fontsize=6.5, color="#555",
-                 ha="left", va="bottom")
+        fig.text(0.01, 0.005, stamp, fontsize=6.5, color="#555", ha="left", va="bottom")
         fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         made.append(name)
@@ -75,7 +72,7 @@ def q1_cost(plt: Any, save: Save, r: Results) -> None:
     ax.set_xlabel("ns per call, log scale")
     ax.set_title("Q1: one heartbeat / one liveness read (green shmhb, red alternatives, grey floor)")
     _legend_outside(ax)
-    save(fig, "q1_cost.png", SEED_NOTE)
+    save(fig, "q1_cost.png")
 
 
 def q2_step_loop(plt: Any, save: Save, r: Results) -> None:
@@ -90,9 +87,8 @@ def q2_step_loop(plt: Any, save: Save, r: Results) -> None:
     save(fig, "q2_step_loop.png")
 
 
-def _detection_series(r: Results) -> tuple[list[tuple[str, list[float]]],
-                                           list[tuple[str, list[float]]]]:
-    """The measured and the modelled detection times (ms) of Q3, labelled."""
+def _detection_series(r: Results) -> list[tuple[str, list[float]]]:
+    """The measured detection times (ms) of Q3, labelled."""
     measured = [("shmhb local kill (pidfd)", r.kills.values_ms),
                 (f"shmhb local hang (SIGSTOP), dead-after {r.hang.dead_after_s:g} s", r.hang.dead_ms),
                 (f"shmhb remote host kill, peer dead-after {r.host.policy.peer_dead_after_s:g} s",
@@ -100,21 +96,13 @@ def _detection_series(r: Results) -> tuple[list[tuple[str, list[float]]],
     if r.push is not None:
         measured.insert(1, ("shmhb remote worker kill (push)", r.push.push.values))
         measured.insert(2, ("shmhb remote worker kill (pings only, 1 s)", r.push.pings.values))
-    for m in (r.anchors.sglang, r.anchors.etcd):
-        if m is not None:
-            measured.append((m.name, [x * 1e3 for x in m.values_s]))
-    modelled = [("seed: is_alive() False", [x * 1e3 for x in seed_model()]),
-                ("seed: link purged", [x * 1e3 for x in purge_model(seed_model(50), phases=50)])]
-    modelled += [(k, [x * 1e3 for x in v]) for k, v in r.anchors.models.items()]
-    modelled.append(("stock vLLM MooncakeConnector (measured with vLLM)",
-                     [anchors.VLLM_MOONCAKE_S * 1e3]))
-    return measured, modelled
+    return measured
 
 
 def q3_detection(plt: Any, save: Save, r: Results) -> None:
-    """Detection CDFs, log scale; measured solid, modelled dashed."""
+    """Detection CDFs, log scale (all measured)."""
     fig, ax = plt.subplots(figsize=(13, 5.5))
-    measured, modelled = _detection_series(r)
+    measured = _detection_series(r)
     palette = iter(plt.get_cmap("tab20").colors)
 
     def cdf(v: list[float]) -> tuple[Any, Any]:
@@ -125,33 +113,24 @@ def q3_detection(plt: Any, save: Save, r: Results) -> None:
         if v:
             ax.step(*cdf(v), where="post", lw=2.0, color=next(palette),
                     label=f"{label} (measured, n={len(v)})")
-    for label, v in modelled:
-        if len(v) == 1:
-            ax.axvline(v[0], ls=":", color="k", lw=1.2, label=label)
-            continue
-        ax.step(*cdf(v), where="post", ls="--", lw=1.2, color=next(palette), label=f"{label} (model)")
     ax.set_xscale("log")
-    ax.set_xlabel("ms from the death to the verdict / drop, log scale")
+    ax.set_xlabel("ms from the death to the verdict, log scale")
     ax.set_ylabel("fraction of deaths seen")
-    ax.set_title("Q3: detection time (solid: measured here; dashed: modelled)")
+    ax.set_title("Q3: detection time (measured here; today's stacks: bench/STUDY.md)")
     _legend_outside(ax)
-    save(fig, "q3_detection.png", SEED_NOTE)
+    save(fig, "q3_detection.png")
 
 
 def _messages(a1: Any, r: Results) -> None:
     """Messages vs hosts: model lines, measured points."""
     hs = [2, 4, 8, 16, 32, 64, 128, 256]
-    a1.plot(hs, [msgs_model(h, 16)[1] for h in hs], "--", color="#c55",
-            label="seed: every rank pings, 1 s (model)")
     a1.plot(hs, [msgs_model_mutual(h) for h in hs], "--", color="#2a7",
             label="shmhb: one pinger per host, ping budget, mutual pairs (model)")
-    a1.plot(hs, [msgs_model(h, 16)[0] for h in hs], ":", color="#2a7",
+    a1.plot(hs, [msgs_model(h) for h in hs], ":", color="#2a7",
             label="shmhb, no mutual pairs (model)")
     title = "Q4: messages (model)"
     shape = r.shape
     if shape is not None and shape.sh_msgs:
-        a1.plot([shape.H], [shape.seed_full_msgs], "o", color="#c55", ms=8,
-                label=f"seed, {shape.H} x {shape.R} (measured)")
         # Measured on loopback, where every pinger's pings leave from 127.0.0.1 and so
         # count as no host's evidence: no pair is mutual, and the dot belongs to the
         # dotted no-mutual-pairs model, drawn in its style
@@ -182,4 +161,4 @@ def q4_scale(plt: Any, save: Save, r: Results) -> None:
     a2.set_ylabel("board size, KiB")
     a2.set_title("Q4: board memory (shmhb.board.layout.Sizes)")
     a2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
-    save(fig, "q4_scale.png", SEED_NOTE)
+    save(fig, "q4_scale.png")

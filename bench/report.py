@@ -15,24 +15,18 @@ import shmhb
 from shmhb.board.config import Policy
 from shmhb.net.plan import DEFAULT_BUDGET_PPS, LONG_REFRESH, MIN_PINGS_PER_WINDOW
 
-from . import anchors, figures, stats
+from . import figures, stats
 from . import cluster as cluster_bench
-from .scenarios import Q1, Q2, log, msgs_model, msgs_model_mutual, seed_model, shmhb_interval_s
-from .seed_baseline import purge_model
+from .scenarios import Q1, Q2, Verdicts, log, msgs_model, msgs_model_mutual, shmhb_interval_s
 
 if TYPE_CHECKING:
     from .suite import Results
-
-SEED_MEANS = ("**seed** (in every table and plot): the first design proposed for this problem, "
-              "never merged: a ZMQ ping thread inside every connector of every rank, pinging each "
-              "peer port once a second; a peer is alive for 4 s after its last reply and a watcher "
-              "purges cached links every 60 s. Reproduced in `bench/seed_baseline.py`.")
 
 TARGETS = {
     # beat and read: the C path's, also as a ratio to CPython's clock + store floor
     "beat_ns": 60.0, "beat_floor_x": 0.7, "read_ns": 120.0, "read_floor_x": 1.2,
     "zmq_ratio": 300.0, "step_pct": 1.0,
-    "kill_ms": 5.0, "msg_ratio": 16.0, "false_dead": 0,
+    "kill_ms": 5.0, "false_dead": 0,
 }
 
 
@@ -83,7 +77,7 @@ def render(r: Results, plots_dir: Path, out: Path) -> tuple[str, list[Target]]:
     lines = header(r)
     q1_lines, h1 = q1_section(r.q1, targets)
     lines += q1_lines + q2_section(r.q2, targets) + q3_section(r, targets)
-    lines += q4_section(r, targets) + q5_section(r, targets) + targets_section(targets, h1)
+    lines += q4_section(r) + q5_section(r, targets) + targets_section(targets, h1)
     lines += plots_section(r, plots_dir, out)
     lines.append(BASELINES)
     return "\n".join(lines), targets
@@ -97,7 +91,8 @@ def header(r: Results) -> list[str]:
     if r.smoke:
         out.append("**Smoke run** (`--smoke`): a handful of samples per question, to prove the suite "
                    "runs; none of its figures is a measurement worth quoting.\n")
-    out.append(SEED_MEANS + "\n")
+    out.append("The alternatives this suite does not measure (today's stacks, the first design "
+               "proposed for this problem) are the design study's: bench/STUDY.md.\n")
     out += [f"- {k}: {v}" for k, v in r.info]
     out.append(f"- load average (1/5/15 min) at the start: {' '.join(f'{x:.2f}' for x in r.load0)}; "
                f"at the end: {' '.join(f'{x:.2f}' for x in r.load1)}")
@@ -120,8 +115,8 @@ def q1_table(q: Q1) -> tuple[str, dict[str, float]]:
          "shmhb board.slot(key)"),
         ("shmhb, pure-Python path", "shmhb hb.beat(), pure Python",
          "shmhb board.slot(key), pure Python"),
-        ("seed: ZMQ round trip per check (loopback)", "seed: ZMQ REQ->ROUTER round trip (one check)",
-         "seed: ZMQ REQ->ROUTER round trip (one check)"),
+        ("ZMQ round trip per check (loopback)", "ZMQ REQ->ROUTER round trip (one check)",
+         "ZMQ REQ->ROUTER round trip (one check)"),
         ("multiprocessing.Manager dict", "Manager dict: d[key] = monotonic_ns()", "Manager dict: d[key]"),
     ]
     if q.redis:
@@ -135,7 +130,7 @@ def q1_table(q: Q1) -> tuple[str, dict[str, float]]:
                 "private one on 127.0.0.1 when it finds one, and talks to it with redis-py or a minimal "
                 "RESP client).")
     heads = {"beat": beat, "read": read,
-             "zmq_ratio": m["seed: ZMQ REQ->ROUTER round trip (one check)"] / read,
+             "zmq_ratio": m["ZMQ REQ->ROUTER round trip (one check)"] / read,
              "floor_w": m["floor: clock + store (0-d uint64 view of shm)"],
              "beat_py": m["shmhb hb.beat(), pure Python"],
              "read_py": m["shmhb board.slot(key), pure Python"]}
@@ -152,8 +147,8 @@ def q1_section(q1: Q1, targets: list[Target]) -> tuple[list[str], dict[str, floa
               "are the pure-Python path."),
            f"\nPer-call medians and p99 over {q1.samples} interleaved samples of each (batches of 1000 "
            "calls for the in-process rows, 20 for the round trips; the order rotates every round). "
-           "For the seed's design a heartbeat and a check are the same thing: one ping answered "
-           "by the peer's listener thread. Every ns figure includes the timing loop's own cost "
+           "For a design that checks over the network a heartbeat and a check are the same "
+           "thing: one ping answered by the peer's listener thread. Every ns figure includes the timing loop's own cost "
            "(~10-20 ns; see `python -m bench.board`).", ""]
     for what, k in (("beat", "beat"), ("read", "read")):
         lim, lim_x = TARGETS[f"{k}_ns"], TARGETS[f"{k}_floor_x"]
@@ -193,43 +188,40 @@ def q2_section(q: Q2, targets: list[Target]) -> list[str]:
     return ["## 2. Overhead on a worker's step loop\n", txt, ""]
 
 
+def verdict_rows(event: str, v: Verdicts, peer: str, run: tuple[float, float], default_s: float,
+                 faults: str) -> list[list[str]]:
+    """A fault's rows: DEAD and SUSPECT under the run's shortened policy ``run``
+    (suspect-after, dead-after; ``peer``: ``"peer "`` for a host's, ``""`` for a
+    worker's), and DEAD at the default dead-after ``default_s`` plus the measured lag."""
+    suspect, dead = run
+    lag = [x - dead * 1e3 for x in v.dead_ms]
+    return [
+        [event, f"shmhb: {peer}DEAD, run policy {peer}dead-after {dead:g} s", *dist(v.dead_ms),
+         f"measured, {len(v.dead_ms)} {faults}" + (f" (+{v.missed} missed)" if v.missed else ""),
+         f"{stats.median(lag):+.0f} ms vs {peer}dead-after" if lag else "-"],
+        ["", f"shmhb: {peer}SUSPECT, run policy {peer}suspect-after {suspect:g} s", *dist(v.suspect_ms),
+         "measured", "-"],
+        ["", f"shmhb at the default policy ({peer}dead-after {default_s:g} s)",
+         *dist([default_s * 1e3 + x for x in lag]), f"computed: default {peer}dead-after + the measured lag",
+         "-"],
+    ]
+
+
 def q3_rows(r: Results) -> list[list[str]]:
-    """The detection table's rows: measured, computed from measured lags, modelled."""
+    """The detection table's rows: measured, and computed from measured lags."""
     kr, fl = r.kills.rows[1].summary, r.kills.rows[0].summary
-    hang, host, pol = r.hang, r.host, Policy()
-    hang_lag = [x - hang.dead_after_s * 1e3 for x in hang.dead_ms]
-    host_lag = [x - host.policy.peer_dead_after_s * 1e3 for x in host.dead_ms]
-    rows = [
+    hang, host, pol = r.hang, r.host.policy, Policy()
+    return [
         ["local kill (SIGKILL)", "shmhb: DEAD via the agent's pidfd", stats.fmt(kr.median, "ms"),
          stats.fmt(kr.p99, "ms"), f"measured, {kr.ops} kills", "-"],
         ["", "floor: the kernel reports the exit on our own pidfd", stats.fmt(fl.median, "ms"),
          stats.fmt(fl.p99, "ms"), "measured, same kills", "-"],
-        ["local hang (SIGSTOP)", f"shmhb: DEAD, run policy dead-after {hang.dead_after_s:g} s",
-         *dist(hang.dead_ms), f"measured, {len(hang.dead_ms)} hangs" + (f" (+{hang.missed} missed)" if hang.missed else ""),
-         f"{stats.median(hang_lag):+.0f} ms vs dead-after" if hang_lag else "-"],
-        ["", f"shmhb: SUSPECT, run policy suspect-after {hang.suspect_after_s:g} s", *dist(hang.suspect_ms),
-         "measured", "-"],
-        ["", f"shmhb at the default policy (dead-after {pol.dead_after_s:g} s)",
-         *(dist([pol.dead_after_s * 1e3 + x for x in hang_lag], "ms") if hang_lag else ["-", "-"]),
-         "computed: default dead-after + the measured lag", "-"],
+        *verdict_rows("local hang (SIGSTOP)", hang, "", (hang.suspect_after_s, hang.dead_after_s),
+                      pol.dead_after_s, "hangs"),
+        *remote_worker_rows(r),
+        *verdict_rows("remote host kill", r.host, "peer ", (host.peer_suspect_after_s, host.peer_dead_after_s),
+                      pol.peer_dead_after_s, "kills"),
     ]
-    rows += remote_worker_rows(r)
-    sm = seed_model()
-    rows += [
-        ["remote host kill", f"shmhb: peer DEAD, run policy peer-dead-after {host.policy.peer_dead_after_s:g} s",
-         *dist(host.dead_ms), f"measured, {len(host.dead_ms)} kills" + (f" (+{host.missed} missed)" if host.missed else ""),
-         f"{stats.median(host_lag):+.0f} ms vs peer-dead-after" if host_lag else "-"],
-        ["", f"shmhb: peer SUSPECT, run policy {host.policy.peer_suspect_after_s:g} s", *dist(host.suspect_ms),
-         "measured", "-"],
-        ["", f"shmhb at the default policy (peer dead-after {pol.peer_dead_after_s:g} s)",
-         *(dist([pol.peer_dead_after_s * 1e3 + x for x in host_lag]) if host_lag else ["-", "-"]),
-         "computed: default + measured lag", "-"],
-        ["any death (kill, hang, host)", "seed: is_alive() turns False (last reply + 4 s)",
-         *dist([x * 1e3 for x in sm]), "modelled: death at a uniform phase of the 1 s ping", "-"],
-        ["", "seed: cached link info purged (60 s watcher)", *dist(purge_model(sm, phases=60), "s"),
-         "modelled: + uniform 0-60 s wait", "-"],
-    ]
-    return rows + anchors.rows(r.anchors)
 
 
 def remote_worker_rows(r: Results) -> list[list[str]]:
@@ -245,10 +237,6 @@ def remote_worker_rows(r: Results) -> list[list[str]]:
     if shape is not None and shape.sh_kill.values:
         rows.append(["", "shmhb at 4 x 16, interval 0.2 s", *dist(shape.sh_kill.values),
                      f"measured (bench.cluster), {len(shape.sh_kill.values)} kills", "-"])
-    if shape is not None and shape.seed_kill.values:
-        rows.append(["", "seed at 4 x 16: watcher's is_alive() turns False",
-                     *dist([x * 1e3 for x in shape.seed_kill.values]),
-                     f"measured (bench.cluster), {len(shape.seed_kill.values)} kills", "-"])
     if pr is None and shape is None:
         rows.append(["remote worker kill", "shmhb: see bench/results_cluster.md (not run with --quick)",
                      "-", "-", "-", "-"])
@@ -273,9 +261,9 @@ def q3_section(r: Results, targets: list[Target]) -> list[str]:
                f"{host.policy.peer_dead_after_s:g} s (default {pol.peer_suspect_after_s:g} / "
                f"{pol.peer_dead_after_s:g} s). Silence counts from the last ack, up to one interval before "
                "the kill, so the figure can sit under peer-dead-after.")
-    out.append("- today's stacks (bench.anchors): " + anchors.NOTE
-               + f" These rows are not measured by this run: they come from bench/results_anchors.json, "
-                 f"made by {r.anchors.made_by}.")
+    out.append("- today's stacks (SGLang's heartbeat checker, Dynamo's etcd lease, vLLM NIXL's "
+               "lease, Mooncake's TTL): the design study's figures, in bench/STUDY.md (not measured "
+               "by this suite).")
     out.append(Q3_NOTES)
     kr = r.kills.rows[1].summary
     targets.append(Target(f"local kill to DEAD <= {TARGETS['kill_ms']:g} ms", f"{kr.median:.2f} ms median",
@@ -287,61 +275,41 @@ Q3_NOTES = (
     "- link cleanup: shmhb's `LinkReaper` drops a link at its first `poll()` after the "
     "verdict (from the step loop, or `reaper.start(0.05)`: at most 50 ms later), so cleanup "
     "= the verdict rows above + one poll; SGLang removes the prefill's connection info "
-    "when it drops it (same time as its row); a lease holder's key is gone when the lease "
-    "expires; the seed purges on its 60 s watcher.\n"
-    "- the seed: its design has no local path: every death, local or remote, is seen only "
-    "when pings stop being answered, and a SIGSTOPped process answers no ping. Measured "
-    "seed kills (4 s rule) are in bench/results_cluster.md and, in a full run, above; they "
-    "agree with the model within tens of ms.\n")
+    "when it drops it; a lease holder's key is gone when the lease expires (bench/STUDY.md).\n")
 
 
-def q4_messages(r: Results, targets: list[Target]) -> list[str]:
+def q4_messages(r: Results) -> list[str]:
     rows = []
     for H in (4, 16, 32, 64, 128, 256):
-        s, d = msgs_model(H, 16)
-        m = msgs_model_mutual(H)
-        rows.append([f"{H} x 16", f"{d:,.0f}/s", f"{m:,.0f}/s", f"{s:,.0f}/s",
-                     f"{shmhb_interval_s(H):.3g} s", f"{d / m:.0f}x", "modelled"])
+        rows.append([f"{H} x 16", f"{msgs_model_mutual(H):,.0f}/s", f"{msgs_model(H):,.0f}/s",
+                     f"{shmhb_interval_s(H):.3g} s", "modelled"])
     sr = r.shape
     if sr is not None:
         # on loopback every pinger's pings leave from 127.0.0.1 and count as no host's
         # evidence, so no pair is mutual: the figure belongs in the no-mutual-pairs column
-        rows.append([f"{sr.H} x {sr.R}", f"{sr.seed_full_msgs:,.0f}/s", "-", f"{sr.sh_msgs:,.0f}/s",
-                     f"{shmhb_interval_s(sr.H):.3g} s", f"{sr.seed_full_msgs / sr.sh_msgs:.0f}x" if sr.sh_msgs else "-",
+        rows.append([f"{sr.H} x {sr.R}", "-", f"{sr.sh_msgs:,.0f}/s", f"{shmhb_interval_s(sr.H):.3g} s",
                      "measured (bench.cluster.run_shape, all hosts; no secret; loopback: no pair is mutual)"])
-    out = [stats.table(["hosts x ranks", "seed msgs/s (every rank, 1 s)", "shmhb msgs/s (defaults)",
-                        "shmhb msgs/s, no mutual pairs", "shmhb per-host interval",
-                        "seed / shmhb", "how"], rows), MESSAGES_MODEL]
+    out = [stats.table(["hosts x ranks", "msgs/s (defaults)", "msgs/s, no mutual pairs",
+                        "per-host interval", "how"], rows), MESSAGES_MODEL]
     if sr is not None:
         sh_cpu = stats.median(sr.sh_cpu_w) if sr.sh_cpu_w else float("nan")
-        ratio = sr.seed_full_msgs / sr.sh_msgs if sr.sh_msgs else 0.0
-        out.append(stats.table(
-            ["measured now, 4 x 16 (bench.cluster.run_shape)", "msgs/s", "heartbeat CPU per host"],
-            [["shmhb (pinger, defaults)", f"{sr.sh_msgs:,.0f}/s", f"{sh_cpu:.2f} %"],
-             ["seed (every rank, REQ, 1 s)", f"{sr.seed_full_msgs:,.0f}/s", f"{sr.seed_cpu_host:.2f} %"],
-             ["seed / shmhb", f"{ratio:.0f}x", f"{sr.seed_cpu_host / sh_cpu:.0f}x" if sh_cpu else "-"]]))
+        out.append(stats.table(["measured now, 4 x 16 (bench.cluster.run_shape)", "msgs/s",
+                                "heartbeat CPU per host"],
+                               [["shmhb (pinger, defaults)", f"{sr.sh_msgs:,.0f}/s", f"{sh_cpu:.2f} %"]]))
         out.append("")
-        targets.append(Target(f">= {TARGETS['msg_ratio']:g}x fewer messages at 16 ranks/host (measured 4 x 16)",
-                              f"{ratio:.0f}x", ratio >= TARGETS["msg_ratio"]))
-    else:
-        d16, s16 = msgs_model(4, 16)[1], msgs_model_mutual(4)
-        targets.append(Target(f">= {TARGETS['msg_ratio']:g}x fewer messages at 16 ranks/host (model; --quick)",
-                              f"{d16 / s16:.0f}x", d16 / s16 >= TARGETS["msg_ratio"]))
     return out
 
 
 MESSAGES_MODEL = (
-    "\nModel: every host follows every other; seed = 2 x H x R x (H-1) x R / 1 s (ping + ack "
-    "per rank pair); shmhb = 2 x H x (H-1) / I (ping + ack per host pair and direction; "
-    "pushes only on change), I = the per-host interval of a default pinger following H-1 "
-    f"hosts (`shmhb.net.plan.host_interval_ns`: 0.2 s while the budget of "
+    "\nModel: every host follows every other; 2 x H x (H-1) / I (ping + ack per host pair "
+    "and direction; pushes only on change), I = the per-host interval of a default pinger "
+    f"following H-1 hosts (`shmhb.net.plan.host_interval_ns`: 0.2 s while the budget of "
     f"{DEFAULT_BUDGET_PPS:g} pings/s affords it, at most peer dead-after / "
     f"{MIN_PINGS_PER_WINDOW} = {shmhb.Policy().peer_dead_after_s / MIN_PINGS_PER_WINDOW:.2f} s). "
     "At the defaults a followed host's own pings count as evidence (authenticated, or echoing "
     "a challenge of ours), so in each pair one side pings every I and the other once per "
     f"{LONG_REFRESH} peer dead-after windows ({LONG_REFRESH * shmhb.Policy().peer_dead_after_s:g} s), "
-    "behind NAT too (the sides are told by board identity); where a peer predates "
-    "challenges (v1) both sides ping every I. "
+    "behind NAT too (the sides are told by board identity). "
     "`python -m bench.cluster` measures 4 x 16 and 32 x 16 (bench/results_cluster.md).\n")
 
 
@@ -372,14 +340,13 @@ def q4_cpu(cpu: list[cluster_bench.CpuResult]) -> list[str]:
     return out
 
 
-def q4_section(r: Results, targets: list[Target]) -> list[str]:
-    out = ["## 4. Cost that grows with the cluster\n"] + q4_messages(r, targets) + q4_cpu(r.cpu)
+def q4_section(r: Results) -> list[str]:
+    out = ["## 4. Cost that grows with the cluster\n"] + q4_messages(r) + q4_cpu(r.cpu)
     out.append(stats.table(["local slots", "board bytes, default capacity (256 peers, 4096 remote slots, "
                             "512 watches)", "board bytes, local slots only"],
                            [[str(n), f"{f:,} ({f / 1024:,.0f} KiB)", f"{loc:,} ({loc / 1024:,.0f} KiB)"]
                             for n, f, loc in r.mem]))
-    out.append("\n`shmhb.board.layout.Sizes(slots, peers, remote_slots, watches).total_bytes`, page-aligned. "
-               "The seed keeps its state in per-connector Python dicts: nothing shared, one copy per rank.\n")
+    out.append("\n`shmhb.board.layout.Sizes(slots, peers, remote_slots, watches).total_bytes`, page-aligned.\n")
     return out
 
 
@@ -458,27 +425,15 @@ def why_missed(target: str, h1: dict[str, float]) -> str:
 
 BASELINES = """## What each baseline models, and where it differs
 
-- **seed: ZMQ round trip per check** (Q1): a REQ socket sends `heartbeat` to a ROUTER
-  answered by the seed's own listener loop (`bench.seed_baseline.serve_heartbeats`, in a
-  separate process, as a peer rank would be), on loopback. In the seed a connector does
-  not send a ping per `is_alive()` call: a monitor thread pings every peer port once a
-  second and `is_alive()` reads a dict. The round trip is what one fresh check of a peer
-  costs in that design (and what each ping costs every second, per rank, per peer); the
-  seed's cheap `is_alive()` dict read is only as fresh as the last ping (up to 4 s old).
+- **ZMQ round trip per check** (Q1): a REQ socket sends a frame to a ROUTER answered by
+  a listener thread in a separate process, as a peer would be, on loopback: what one
+  fresh check of a peer costs in a design that checks over the network (such as the
+  seed, bench/STUDY.md, which pings every peer port once a second from every rank).
   Loopback is the best case: across hosts add the network.
 - **multiprocessing.Manager dict** (Q1): the stdlib's way to share a dict between
   processes; every get/set is a round trip to the manager process over a Unix socket.
 - **Redis with a TTL** (Q1): `SET hb:key <ts> PX 10000` as the beat, `GET` as the read,
   against a private `redis-server` on 127.0.0.1 (skipped where the binary is missing).
-- **seed detection** (Q3): `is_alive()` is true until the last reply + 3 x poll interval
-  + timeout = 4 s, pings once a second, so a death is seen after 3-4 s (uniform phase);
-  the watcher purges cached link info every 60 s, so purge = verdict + U(0, 60 s)
-  (`bench.seed_baseline.purge_model`). Measured against a running seed cluster by
-  `python -m bench.cluster` (4 s rule confirmed within tens of ms); the suite measures it
-  again at 4 x 16 in a full run. The seed has no local fast path.
-- **seed cluster** (Q4): every rank runs the seed's monitor over REQ sockets (recreated
-  after a missed reply, a fix the original lacked) and answers on its own ROUTER; see
-  bench/results_cluster.md for what is measured and what is computed at 32 x 16.
-- **Not modelled**: the seed's ZMQ I/O threads on real NICs, CURVE, and hosts with more
-  than 2 cores; the shmhb pingers here share 2 cores with every simulated host.
+- **Not modelled**: real NICs, CURVE, and hosts with more than 2 cores; the shmhb
+  pingers here share 2 cores with every simulated host.
 """

@@ -2,8 +2,8 @@
 returning its figures as a named record; bench/suite.py runs them, bench/report.py and
 bench/figures.py turn the records into RESULTS.md and the plots.
 
-1. cost of one heartbeat and one liveness read: shmhb against a ZMQ REQ round trip (the
-   seed's design), a multiprocessing.Manager dict, a Redis key with a TTL (only where a
+1. cost of one heartbeat and one liveness read: shmhb against a ZMQ REQ round trip (what
+   one check over the network costs), a multiprocessing.Manager dict, a Redis key with a TTL (only where a
    ``redis-server`` binary exists), and the physical floor (clock + store);
 2. overhead on a worker's step loop (numpy, ~2 ms a step);
 3. detection time: local kill, local hang, remote host kill (remote worker kill and the
@@ -54,11 +54,9 @@ from .harness import (
     start_pinger,
     stop_process,
 )
-from .seed_baseline import HEARTBEAT_ACK, HEARTBEAT_MSG, POLL_INTERVAL_S, TIMEOUT_S
 from .stats import Variant
 
 REPO = Path(__file__).resolve().parent.parent
-SEED_ALIVE_S = 3 * POLL_INTERVAL_S + TIMEOUT_S  # 4 s
 
 
 def log(msg: str) -> None:
@@ -67,11 +65,16 @@ def log(msg: str) -> None:
 
 # -- 1: one heartbeat, one read ---------------------------------------------------------
 
+#: a peer's listener: a ROUTER that answers each request with one frame, until stdin closes
 _ZMQ_SERVER = """
-import sys, time, zmq
-from bench.seed_baseline import serve_heartbeats
-ctx = zmq.Context()
-serve_heartbeats(ctx, sys.argv[1], int(sys.argv[2]))
+import sys, threading, zmq
+sock = zmq.Context().socket(zmq.ROUTER)
+sock.bind(f"tcp://{sys.argv[1]}:{sys.argv[2]}")
+def answer():
+    while True:
+        ident, empty, _ = sock.recv_multipart()
+        sock.send_multipart((ident, empty, b"ack"))
+threading.Thread(target=answer, daemon=True).start()
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -150,9 +153,9 @@ class Q1:
     native: bool  # whether the "shmhb" rows ran on the C path
 
 
-def seed_check(stack: contextlib.ExitStack) -> Callable[[], bool]:
-    """The seed's design: a REQ socket to the peer's ROUTER, answered by the seed's own
-    listener loop (bench.seed_baseline.serve_heartbeats) in another process; one check."""
+def zmq_check(stack: contextlib.ExitStack) -> Callable[[], bool]:
+    """One check over the network: a REQ socket to a peer's ROUTER, answered by a
+    listener thread in another process."""
     port = free_port(["127.0.0.1"])
     srv = subprocess.Popen([sys.executable, "-c", _ZMQ_SERVER, "127.0.0.1", str(port)], cwd=REPO,
                            env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -166,13 +169,13 @@ def seed_check(stack: contextlib.ExitStack) -> Callable[[], bool]:
     req.setsockopt(zmq.LINGER, 0)
     stack.callback(req.close)
     req.connect(f"tcp://127.0.0.1:{port}")
-    req.send(HEARTBEAT_MSG)
-    assert req.recv() == HEARTBEAT_ACK
+    req.send(b"heartbeat")
+    assert req.recv() == b"ack"
 
-    def zmq_check() -> bool:
-        req.send(HEARTBEAT_MSG)
-        return req.recv() == HEARTBEAT_ACK
-    return zmq_check
+    def check() -> bool:
+        req.send(b"heartbeat")
+        return req.recv() == b"ack"
+    return check
 
 
 def redis_variants(stack: contextlib.ExitStack, ns: dict[str, object], key: str,
@@ -201,7 +204,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
     board, hb, _ = board_bench.path_boards(stack, "q1", key, shmhb.native)
     pure_board, pure_hb, _ = board_bench.path_boards(stack, "q1-py", key, False)
     mm = board_bench.floor_memory()
-    zmq_check = seed_check(stack)
+    check = zmq_check(stack)
     mgr = multiprocessing.Manager()
     stack.callback(mgr.shutdown)
     d = mgr.dict()
@@ -210,7 +213,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
         "HB": hb, "BOARD": board, "KEY": key, "MONO": time.monotonic_ns,
         "PHB": pure_hb, "PBOARD": pure_board,
         "WORD": np.ndarray((), np.uint64, buffer=mm, offset=64), "Q": memoryview(mm).cast("B").cast("Q"),
-        "ZMQ": zmq_check, "D": d,
+        "ZMQ": check, "D": d,
     }
     vs = [
         Variant("floor: clock + store (0-d uint64 view of shm)", "word[()] = mono()", ns,
@@ -221,7 +224,7 @@ def q1_costs(stack: contextlib.ExitStack, samples: int) -> Q1:
         Variant("shmhb hb.beat(), pure Python", "hb.beat()", ns, setup="hb = PHB"),
         Variant("shmhb board.slot(key), pure Python", "board.slot(key)", ns,
                 setup="board, key = PBOARD, KEY"),
-        Variant("seed: ZMQ REQ->ROUTER round trip (one check)", "zmq()", ns, batch=20,
+        Variant("ZMQ REQ->ROUTER round trip (one check)", "zmq()", ns, batch=20,
                 setup="zmq = ZMQ"),
         Variant("Manager dict: d[key] = monotonic_ns()", "d[key] = mono()", ns, batch=20,
                 setup="d, key, mono = D, KEY, MONO"),
@@ -300,10 +303,33 @@ def q2_step_loop(stack: contextlib.ExitStack, rounds: int, steps: int = 100) -> 
 # -- 3: detection -----------------------------------------------------------------------
 
 @dataclass
-class Hang:
+class Verdicts:
+    """Times in ms from each fault to SUSPECT and to DEAD, and the faults never judged DEAD."""
     dead_ms: list[float] = field(default_factory=list)
     suspect_ms: list[float] = field(default_factory=list)
     missed: int = 0
+
+    def time(self, read: Callable[[], Status | None], t0: float, limit_s: float, poll_s: float) -> None:
+        """Poll ``read`` every ``poll_s`` from the fault at ``t0`` (``perf_counter``) until
+        it reads DEAD or ``limit_s`` has passed."""
+        t_s = None
+        while True:
+            st = read()
+            t = time.perf_counter()
+            if t_s is None and st in (Status.SUSPECT, Status.DEAD):
+                t_s = t
+            if st is Status.DEAD or t - t0 > limit_s:
+                break
+            time.sleep(poll_s)
+        if st is Status.DEAD:
+            self.dead_ms.append((t - t0) * 1e3)
+            self.suspect_ms.append(((t_s or t) - t0) * 1e3)
+        else:
+            self.missed += 1
+
+
+@dataclass
+class Hang(Verdicts):
     suspect_after_s: float = 0.0
     dead_after_s: float = 0.0
 
@@ -326,20 +352,7 @@ def q3_hang(stack: contextlib.ExitStack, n: int, suspect_s: float = 0.2, dead_s:
         pid = victims.live[key]
         t0 = time.perf_counter()
         os.kill(pid, signal.SIGSTOP)
-        t_s = None
-        while True:
-            st = board.status(key)
-            t = time.perf_counter()
-            if t_s is None and st in (Status.SUSPECT, Status.DEAD):
-                t_s = t
-            if st is Status.DEAD or t - t0 > dead_s + 5:
-                break
-            time.sleep(0.0005)
-        if st is Status.DEAD:
-            res.dead_ms.append((t - t0) * 1e3)
-            res.suspect_ms.append(((t_s or t) - t0) * 1e3)
-        else:
-            res.missed += 1
+        res.time(lambda: board.status(key), t0, dead_s + 5, 0.0005)
         # SIGKILL ends a stopped process too (no SIGCONT needed): the victim's parent,
         # the fork server, ignores SIGCHLD, so the kernel reaps the victim at once and a
         # later signal to its pid would raise ProcessLookupError (or reach a reused pid).
@@ -361,10 +374,7 @@ def q3_hang(stack: contextlib.ExitStack, n: int, suspect_s: float = 0.2, dead_s:
 
 
 @dataclass
-class HostKill:
-    dead_ms: list[float] = field(default_factory=list)
-    suspect_ms: list[float] = field(default_factory=list)
-    missed: int = 0
+class HostKill(Verdicts):
     policy: Policy = field(default_factory=Policy)
     interval_s: float = 0.2
 
@@ -384,6 +394,11 @@ def q3_host_kill(stack: contextlib.ExitStack, n: int) -> HostKill:
     stack.callback(own.close)
     procs = {h: start_pinger(stack, names[h], f"{addrs[h]}:{port}", res.interval_s) for h in addrs}
     boards = dict(zip(addrs, attach_when_ready(stack, list(names.values()), procs=list(procs.values()))))
+
+    def b_from_a() -> Status | None:
+        p = boards["a"].peer(addrs["b"])
+        return p.status if p else None
+
     with contextlib.ExitStack() as hs_stack:
         for _ in range(n):
             hs = HostServer(hs_stack)
@@ -402,32 +417,12 @@ def q3_host_kill(stack: contextlib.ExitStack, n: int) -> HostKill:
             t0 = time.perf_counter()
             procs["b"].kill()
             os.kill(hs.ranks_pids[0], signal.SIGKILL)
-            t_s = None
-            while True:
-                p = boards["a"].peer(addrs["b"])
-                st = p.status if p else None
-                t = time.perf_counter()
-                if t_s is None and st in (Status.SUSPECT, Status.DEAD):
-                    t_s = t
-                if st is Status.DEAD or t - t0 > 15:
-                    break
-                time.sleep(0.001)
-            if st is Status.DEAD:
-                res.dead_ms.append((t - t0) * 1e3)
-                res.suspect_ms.append(((t_s or t) - t0) * 1e3)
-            else:
-                res.missed += 1
+            res.time(b_from_a, t0, 15, 0.001)
             procs["b"].wait()
             hs.close()
             procs["b"] = start_pinger(stack, names["b"], f"{addrs['b']}:{port}", res.interval_s)
             boards["b"] = attach_when_ready(stack, [names["b"]], procs=[procs["b"]])[0]
     return res
-
-
-def seed_model(n: int = 200) -> list[float]:
-    """The seed's verdict time after a death at a uniformly random phase of its 1 s ping:
-    alive until the last reply + 4 s, the last reply 0..1 s before the death: 3..4 s."""
-    return [SEED_ALIVE_S - POLL_INTERVAL_S * (k + 0.5) / n for k in range(n)]
 
 
 # -- 5: false verdicts under stress -----------------------------------------------------
@@ -574,12 +569,11 @@ def shmhb_interval_s(H: int) -> float:
     return cluster_bench.emulated_interval_s(H - 1)
 
 
-def msgs_model(H: int, R: int) -> tuple[float, float]:
-    """Messages/s, whole cluster, every host following every other: shmhb without mutual
-    pairs (hosts that cannot see each other's source address, behind NAT: ping + ack per
-    followed host per budgeted interval, both directions) and the seed (every rank pings
-    every rank of every other host once a second, ping + ack)."""
-    return 2 * H * (H - 1) / shmhb_interval_s(H), 2 * H * R * (H - 1) * R / POLL_INTERVAL_S
+def msgs_model(H: int) -> float:
+    """Messages/s, whole cluster, every host following every other, without mutual pairs
+    (hosts that cannot see each other's source address: ping + ack per followed host per
+    budgeted interval, both directions)."""
+    return 2 * H * (H - 1) / shmhb_interval_s(H)
 
 
 def msgs_model_mutual(H: int) -> float:

@@ -2,9 +2,7 @@
 
 Five questions, each answered side by side with the alternatives: the scenarios
 (bench/scenarios.py, and bench.board, bench.push, bench.cluster where they answer one)
-each return their figures as a record; today's stacks (bench.anchors, part of the design
-study) are read from bench/results_anchors.json, not measured again; ``run`` gathers
-them all into one ``Results``; bench/report.py writes bench/RESULTS.md from it and bench/figures.py the
+each return their figures as a record; ``run`` gathers them all into one ``Results``; bench/report.py writes bench/RESULTS.md from it and bench/figures.py the
 plots (only where matplotlib is installed: ``pip install shmhb[bench]``).  Everything a
 scenario starts (processes, boards, the Redis server) is stopped and removed at its end,
 on Ctrl-C and SIGTERM too.  Traffic stays on 127.0.0.0/8.
@@ -26,7 +24,7 @@ from typing import TypeVar
 
 from shmhb.testing.loopback import set_base
 
-from . import anchors, report, stats
+from . import report, stats
 from . import cluster as cluster_bench
 from . import push as push_bench
 from .scenarios import (
@@ -78,9 +76,8 @@ class Results:
     hang: Hang
     host: HostKill
     push: push_bench.PushResult | None  # remote worker kills (full runs only)
-    shape: cluster_bench.ShapeResult | None  # both designs at 4 x 16 (full runs only)
+    shape: cluster_bench.ShapeResult | None  # 4 x 16 (full runs only)
     cpu: list[cluster_bench.CpuResult]
-    anchors: anchors.Anchors
     stress: Stress
     mem: list[tuple[int, int, int]]
     load1: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -104,15 +101,13 @@ def _scenario(what: str, fn: Callable[[contextlib.ExitStack], T]) -> T:
 
 
 def clusters(p: Profile) -> tuple[cluster_bench.ShapeResult | None, list[cluster_bench.CpuResult]]:
-    """bench.cluster's 4 x 16 shape, both designs at once, and the pinger's CPU with 64
-    and 250 emulated hosts (none in a short run)."""
+    """bench.cluster's 4 x 16 shape and the pinger's CPU with 64 and 250 emulated hosts
+    (none in a short run)."""
     if not p.clusters:
         return None, []
-    log("Q4: 4 x 16 cluster, both designs at once (bench.cluster.run_shape)")
+    log("Q4: 4 x 16 cluster (bench.cluster.run_shape)")
     rng = random.Random()
-    shape = cluster_bench.run_shape(4, 16, window_s=4.0, subwindows=2, sh_kills=10, seed_kills_n=6,
-                                    seed_monitor_hosts=4, seed_monitor_ranks=16, concurrent=True,
-                                    rng=rng)
+    shape = cluster_bench.run_shape(4, 16, window_s=4.0, subwindows=2, sh_kills=10, rng=rng)
     cpu = []
     for n in (cluster_bench.CPU_HOSTS, cluster_bench.CPU_KILL_HOSTS):
         log(f"Q4: pinger CPU, {n} emulated hosts (bench.cluster.run_cpu_target)")
@@ -141,11 +136,10 @@ def run(name: str, run_name: str) -> Results:
         push = _scenario("Q3: remote worker kill (bench.push)",
                          lambda st: push_bench.run(st, p.push_kills, log=log))
     shape, cpu = clusters(p)
-    anc = anchors.load()  # the design study's figures: `python -m bench.anchors` made them
     stress = _scenario(f"Q5: false verdicts, {p.stress_s:g} s with every core hogged",
                        lambda st: q5_stress(st, p.stress_s))
     r = Results(run_name, name == "smoke", p, started, info, load0, q1, q2, kills, hang, host,
-                push, shape, cpu, anc, stress, memory_rows())
+                push, shape, cpu, stress, memory_rows())
     r.load1, r.wall_s = os.getloadavg(), time.monotonic() - t0
     return r
 

@@ -29,6 +29,7 @@ Writes ``bench/results_vllm.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import queue
@@ -39,10 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.conftest import Procs
-from tests.hosts import Cluster
 from tests.vllm import model
-from tests.vllm.stack import POLICY, PREFILL_IP, EngineProc, Stack, new_ids, submit
+from tests.vllm.stack import POLICY, PREFILL_IP, EngineProc, Stack, new_ids, open_stack, submit
 
 OUT = Path(__file__).resolve().parent / "results_vllm.md"
 VARIANTS = ("stock", "stock + recompute", "wrapped")
@@ -69,19 +68,9 @@ def _wait_known(stack: Stack, p: EngineProc) -> None:
         time.sleep(0.01)
 
 
-def _stack(tmp: str, wrapped: bool, env: dict[str, str]) -> tuple[Procs, Cluster, Stack]:
+def _stack(tmp: str, wrapped: bool, env: dict[str, str]) -> contextlib.AbstractContextManager[Stack]:
     os.makedirs(tmp, exist_ok=True)
-    procs = Procs()
-    cluster = Cluster(tmp, procs)
-    return procs, cluster, Stack(cluster, tmp, wrapped=wrapped, env=env)
-
-
-def _close(procs: Procs, cluster: Cluster, stack: Stack) -> None:
-    try:
-        stack.close()
-    finally:
-        procs.cleanup()
-        cluster.close()
+    return open_stack(tmp, lambda cluster, d: Stack(cluster, d, wrapped=wrapped, env=env))
 
 
 # -- what a client sees -------------------------------------------------------------------
@@ -107,9 +96,8 @@ def _served(d: EngineProc, rid: str, prompt: list[int], limit_s: float) -> dict[
 def client_view(variant: str, abort_s: int, tmp: str) -> dict[str, Any]:
     limit = abort_s + 60 + 30
     env = {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": str(abort_s)}
-    procs, cluster, stack = _stack(tmp, variant == "wrapped", env)
     res: dict[str, Any] = {}
-    try:
+    with _stack(tmp, variant == "wrapped", env) as stack:
         d = stack.start("decode", scheduler=True,
                         failure_policy="recompute" if variant == "stock + recompute" else None)
         p = stack.start("prefill", "bench-prefill")
@@ -160,8 +148,6 @@ def client_view(variant: str, abort_s: int, tmp: str) -> dict[str, Any]:
         b = d.request("blocks", "blocks")
         res["leaked_blocks"] = b["at_start"] - b["free"]
         res["policy"] = b["policy"]
-    finally:
-        _close(procs, cluster, stack)
     return res
 
 
@@ -230,8 +216,7 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
     # scheduler, not the wrapper.
     env = {"SHMHB_VLLM_PROMPT_BLOCKS": str(blocks), "SHMHB_VLLM_STEP_S": str(step_s),
            "SHMHB_VLLM_IDLE_STEP_S": "0.005", "SHMHB_VLLM_TRACE": "1"}
-    procs, cluster, stack = _stack(tmp, True, env)
-    try:
+    with _stack(tmp, True, env) as stack:
         pairs = {}
         for k, name in enumerate(names):
             wrapped = name.startswith("wrapped")
@@ -283,8 +268,6 @@ def happy_path(blocks: int, samples: int, tmp: str, step_s: float = STEP_S,
                 out[name]["cost"] = d.request("cost", "cost", engine_id=p.engine_id,
                                               bootstrap=p.bootstrap, n=2000, timeout_s=180)
         return out
-    finally:
-        _close(procs, cluster, stack)
 
 
 def _cpu(pairs: dict[str, tuple[EngineProc, EngineProc]]) -> dict[str, list[dict[str, Any]]]:

@@ -27,10 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.conftest import Procs
-from tests.hosts import Cluster
 from tests.vllm.stack import (
-    POLICY, EngineProc, Stack, expected_digest, prefilled, start_pair,
+    POLICY, EngineProc, Stack, expected_digest, open_stack, prefilled, start_pair,
     wait_alive_on_decode_host,
 )
 
@@ -221,13 +219,10 @@ def main() -> None:
     ap.add_argument("--only", choices=("faults", "transfer"),
                     help="one part; the other's section of the results file is kept")
     a = ap.parse_args()
+    rows: dict[bool, dict[str, dict[str, Any]]] = {}
+    happy: dict[bool, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = Procs()
-        cluster = Cluster(tmp, procs)
-        stack = Stack(cluster, tmp, wrapped=True, inner="nixl")
-        try:
-            rows: dict[bool, dict[str, dict[str, Any]]] = {}
-            happy: dict[bool, dict[str, float]] = {}
+        with open_stack(tmp, lambda cluster, d: Stack(cluster, d, wrapped=True, inner="nixl")) as stack:
             for wrapped in (False, True) if a.only != "transfer" else ():
                 print(f"faults, {'wrapped' if wrapped else 'stock'} ...", flush=True)
                 rows[wrapped] = faults(stack, wrapped, "w" if wrapped else "s")
@@ -235,12 +230,6 @@ def main() -> None:
             if a.only != "faults":
                 print("happy path ...", flush=True)
                 happy = happy_path(stack, a.samples)
-        finally:
-            try:
-                stack.close()
-            finally:
-                procs.cleanup()
-                cluster.close()
     text = report(rows, happy, a.samples, _kept())
     OUT.write_text(text)
     print(text)

@@ -37,15 +37,11 @@ def test_bench_smoke_run_completes_and_writes_every_table(tmp_path: Path) -> Non
     for heading in ("## 1. One heartbeat", "## 2. Overhead", "## 3. Detection time",
                     "## 4. Cost that grows", "## 5. False verdicts", "## Targets"):
         assert heading in text, heading
-    assert "**seed**" in text.split("## 1.")[0]  # said what "seed" means before it is used
+    assert "bench/STUDY.md" in text.split("## 1.")[0]  # said where the alternatives' figures are
     assert "Smoke run" in text
-    for row in ("| shmhb ", "| local kill (SIGKILL)", "SGLang heartbeat checker",
-                "vLLM NIXL KV lease", "Mooncake store client TTL", "MooncakeConnector",
-                "Dynamo etcd lease", "| local workers"):
+    for row in ("| shmhb ", "| local kill (SIGKILL)", "| local workers"):
         assert row in text, row
-    sglang = next(ln for ln in text.splitlines() if "SGLang heartbeat checker (GET" in ln)
-    assert "measured, " in sglang, sglang  # by `python -m bench.anchors`, read from its file
-    assert "come from bench/results_anchors.json, made by `python -m bench.anchors" in text
+    assert "the design study's figures, in bench/STUDY.md" in text  # not measured by the run
     if importlib.util.find_spec("matplotlib") is not None:
         made = sorted(p.name for p in plots.iterdir())
         assert made == ["q1_cost.png", "q2_step_loop.png", "q3_detection.png", "q4_scale.png"]
@@ -94,21 +90,19 @@ def test_quick_runs_write_beside_the_committed_results() -> None:
     assert "bench/quick/" in (Path(ROOT) / ".gitignore").read_text().split()
 
 
-def test_todays_stacks_are_read_back_as_measured_and_a_missing_file_says_how(tmp_path: Path) -> None:
-    from bench import anchors
+def test_the_headline_quotes_todays_stacks_from_the_design_study() -> None:
+    """The figures the suite does not measure come from bench/STUDY.md, with the command
+    and commit that made them; a study without them is refused, not quoted as blank."""
+    from bench import headline
 
-    committed = anchors.load()  # the design study's figures that `python -m bench` reads
-    assert committed.sglang is not None and committed.sglang.values_s
-    assert committed.made_by.startswith("`python -m bench.anchors")
-    path = tmp_path / "anchors.json"
-    anchors.save(committed, path)
-    again = anchors.load(path)
-    assert anchors.rows(again) == anchors.rows(committed)
-    path.write_text('{"made_by": "x"}')
-    with pytest.raises(RuntimeError, match="run `python -m bench.anchors`"):
-        anchors.load(path)
-    with pytest.raises(RuntimeError, match="no figures of today's stacks"):
-        anchors.load(tmp_path / "missing.json")
+    study = headline.STUDY.read_text()
+    assert "`python -m bench.anchors` at commit " in study
+    results = (Path(ROOT) / "bench" / "RESULTS.md").read_text()
+    sglang = next(ln for ln in study.splitlines() if "SGLang heartbeat checker (GET" in ln)
+    median = sglang.split("|")[2].strip()
+    assert f"SGLang's `/health` checker {median}" in headline.render(results, study)
+    with pytest.raises(headline.ResultsFormatError, match="Today's stacks"):
+        headline.render(results, study.replace("## Today's stacks", "## Other"))
 
 
 def test_every_bench_module_imports_without_the_optional_stacks() -> None:

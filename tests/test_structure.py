@@ -48,8 +48,6 @@ MAX_FUNCTION_LINES = 60
 #: length today as a ceiling: one may shrink (then lower its entry, or remove it once it
 #: fits), never grow; a new long function fails.  Split them when next touched.
 LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
-    "cli/check.py:_check_rows": 103,
-    "cli/main.py:build_parser": 99,
     "cli/exporter.py:BoardCollector._families": 119,
     "vllm/mooncake_adapter.py:MooncakeAdapter._install_consumer": 111,
 }

@@ -34,15 +34,15 @@ import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ..board import locks
 from ..board.handle import Board
-from ..board.core import board_words
-from ..board.core import BoardCore
+from ..board.core import BoardCore, BoardWords, board_words
 from ..board.layout import (
-    LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, header_index, inc_tag, peer_checksum,
+    LOCK_SLOT_BASE, agent_pid, gen_tag, hb_ts, inc_tag, peer_checksum,
     record_checksum, remote_checksum, row_code, row_gen, ts_units, verdict_ts, watch_checksum,
     word_tag,
 )
@@ -113,108 +113,110 @@ def _status_row(what: str, row: np.void, checksum: Callable[[np.void], int]) -> 
     return None
 
 
+def _in_future(bw: BoardWords, units: int) -> bool:
+    return units > ts_units(bw.now_ns()) + _FUTURE_UNITS
+
+
+def _slot_problem(bw: BoardWords, i: int) -> str | None:
+    """Slot ``i``: its record names the incarnation its heartbeat word names, and no
+    timestamp lies in the future."""
+    hb = int(bw.words[bw.hb_index(i)])
+    tag = word_tag(hb)
+    if tag == 0:
+        return None
+    rec = bw.record_table[i].copy()
+    ck = int(rec["checksum"])
+    if not ck:
+        return f"hb names incarnation tag {tag} but the record is empty"
+    if ck != record_checksum(rec):
+        return "record checksum mismatch"
+    if inc_tag(int(rec["incarnation"])) != tag:
+        return f"hb tag {tag} != record incarnation {int(rec['incarnation'])}"
+    if _in_future(bw, hb_ts(hb)):
+        return "hb timestamp in the future"
+    v = int(bw.words[bw.verdict_index(i)])
+    if v and _in_future(bw, verdict_ts(v)):
+        return "verdict timestamp in the future"
+    return None
+
+
+def _agent_problem(bw: BoardWords, pinger_pids: set[int]) -> str | None:
+    """The agent's two words: one term, not above the board's counter, held by one of
+    ``pinger_pids`` (empty: any), no timestamp in the future."""
+    ahb, aid = int(bw.words[bw.agent_hb_index]), int(bw.words[bw.agent_id_index])
+    if ahb == 0:
+        return None
+    term = word_tag(ahb)
+    if word_tag(aid) != term:
+        return f"agent hb term {term} != agent id term {word_tag(aid)}"
+    counter = int(bw.header["agent_term"])
+    if term > inc_tag(counter):
+        return f"agent term {term} above the board's counter {counter}"
+    pid = agent_pid(aid)
+    if pinger_pids and pid not in pinger_pids:
+        return f"agent pid {pid} is none of this host's pingers {sorted(pinger_pids)}"
+    if _in_future(bw, hb_ts(ahb)):
+        return "agent timestamp in the future"
+    return None
+
+
+def _peer_problem(bw: BoardWords, i: int) -> str | None:
+    """Peer row ``i``: the shared status-row rules, and an rtt word of its generation."""
+    row = bw.peer_table[i].copy()
+    why = _status_row("peer", row, peer_checksum)
+    if why or not int(row["checksum"]):
+        return why
+    gen = gen_tag(int(row["gen"]))
+    rtt = int(row["rtt"])
+    if rtt and row_gen(rtt) != gen:
+        return f"rtt word gen {row_gen(rtt)} != row gen {gen}"
+    return None
+
+
+def _remote_problem(bw: BoardWords, i: int) -> str | None:
+    """Remote row ``i``: the shared status-row rules, pointing at a live peer row of the
+    generation it names."""
+    row = bw.remote_table[i].copy()
+    why = _status_row("remote", row, remote_checksum)
+    if why or not int(row["checksum"]):
+        return why
+    p = int(row["peer"])
+    if p >= bw.sizes.npeers:
+        return f"remote row points at peer {p}, beyond the table"
+    prow = bw.peer_table[p].copy()
+    if int(prow["checksum"]) == 0 or int(prow["gen"]) != int(row["peer_gen"]):
+        return (f"remote row of peer {p} gen {int(row['peer_gen'])}, but that peer row is "
+                + ("empty" if not int(prow["checksum"]) else f"gen {int(prow['gen'])}"))
+    return None
+
+
+def _watch_problem(bw: BoardWords, i: int) -> str | None:
+    """Watch row ``i``: a matching checksum (0: a free row)."""
+    row = bw.watch_table[i].copy()
+    ck = int(row["checksum"])
+    if ck and ck != watch_checksum(row):
+        return "watch checksum mismatch"
+    return None
+
+
 def _check_rows(board: BoardCore, probe: int, pinger_pids: set[int]) -> list[Finding]:
+    bw = board_words(board)
     out: list[Finding] = []
-    q, head, now_ns = board_words(board).words, board_words(board).header, board_words(board).now_ns
-    records = board_words(board).record_table
-    agent_hb_i, agent_id_i = header_index("agent_hb"), header_index("agent_id")
-
-    def nowu() -> int:
-        return ts_units(now_ns())
-
-    for i in map(int, np.flatnonzero(board_words(board).hb_words.copy())):
-
-        def slot_ok(i: int = i) -> str | None:
-            hb = int(q[board_words(board).hb_index(i)])
-            tag = word_tag(hb)
-            if tag == 0:
-                return None
-            rec = records[i].copy()
-            ck = int(rec["checksum"])
-            if not ck:
-                return f"hb names incarnation tag {tag} but the record is empty"
-            if ck != record_checksum(rec):
-                return "record checksum mismatch"
-            if inc_tag(int(rec["incarnation"])) != tag:
-                return f"hb tag {tag} != record incarnation {int(rec['incarnation'])}"
-            if hb_ts(hb) > nowu() + _FUTURE_UNITS:
-                return "hb timestamp in the future"
-            v = int(q[board_words(board).verdict_index(i)])
-            if v and verdict_ts(v) > nowu() + _FUTURE_UNITS:
-                return "verdict timestamp in the future"
-            return None
-        why = _settle(slot_ok)
+    for i in map(int, np.flatnonzero(bw.hb_words.copy())):
+        why = _settle(partial(_slot_problem, bw, i))
+        # a slot whose lock nobody holds: its registrant died registering (module text)
         if why and locks.is_held(probe, LOCK_SLOT_BASE + i):
             out.append(Finding(f"slot {i}", why))
-
-    def agent_ok() -> str | None:
-        ahb, aid = int(q[agent_hb_i]), int(q[agent_id_i])
-        if ahb == 0:
-            return None
-        term = word_tag(ahb)
-        if word_tag(aid) != term:
-            return f"agent hb term {term} != agent id term {word_tag(aid)}"
-        if term > inc_tag(int(head["agent_term"])):
-            return f"agent term {term} above the board's counter {int(head['agent_term'])}"
-        pid = agent_pid(aid)
-        if pinger_pids and pid not in pinger_pids:
-            return f"agent pid {pid} is none of this host's pingers {sorted(pinger_pids)}"
-        if hb_ts(ahb) > nowu() + _FUTURE_UNITS:
-            return "agent timestamp in the future"
-        return None
-    why = _settle(agent_ok)
+    why = _settle(partial(_agent_problem, bw, pinger_pids))
     if why:
         out.append(Finding("agent", why))
-
-    peers = board_words(board).peer_table
-    for i in map(int, np.flatnonzero(peers["checksum"] != 0)):
-
-        def peer_ok(i: int = i) -> str | None:
-            row = peers[i].copy()
-            why = _status_row("peer", row, peer_checksum)
-            if why or not int(row["checksum"]):
-                return why
-            gen = gen_tag(int(row["gen"]))
-            rtt = int(row["rtt"])
-            if rtt and row_gen(rtt) != gen:
-                return f"rtt word gen {row_gen(rtt)} != row gen {gen}"
-            return None
-        why = _settle(peer_ok)
-        if why:
-            out.append(Finding(f"peer {i}", why))
-
-    rem = board_words(board).remote_table
-    for i in map(int, np.flatnonzero(rem["checksum"] != 0)):
-
-        def remote_ok(i: int = i) -> str | None:
-            row = rem[i].copy()
-            why = _status_row("remote", row, remote_checksum)
-            if why or not int(row["checksum"]):
-                return why
-            p = int(row["peer"])
-            if p >= board.sizes.npeers:
-                return f"remote row points at peer {p}, beyond the table"
-            prow = peers[p].copy()
-            if int(prow["checksum"]) == 0 or int(prow["gen"]) != int(row["peer_gen"]):
-                return (f"remote row of peer {p} gen {int(row['peer_gen'])}, but that peer row is "
-                        + ("empty" if not int(prow["checksum"]) else f"gen {int(prow['gen'])}"))
-            return None
-        why = _settle(remote_ok)
-        if why:
-            out.append(Finding(f"remote {i}", why))
-
-    w = board_words(board).watch_table
-    for i in map(int, np.flatnonzero(w["checksum"] != 0)):
-
-        def watch_ok(i: int = i) -> str | None:
-            row = w[i].copy()
-            ck = int(row["checksum"])
-            if ck and ck != watch_checksum(row):
-                return "watch checksum mismatch"
-            return None
-        why = _settle(watch_ok)
-        if why:
-            out.append(Finding(f"watch {i}", why))
+    for what, table, problem in (("peer", bw.peer_table, _peer_problem),
+                                 ("remote", bw.remote_table, _remote_problem),
+                                 ("watch", bw.watch_table, _watch_problem)):
+        for i in map(int, np.flatnonzero(table["checksum"] != 0)):
+            why = _settle(partial(problem, bw, i))
+            if why:
+                out.append(Finding(f"{what} {i}", why))
     return out
 
 

@@ -14,7 +14,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..version import __version__
 from ..board.handle import Board
@@ -288,6 +289,11 @@ STATUS_EPILOG = f"""exit status (the first that applies, in this order):
 {EXIT_BROKEN_PIPE} (any command) the reader of the output went away (`| head`)."""
 
 
+#: ``command(name, help, board=True, **add_parser_kwargs)``: a subcommand's parser that
+#: takes the common flags, and ``--board`` unless ``board=False`` (see ``build_parser``)
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmhb", description="Shared-memory liveness board.")
     p.add_argument("--version", action="version", version=f"shmhb {__version__}")
@@ -299,24 +305,45 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more logging (-vv: debug)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def board_arg(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--board", default=None,
-                        help=f"board name (default: ${BOARD_ENV} or {DEFAULT_BOARD!r})")
+    def command(name: str, help: str, board: bool = True, **kw: Any) -> argparse.ArgumentParser:
+        sp: argparse.ArgumentParser = sub.add_parser(name, parents=[common], help=help, **kw)
+        if board:
+            sp.add_argument("--board", default=None,
+                            help=f"board name (default: ${BOARD_ENV} or {DEFAULT_BOARD!r})")
+        return sp
 
-    sp = sub.add_parser(
-        "status", parents=[common], help="show the board; the exit status says whether the host is healthy",
+    _add_status(command)
+    _add_pinger(command)
+    _add_readers(command)
+    _add_housekeeping(command)
+    sp = command("demo", "a self-contained tour: kill, hang and restart workers", board=False)
+    sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")
+    sp.add_argument("--base-addr", default=None, metavar="ADDR",
+                    help="host A's loopback address, B gets the next (default: "
+                         "$SHMHB_LOOPBACK_BASE or 127.0.0.2; must be in 127.0.0.0/8)")
+    sp.set_defaults(func=cmd_demo)
+    from .feed import add_parsers  # shmhb feed, shmhb instances (P/D routers)
+    add_parsers(sub)
+    return p
+
+
+def _add_status(command: AddCommand) -> None:
+    """``shmhb status``: the host's health, as text, JSON or an exit status."""
+    sp = command(
+        "status", "show the board; the exit status says whether the host is healthy",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Show the board: the agent, its network half, local slots, remote hosts.",
         epilog=STATUS_EPILOG)
-    board_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--agent-only", action="store_true",
                     help=f"check only that an agent runs and holds the role: exit {EXIT_OK} or "
                          f"{EXIT_NO_OBSERVER} (a liveness probe for the pinger's container)")
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser("pinger", parents=[common], help="hold the host agent role in the foreground")
-    board_arg(sp)
+
+def _add_pinger(command: AddCommand) -> None:
+    """``shmhb pinger``: the daemon that holds the agent role."""
+    sp = command("pinger", "hold the host agent role in the foreground")
     sp.add_argument("--tick-s", type=float, default=AgentConfig().tick_s,
                     help=f"agent loop period (default {AgentConfig().tick_s:g})")
     sp.add_argument("--watchdog-s", type=float, default=10.0,
@@ -327,14 +354,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_pinger_args(sp)
     add_board_args(sp)
 
-    sp = sub.add_parser("monitor", parents=[common], help="live full-screen view of the board (Ctrl-C quits)")
-    board_arg(sp)
+
+def _add_readers(command: AddCommand) -> None:
+    """The commands that follow the board: a screen, an event stream, metrics."""
+    sp = command("monitor", "live full-screen view of the board (Ctrl-C quits)")
     sp.add_argument("--refresh-hz", type=float, default=4.0,
                     help="screen refreshes per second (default 4)")
     sp.set_defaults(func=cmd_monitor)
 
-    sp = sub.add_parser("events", parents=[common], help="what changes on the board, one line per event")
-    board_arg(sp)
+    sp = command("events", "what changes on the board, one line per event")
     sp.add_argument("--follow", "-f", action="store_true",
                     help="keep printing events as they happen (default: print the state and exit)")
     sp.add_argument("--json", action="store_true", help="JSON lines")
@@ -342,21 +370,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --follow: how often to read the board (default 0.1)")
     sp.set_defaults(func=cmd_events)
 
-    sp = sub.add_parser("exporter", parents=[common], help="serve Prometheus metrics of the board over HTTP")
-    board_arg(sp)
+    sp = command("exporter", "serve Prometheus metrics of the board over HTTP")
     sp.add_argument("--port", type=int, default=9645, help="TCP port (default 9645; 0: any free)")
     sp.add_argument("--addr", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     sp.set_defaults(func=cmd_exporter)
 
-    sp = sub.add_parser("gc", parents=[common], help="remove boards that no live process uses")
+
+def _add_housekeeping(command: AddCommand) -> None:
+    """The operator's commands: remove unused boards, install the units, clear a slot."""
+    sp = command("gc", "remove boards that no live process uses", board=False)
     sp.add_argument("names", nargs="*", metavar="NAME",
                     help="only these boards (default: every board in /dev/shm)")
     sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     sp.set_defaults(func=cmd_gc)
 
-    sp = sub.add_parser("units", parents=[common], help="write systemd units (pinger, exporter) and their settings file")
-    board_arg(sp)
+    sp = command("units", "write systemd units (pinger, exporter) and their settings file")
     sp.add_argument("--out", default="shmhb-units", help="directory to write into (default ./shmhb-units)")
     sp.add_argument("--user", default=None,
                     help="account the services run as: the workers' (default: the current user)")
@@ -373,20 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "account's group, with --board-mode 0660)")
     sp.set_defaults(func=cmd_units)
 
-    sp = sub.add_parser("forget", parents=[common], help="clear a dead or left slot, so probes recover after a crash")
-    board_arg(sp)
+    sp = command("forget", "clear a dead or left slot, so probes recover after a crash")
     sp.add_argument("key", metavar="KEY", help="the key of the slot (see `shmhb status`)")
     sp.set_defaults(func=cmd_forget)
-
-    sp = sub.add_parser("demo", parents=[common], help="a self-contained tour: kill, hang and restart workers")
-    sp.add_argument("--quick", action="store_true", help="shorter timeouts (for tests)")
-    sp.add_argument("--base-addr", default=None, metavar="ADDR",
-                    help="host A's loopback address, B gets the next (default: "
-                         "$SHMHB_LOOPBACK_BASE or 127.0.0.2; must be in 127.0.0.0/8)")
-    sp.set_defaults(func=cmd_demo)
-    from .feed import add_parsers  # shmhb feed, shmhb instances (P/D routers)
-    add_parsers(sub)
-    return p
 
 
 def check_args(args: argparse.Namespace) -> None:

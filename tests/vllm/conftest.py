@@ -43,23 +43,11 @@ def require_nixl() -> None:
     pytest.importorskip("nixl._api", reason="NIXL not installed: " + HOW)
 
 
-from tests.conftest import Procs
-from tests.hosts import Cluster
-
-from .stack import Stack
+from .stack import Stack, stack_scope
 
 
 def make_stack(tmp_path_factory: Any, *, wrapped: bool, env: dict[str, str] | None = None,
                inner: str = "mooncake") -> Iterator[Stack]:
     tmp = str(tmp_path_factory.mktemp(("vllm-wrapped" if wrapped else "vllm-stock") + f"-{inner}"))
-    procs = Procs()
-    cluster = Cluster(tmp, procs)
-    s = Stack(cluster, tmp, wrapped=wrapped, env=env, inner=inner)
-    try:
-        yield s
-    finally:
-        try:
-            s.close()
-        finally:
-            procs.cleanup()
-            cluster.close()
+    yield from stack_scope(tmp, lambda cluster, d: Stack(cluster, d, wrapped=wrapped, env=env,
+                                                           inner=inner))

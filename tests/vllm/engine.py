@@ -533,7 +533,8 @@ def inner_state(worker: Any) -> dict[str, Any]:
             "prepared_regions": len(getattr(w, "_prepared_transfer_regions", ()))}
 
 
-def main() -> None:
+def arg_parser() -> argparse.ArgumentParser:
+    """The options every engine child takes (tests/vllm_ascend/engine.py adds its own)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", choices=("prefill", "decode"), required=True)
     ap.add_argument("--ip", required=True)
@@ -549,19 +550,30 @@ def main() -> None:
                     help="drive the connector through vLLM's real Scheduler (tests/vllm/scheduled.py)")
     ap.add_argument("--tp-size", type=int, default=1)
     ap.add_argument("--tp-rank", type=int, default=0)
+    return ap
+
+
+def set_up(a: argparse.Namespace) -> None:
+    """What every engine child sets before vLLM is imported: its host's address and
+    board, and logging to stderr (the test's log of the engine)."""
+    os.environ["VLLM_HOST_IP"] = a.ip
+    os.environ["SHMHB_BOARD"] = a.board
+    import logging
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def main() -> None:
+    ap = arg_parser()
     ap.add_argument("--kv-layout", choices=("blocks", "heads"), default="blocks")
     ap.add_argument("--inner", choices=("mooncake", "nixl"), default="mooncake",
                     help="the connector under test (nixl: NixlConnector, UCX on CPU)")
     a = ap.parse_args()
-    os.environ["VLLM_HOST_IP"] = a.ip
+    set_up(a)
     os.environ["VLLM_DP_MASTER_IP"] = a.ip  # where the bootstrap server is registered with
-    os.environ["SHMHB_BOARD"] = a.board
     if a.inner == "nixl":  # the scheduler-role side channel consumers handshake with
         os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = a.ip
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"]
-    import logging
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if a.scheduler:
         from .scheduled import ScheduledEngine
         ScheduledEngine(a).run()

@@ -7,6 +7,7 @@ for a fixed time: every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -16,9 +17,10 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, Procs, wait_until
 from shmhb.testing.loopback import child_env, free_port
 from tests.hosts import Cluster
 
@@ -253,11 +255,52 @@ class Stack:
             e.wait_ready()
         return ranks
 
+    def replace_prefill(self, engine_id: str | None = None, **kw: Any) -> EngineProc:
+        """A new prefill engine, each running one killed first (resumed, if stopped, so
+        that it dies now): they share the stack's one bootstrap address."""
+        for e in self.engines:
+            if e.role == "prefill" and e.p.poll() is None:
+                e.cont()
+                e.kill()
+        return self.start("prefill", engine_id, **kw)
+
     def close(self) -> None:
         for e in self.engines:  # all shut down at once, then each is waited for
             e.ask_to_quit()
         for e in self.engines:
             e.close()
+
+
+S = TypeVar("S", bound=Stack)
+
+
+def stack_scope(tmp: str, build: Callable[[Cluster, str], S]) -> Iterator[S]:
+    """A module fixture's body: the stack ``build`` makes on a fresh cluster in ``tmp``,
+    yielded, then closed with every process the cluster started."""
+    procs = Procs()
+    cluster = Cluster(tmp, procs)
+    try:
+        s = build(cluster, tmp)
+        try:
+            yield s
+        finally:
+            s.close()
+    finally:
+        procs.cleanup()
+        cluster.close()
+
+
+#: ``stack_scope`` as a ``with`` block (the benches' form)
+open_stack = contextlib.contextmanager(stack_scope)
+
+
+def recovering_decode(stack: Stack, **kw: Any) -> EngineProc:
+    """A decode engine on vLLM's real Scheduler, checked to recompute what it cannot
+    load: the default, since the wrapper sets vLLM's policy before the Scheduler reads it."""
+    d = stack.start("decode", scheduler=True, **kw)
+    blocks = d.request("blocks", "blocks")
+    assert blocks["policy"] == "recompute" and blocks["recompute"], blocks
+    return d
 
 
 def live(stack: Stack, role: str) -> EngineProc:

@@ -25,7 +25,8 @@ from tests.conftest import wait_until
 from . import model
 from .conftest import make_stack
 from .stack import (
-    POLICY, SERVE_TOKENS, EngineProc, Stack, bootstrap_ep, new_ids, no_leak, served_right,
+    POLICY, SERVE_TOKENS, EngineProc, Stack, bootstrap_ep, new_ids, no_leak, recovering_decode,
+    served_right,
     wait_alive_on_decode_host,
 )
 
@@ -39,19 +40,12 @@ def nixl(tmp_path_factory: Any) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def decode(nixl: Stack) -> EngineProc:
-    d = nixl.start("decode", scheduler=True)
-    blocks = d.request("blocks", "blocks")
-    assert blocks["policy"] == "recompute" and blocks["recompute"], blocks
-    return d
+    return recovering_decode(nixl)
 
 
 def _prefill(stack: Stack, engine_id: str | None = None) -> EngineProc:
     """A prefill on the stack's one side-channel address, its predecessor killed first."""
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    p = stack.start("prefill", engine_id)
+    p = stack.replace_prefill(engine_id)
     wait_alive_on_decode_host(stack, p)
     return p
 

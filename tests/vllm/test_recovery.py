@@ -34,7 +34,8 @@ from tests.conftest import wait_until
 from . import model
 from .conftest import make_stack
 from .stack import (
-    POLICY, SERVE_TOKENS, EngineProc, Stack, new_ids, no_leak, remote_params, served_right,
+    POLICY, SERVE_TOKENS, EngineProc, Stack, new_ids, no_leak, recovering_decode, remote_params,
+    served_right,
 )
 from .stack import submit as stack_submit
 
@@ -53,11 +54,7 @@ def stack(tmp_path_factory: Any) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def decode(stack: Stack) -> EngineProc:
-    d = stack.start("decode", scheduler=True, env=SHORT_ABORT)
-    blocks = d.request("blocks", "blocks")
-    # recovery is the default: the wrapper set vLLM's policy before the Scheduler read it
-    assert blocks["policy"] == "recompute" and blocks["recompute"], blocks
-    return d
+    return recovering_decode(stack, env=SHORT_ABORT)
 
 
 def submit(p: EngineProc, d: EngineProc, seed: int, *, finish: bool = True
@@ -75,11 +72,7 @@ def alive_here(stack: Stack, p: EngineProc) -> None:
 
 def fresh_prefill(stack: Stack, engine_id: str | None = None) -> EngineProc:
     """A prefill engine on the one bootstrap address, its predecessor killed first."""
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    return stack.start("prefill", engine_id)
+    return stack.replace_prefill(engine_id)
 
 
 def loaded(p: EngineProc, rid: str) -> None:

@@ -47,19 +47,8 @@ def require_vllm_ascend() -> None:
 
 
 def make_stack(tmp_path_factory: Any, *, wrapped: bool) -> Iterator[Any]:
-    from tests.conftest import Procs
-    from tests.hosts import Cluster
+    from tests.vllm.stack import stack_scope
 
     from .stack import AscendStack
     tmp = str(tmp_path_factory.mktemp("ascend-wrapped" if wrapped else "ascend-stock"))
-    procs = Procs()
-    cluster = Cluster(tmp, procs)
-    s = AscendStack(cluster, tmp, wrapped=wrapped)
-    try:
-        yield s
-    finally:
-        try:
-            s.close()
-        finally:
-            procs.cleanup()
-            cluster.close()
+    yield from stack_scope(tmp, lambda cluster, d: AscendStack(cluster, d, wrapped=wrapped))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 from typing import Any
 
@@ -253,29 +252,13 @@ class AscendEngine(base.Engine):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--role", choices=("prefill", "decode"), required=True)
-    ap.add_argument("--ip", required=True)
-    ap.add_argument("--board", required=True)
-    ap.add_argument("--engine-id", required=True)
-    ap.add_argument("--dist-port", type=int, required=True)
-    ap.add_argument("--model-dir", required=True)
-    ap.add_argument("--wrapped", action="store_true")
-    ap.add_argument("--on-dead-peer", default="recompute")
-    ap.add_argument("--failure-policy", choices=("fail", "recompute"), default=None)
-    ap.add_argument("--scheduler", action="store_true")
-    ap.add_argument("--tp-size", type=int, default=1)
-    ap.add_argument("--tp-rank", type=int, default=0)
+    ap = base.arg_parser()
     ap.add_argument("--kv-layout", default="blocks")
     ap.add_argument("--inner", default="ascend")
     ap.add_argument("--connector", default=os.environ.get("SHMHB_TEST_ASCEND_CONNECTOR", CONNECTOR),
                     help="the vllm-ascend connector to run (the others are refused wrapped)")
     a = ap.parse_args()
-    os.environ["VLLM_HOST_IP"] = a.ip
-    os.environ["SHMHB_BOARD"] = a.board
-    import logging
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    base.set_up(a)
     if a.scheduler:
         from tests.vllm.scheduled import ScheduledEngine
 

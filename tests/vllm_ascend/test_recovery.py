@@ -20,7 +20,7 @@ from .conftest import require_vllm_ascend
 require_vllm_ascend()
 
 from tests.vllm import model
-from tests.vllm.stack import SERVE_TOKENS, EngineProc, no_leak, served_right
+from tests.vllm.stack import SERVE_TOKENS, EngineProc, no_leak, recovering_decode, served_right
 
 from .conftest import make_stack
 from .stack import AscendStack, alive_on, dead_on, prefilled
@@ -37,19 +37,11 @@ def stack(tmp_path_factory: Any) -> Iterator[AscendStack]:
 
 @pytest.fixture(scope="module")
 def decode(stack: AscendStack) -> EngineProc:
-    d = stack.start("decode", scheduler=True)
-    blocks = d.request("blocks", "blocks")
-    # recovery is the default: the wrapper set vLLM's policy before the Scheduler read it
-    assert blocks["policy"] == "recompute" and blocks["recompute"], blocks
-    return d
+    return recovering_decode(stack)
 
 
 def fresh_prefill(stack: AscendStack, engine_id: str | None = None) -> EngineProc:
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    p = stack.start("prefill", engine_id, env=SHORT_ABORT)
+    p = stack.replace_prefill(engine_id, env=SHORT_ABORT)
     alive_on(stack, p)
     return p
 

@@ -42,11 +42,7 @@ def stack(request: Any, tmp_path_factory: Any) -> Iterator[AscendStack]:
 def fresh_prefill(stack: AscendStack, engine_id: str | None = None,
                   env: dict[str, str] | None = None) -> EngineProc:
     """A prefill engine on the one side-channel port, its predecessor killed first."""
-    for e in stack.engines:
-        if e.role == "prefill" and e.p.poll() is None:
-            e.cont()
-            e.kill()
-    p = stack.start("prefill", engine_id, env=env or {})  # "ready": its side channel is bound
+    p = stack.replace_prefill(engine_id, env=env or {})  # "ready": its side channel is bound
     if stack.wrapped:
         alive_on(stack, p)  # and the decode host's board follows it
     return p
