@@ -139,13 +139,22 @@ def test_smg_worker_met_while_draining_is_put_back_and_stays(stack: PdStack) -> 
     meets an alive instance in that state serves it at once and again after the drain."""
     up(stack, "smg")
     p1 = stack.instances["p1"]
-    stack.feeder.kill()  # type: ignore[union-attr]
-    stack.feeder.wait(10)  # type: ignore[union-attr]
-    # smg drains only a worker whose status is "ready" when the removal runs; one still
-    # "pending" (healthy, not yet promoted) is removed at once with no drain window
+    # smg drains only a worker whose status is "ready" when the removal runs (one still
+    # "pending" is removed at once, with no drain window); and the feeder, just started,
+    # may not have added p1 yet: both are waited for before the feeder goes
     w = wait_for(lambda: next((x for x in stack.router_workers()
                                if x["url"] == p1.url and x.get("status") == "ready"), None),
-                 10, "p1 ready in smg")
+                 15, "p1 ready in smg")
+    stack.feeder.kill()  # type: ignore[union-attr]
+    stack.feeder.wait(10)  # type: ignore[union-attr]
+    # the feeder may have adopted p1 (drain time 0) before it went: an operator's DELETE
+    # of a worker the feeder never touched drains for smg's default 5 s
+    st, _ = http_json("127.0.0.1", stack.router_port, "PATCH", "/workers/" + w["id"],
+                      {"health": {"drain_settle_secs": 5}})
+    assert st in (200, 202), st
+    w = wait_for(lambda: next((x for x in stack.router_workers()
+                               if x["url"] == p1.url and x.get("status") == "ready"), None),
+                 15, "p1 ready in smg after the PATCH")
     t_del = time.monotonic_ns()
     st, _ = http_json("127.0.0.1", stack.router_port, "DELETE", "/workers/" + w["id"])
     assert st == 202
