@@ -14,7 +14,8 @@ class Status(str, enum.Enum):
     DEAD     evidence of death: its process is gone, or silence for dead-after while
              the observer was itself running.
     LEFT     it closed its registration gracefully.
-    UNKNOWN  whoever should observe it (the host's agent) is absent or stalled: no verdict.
+    UNKNOWN  whoever should observe it (the host's agent) is absent or stalled, or (a
+             remote host and its workers) its frames fail authentication here: no verdict.
     """
 
     ALIVE = "alive"
@@ -73,6 +74,7 @@ class PeerStatus(NamedTuple):
     ``auth_failing``: the last frame from that host (an ack on our connection to it, or
     a ping from its address) failed authentication and none has passed since: the two
     hosts do not share a secret (or CURVE keys), so its silence is no sign of death.
+    While its own frames keep failing, ``status`` is UNKNOWN, never SUSPECT or DEAD.
     ``auth_failures``: frames from it that failed authentication, ever (this row)."""
 
     address: str

@@ -125,6 +125,7 @@ STAT_NAMES: Final = (
     "pings_confirm",
     "digest_cut",
     "digest_cut_seen",
+    "pings_refused",
 )
 NSTATS: Final = 32
 

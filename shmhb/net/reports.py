@@ -24,7 +24,7 @@ from ..status import Status
 from .protocol import U32_MAX, DigestEntry
 from .rowwriter import RowWriter
 from .state import AgentWords
-from .following import Target, own_endpoints
+from .following import Target, host_of, own_endpoints
 
 _DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
 
@@ -52,19 +52,28 @@ class Reports:
     """Digests and pushes of followed hosts, applied to their remote rows."""
 
     def __init__(self, board: Board, rows: RowWriter, writer: AgentWords,
-                 bad: Callable[[str, str], None]) -> None:
+                 bad: Callable[[str, str], None],
+                 alias_hosts: Callable[[Target], set[str]]) -> None:
+        """``alias_hosts(t)``: the hosts of every followed address that holds ``t``'s
+        identity (``Following.alias_hosts``)."""
         self.b = board
+        self._alias_hosts = alias_hosts
         self.bw = board_words(board)
         self.rows = rows
         self.w = writer
         self._bad = bad
 
-    def own(self, t: Target, e: DigestEntry) -> DigestEntry:
-        """``e`` less the endpoints of other hosts (counted as ``spoofed``)."""
+    def own(self, t: Target, e: DigestEntry, aliases: set[str] | None = None) -> DigestEntry:
+        """``e`` less the endpoints of other hosts (counted as ``spoofed``).  Endpoints
+        on another address we reach the same host at are that address's to report (its
+        own rows), and no spoofing."""
         kept = own_endpoints(t, e)
         if kept is e:
             return e
-        self._bad("spoofed", t.address)  # it listed another host's endpoint
+        if aliases is None:
+            aliases = self._alias_hosts(t)
+        if any(host_of(ep) not in aliases for ep in e.endpoints):
+            self._bad("spoofed", t.address)  # it listed another host's endpoint
         return kept
 
     def digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int,
@@ -72,8 +81,9 @@ class Reports:
         """A full digest: every listed slot written, every other one of ``t``'s freed."""
         seen = set()
         changed = False
+        aliases = self._alias_hosts(t)  # once per digest: O(followed hosts)
         for e in entries:  # at most MAX_DIGEST_ENTRIES (decode refuses more): rows per host capped
-            e = self.own(t, e)
+            e = self.own(t, e, aliases)
             seen.add(e.key)
             held = t.remotes.get(e.key)
             # The status code this row held before: read it before put_remote rewrites
