@@ -22,6 +22,7 @@ from .judge import beat_age, combine_remote, judge_row
 from .layout import (
     PEER_ROW_DTYPE, PEER_STRIDE, REMOTE_BEAT_WORD, REMOTE_ROW_DTYPE, REMOTE_STRIDE, Sizes,
     field_word, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units, unpack_auth,
+    unpack_capped,
     word_index,
 )
 from .records import RETRIES, stored_address, stored_endpoints, stored_key
@@ -43,6 +44,7 @@ class PeerRow(NamedTuple):
     rtt_ms: float | None
     age_s: float | None  # since its host's last ack; None before the first
     auth: tuple[bool, int]  # (authentication failing, frames that failed it)
+    capped: int  # workers its last digest listed that are not stored here
     checksum: int  # of the record fields read (``layout.peer_checksum``)
 
 
@@ -129,7 +131,8 @@ class RemoteReads:
             if addr is None:
                 return None
             return PeerRow(addr, gen, st, rtt_ms, age * UNIT_S if last else None,
-                           unpack_auth(int(row["auth"]), gen), ck)
+                           unpack_auth(int(row["auth"]), gen),
+                           unpack_capped(int(row["capped"]), gen), ck)
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
@@ -175,7 +178,7 @@ class RemoteReads:
         for p, s in self._remote_rows(now, ok, host_status=heads):
             slots[p].append(s)
         return [PeerStatus(pr.address, pr.status, pr.rtt_ms, pr.age_s,
-                           sorted(slots[i], key=lambda s: s.key), *pr.auth)
+                           sorted(slots[i], key=lambda s: s.key), *pr.auth, pr.capped)
                 for i, pr in sorted(heads.items(), key=lambda kv: kv[1].address)]
 
     def peer(self, address: str) -> PeerStatus | None:

@@ -78,6 +78,7 @@ class Target:
     #: last ack that counted (``host`` itself for an IP literal; a name's resolution)
     reached: str | None = None
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
+    capped: int = 0  # slots of its last digest not stored here (reports.Reports.digest)
     #: when its own frame last failed authentication here (badinput: it reads UNKNOWN)
     auth_failed_ns: int = -(1 << 62)
     # Challenges (shmhb.net.evidence), without a secret: the ones we sent it lately, and
@@ -323,6 +324,7 @@ class Following:
                 self._drop_target(a)
         for a in sorted(want - set(self.targets)):
             self._add_target(a, now_ns)
+        self._reshare()
         self._replan(now_ns)
         for a, (row, _gen) in list(self._adopted.items()):
             if a not in want:  # rows of hosts nobody follows any more
@@ -330,6 +332,20 @@ class Following:
                     self.rows.free_remote(held.row)
                 self.rows.free_peer(row)
                 del self._adopted[a]
+
+    def share(self) -> int:
+        """Remote rows each followed host may hold: an even share of the table, so one
+        host listing thousands of workers cannot leave none for the others."""
+        return self.b.sizes.nremote // max(1, len(self.targets))
+
+    def _reshare(self) -> None:
+        """The followed set changed: a host over its new share gives rows back, and one
+        that was capped may get more, at its next full digest (asked for at its next
+        ping)."""
+        share = self.share()
+        for t in self.targets.values():
+            if t.capped or len(t.remotes) > share:
+                t.digest_gen = 0
 
     def _replan(self, now_ns: int) -> None:
         self._states = None

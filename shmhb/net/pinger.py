@@ -123,7 +123,7 @@ class NetworkHalf:
         self.bad_input = BadInput(writer, self.rows, self.following.targets, self._ratelog,
                                   clock.monotonic_ns, units_to_ns(board.thresholds.peer_dead))
         self.reports = Reports(board, self.rows, writer, self.bad_input.bad,
-                               self.following.alias_hosts)
+                               self.following.alias_hosts, self._ratelog.warn)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
@@ -364,9 +364,10 @@ class NetworkHalf:
                                    t.address, len(a.entries))
             # a full ack says how old its body is: its workers' own beats on our clock
             aged = a.body_age_ms < U32_MAX
-            self.reports.digest(t, a.entries, now_ns,
-                                now_ns - a.body_age_ms * 1_000_000 if aged else None)
-            t.digest_gen = a.gen
+            retry = self.reports.digest(t, a.entries, now_ns,
+                                        now_ns - a.body_age_ms * 1_000_000 if aged else None,
+                                        self.following.share())
+            t.digest_gen = 0 if retry else a.gen  # no room yet: the whole digest again
         elif a.gen != t.digest_gen:
             t.digest_gen = 0  # we do not hold what it thinks we hold: ask for all of it
         # else: the same digest, confirmed as of now.  The rows stay as they are: readers

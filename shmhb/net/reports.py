@@ -53,11 +53,13 @@ class Reports:
 
     def __init__(self, board: Board, rows: RowWriter, writer: AgentWords,
                  bad: Callable[[str, str], None],
-                 alias_hosts: Callable[[Target], set[str]]) -> None:
+                 alias_hosts: Callable[[Target], set[str]], warn: Callable[..., None]) -> None:
         """``alias_hosts(t)``: the hosts of every followed address that holds ``t``'s
-        identity (``Following.alias_hosts``)."""
+        identity (``Following.alias_hosts``); ``warn(kind, msg, *args)``: the half's
+        rate-limited log."""
         self.b = board
         self._alias_hosts = alias_hosts
+        self._warn = warn
         self.bw = board_words(board)
         self.rows = rows
         self.w = writer
@@ -77,14 +79,30 @@ class Reports:
         return kept
 
     def digest(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int,
-               base_ns: int | None) -> None:
-        """A full digest: every listed slot written, every other one of ``t``'s freed."""
-        seen = set()
+               base_ns: int | None, share: int) -> bool:
+        """A full digest: its slots written, up to ``share`` rows (``t``'s fair share of
+        the remote table, ``Following.share``), in its order (live ones first: the
+        responder's), every other row of ``t``'s freed.  The slots past the share are
+        not stored: counted in ``t``'s capped word, where readers learn that a worker of
+        ``t`` with no row is unknown here, not gone.  The word is written before any of
+        ``t``'s rows is given back, so a reader never sees a row gone for a slot its
+        host still lists while the word says all are stored.  Returns whether slots
+        within the share found no free row (others hold more than theirs until their
+        next digest): then ask again."""
+        kept = entries[:max(0, share)]
+        over = len(entries) - len(kept)
+        if over:
+            self.rows.peer_capped(t.row, t.gen, over)
+        seen = {e.key for e in kept}
         changed = False
+        for key in list(t.remotes):  # first: the rows it gives back make room for its own
+            if key not in seen:
+                self.rows.free_remote(t.remotes.pop(key).row)
+                changed = True
+        missed = 0
         aliases = self._alias_hosts(t)  # once per digest: O(followed hosts)
-        for e in entries:  # at most MAX_DIGEST_ENTRIES (decode refuses more): rows per host capped
+        for e in kept:  # at most MAX_DIGEST_ENTRIES (decode refuses more)
             e = self.own(t, e, aliases)
-            seen.add(e.key)
             held = t.remotes.get(e.key)
             # The status code this row held before: read it before put_remote rewrites
             # the word, or a status-only change (ALIVE -> SUSPECT) would compare equal
@@ -92,17 +110,26 @@ class Reports:
             before = row_code(int(self.bw.remote_table[held.row]["status"])) if held else None
             got = self.rows.put_remote(t.row, t.gen, held, e, now_ns, beat_ns(e, base_ns))
             if got is None:
+                missed += 1
                 continue
             if held is None or got.incarnation != held.incarnation or got.gen != held.gen \
                     or before != e.status:
                 changed = True
             t.remotes[e.key] = got
-        for key in list(t.remotes):
-            if key not in seen:
-                self.rows.free_remote(t.remotes.pop(key).row)
-                changed = True
+        capped = over + missed
+        self.rows.peer_capped(t.row, t.gen, capped)
+        if capped != t.capped:
+            changed = True
+        t.capped = capped
+        if capped:
+            self.w.count("remote_capped", capped)
+            self._warn(f"capped {t.address}", "pinger: %s lists %d workers; %d are not stored "
+                       "here (its share of this board's remote table is %d of %d rows), and "
+                       "read unknown: create the board with more remote_slots",
+                       t.address, len(entries), capped, share, self.b.sizes.nremote)
         if changed:
             self.w.changed()
+        return missed > 0
 
     def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> PushOutcome:
         """A push's entries: deaths, leaves and restarts applied.  Never makes anything

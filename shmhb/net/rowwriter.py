@@ -18,9 +18,9 @@ import numpy as np
 from ..board.handle import Board
 from ..board.core import board_words
 from ..board.layout import (
-    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
+    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_CAPPED_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
     REMOTE_STRIDE,
-    encode_endpoints, next_gen, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
+    encode_endpoints, next_gen, pack_auth, pack_capped, pack_row, pack_rtt, peer_checksum, remote_checksum,
     ts_units, unpack_auth, unpack_row, word_index,
 )
 from .protocol import DigestEntry, Identity
@@ -132,6 +132,11 @@ class RowWriter:
         was_failing, count = unpack_auth(int(self._q[wi]), gen)
         if failing or was_failing:
             self._q[wi] = pack_auth(gen, failing, count + 1 if failing else count)
+
+    def peer_capped(self, i: int, gen: int, count: int) -> None:
+        """How many workers that host's last digest listed that are not stored (0:
+        all are).  One word, written by the agent only."""
+        self._q[self._peer0 + i * PEER_STRIDE + PEER_CAPPED_WORD] = pack_capped(gen, count) if count else 0
 
     def free_peer(self, i: int) -> None:
         self.bw.peer_table[i]["checksum"] = 0
