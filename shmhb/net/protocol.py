@@ -343,14 +343,15 @@ def encode_ack(a: Ack, secret: Keys = None) -> bytes:
                           cut=a.full and a.cut, body_age_ms=a.body_age_ms)
 
 
-def encode_refusal(secret: Keys) -> bytes:
+def encode_refusal() -> bytes:
     """What a responder answers to a ping that failed authentication: an ACK header with
-    the AUTH flag and a tag (its own, or 16 zero bytes without a secret), nothing else.
-    It never decodes for the pinger it goes to (whose ping failed here: another secret,
-    or none), which counts it as ``auth`` on its connection to us and so learns that the
-    secrets differ, not that we are dead (docs/PROTOCOL.md, "REFUSAL")."""
-    head = _HEADER.pack(MAGIC, VERSION, ACK, FLAG_AUTH, 0)
-    return seal([head], secret) if _signing(secret) is not None else head + bytes(TAG_BYTES)
+    the AUTH flag and 16 zero bytes where a tag would be, nothing else.  It decodes for
+    no pinger (a decoder with a secret finds the tag wrong, one without refuses a tagged
+    frame), so the pinger it goes to, whose ping failed here, counts it as ``auth`` on
+    its connection to us and learns that the secrets differ, not that we are dead
+    (docs/PROTOCOL.md, "REFUSAL").  Not a tag of ours: a pinger halfway through a
+    rotation in the other order would otherwise accept it and see a truncated ack."""
+    return _HEADER.pack(MAGIC, VERSION, ACK, FLAG_AUTH, 0) + bytes(TAG_BYTES)
 
 
 def encode_push(p: Push, secret: Keys = None) -> bytes:

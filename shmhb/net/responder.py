@@ -48,6 +48,9 @@ DRAIN_BUDGET_NS = 5_000_000
 PUSH_GAP_NS = 50_000_000
 
 
+_REFUSAL = encode_refusal()  # the same 24 bytes for every refused ping
+
+
 class Responder:
     def __init__(self, board: Board, router: zmq.Socket[bytes], identity: Identity,
                  address: str, secret: Keys, suspicion: Suspicion, clock: Clock,
@@ -134,14 +137,10 @@ class Responder:
         our secrets differ, not that we are dead (docs/PROTOCOL.md, "REFUSAL")."""
         try:
             self.router.send(rid, MORE)
-            self.router.send(self._refusal, NOBLOCK)
+            self.router.send(_REFUSAL, NOBLOCK)
             self._count("pings_refused")
         except zmq.ZMQError as e:
             self._rate_log("ack", "pinger: refusal to a watcher not sent: %s", e)
-
-    @property
-    def _refusal(self) -> bytes:
-        return encode_refusal(self.secret)
 
     def _watch(self, rid: bytes, ours: bool, now_ns: int) -> None:
         """Remember the watcher ``rid`` (``ours``: its ping was a followed host's own).
