@@ -137,8 +137,9 @@ class RemoteReads:
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
                      host_status: dict[int, PeerRow] | None = None,
-                     ) -> list[tuple[int, SlotStatus]]:
-        r = self._remotes.copy()
+                     rows: np.ndarray | None = None) -> list[tuple[int, SlotStatus]]:
+        """``rows``: a copy of the remote table taken earlier (``peers``)."""
+        r = self._remotes.copy() if rows is None else rows
         out = []
         live = np.flatnonzero(r["checksum"] != 0)
         if peer_filter is not None:
@@ -166,16 +167,30 @@ class RemoteReads:
         return out
 
     def peers(self) -> list[PeerStatus]:
-        """Every remote host this host's pinger follows, with its workers."""
+        """Every remote host this host's pinger follows, with its workers.
+
+        Each host's capped word (``PeerStatus.rows_capped``: slots it listed that are
+        not stored here) is read both before and after the remote rows are copied, and
+        counts if either read says so.  Its writer sets it before it gives a row back
+        for the host's share of the table and clears it only after every row it counted
+        was stored (``shmhb.net.reports.Reports.digest``, each step ``SETTLE_NS`` apart,
+        far longer than a store takes to be seen): a row found missing was freed before
+        the later read, which then sees the word set, or not yet stored at the earlier
+        read, which saw it set.  So a worker without a row here is never read with a
+        word that says its host's rows are all stored, whatever order the stores of
+        two words reach this reader in and however long this read takes."""
+        capped0 = self._peers["capped"].copy()  # before the rows
+        rows = self._remotes.copy()
         now = ts_units(self._now_ns())
         ok = self._agent_ok(now)
         heads = {}
         for i in np.flatnonzero(self._peers["checksum"] != 0):
             pr = self._peer_row(int(i), now, ok)
             if pr is not None:
-                heads[int(i)] = pr
+                early = unpack_capped(int(capped0[int(i)]), pr.gen)
+                heads[int(i)] = pr._replace(capped=max(pr.capped, early))
         slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
-        for p, s in self._remote_rows(now, ok, host_status=heads):
+        for p, s in self._remote_rows(now, ok, host_status=heads, rows=rows):
             slots[p].append(s)
         return [PeerStatus(pr.address, pr.status, pr.rtt_ms, pr.age_s,
                            sorted(slots[i], key=lambda s: s.key), *pr.auth, pr.capped)

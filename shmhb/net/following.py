@@ -78,7 +78,8 @@ class Target:
     #: last ack that counted (``host`` itself for an IP literal; a name's resolution)
     reached: str | None = None
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
-    capped: int = 0  # slots of its last digest not stored here (reports.Reports.digest)
+    capped: int = 0  # what its capped word says: slots not stored here (reports.Reports.digest)
+    capped_since_ns: int = 0  # when that word was set (0: it reads 0)
     #: when its own frame last failed authentication here (badinput: it reads UNKNOWN)
     auth_failed_ns: int = -(1 << 62)
     # Challenges (shmhb.net.evidence), without a secret: the ones we sent it lately, and
@@ -241,6 +242,9 @@ class Following:
             remotes = {}
         t = Target(address, host.lower(), rid, endpoint, PeerState(address), row, gen,
                     now_ns, remotes=remotes, ip=host_ip(host))
+        if adopted is not None:  # an earlier holder's capped word stands until it settles
+            t.capped = self.rows.capped_of(row, gen)
+            t.capped_since_ns = now_ns if t.capped else 0
         self.targets[address] = t
         self.by_rid[rid] = t
         # what we know of it is nothing yet, whatever an earlier holder wrote there

@@ -246,6 +246,7 @@ class NetworkHalf:
             self.responder.expire(now_ns - 3 * units_to_ns(self.b.thresholds.peer_dead))
             self._reload_secret()
         self.bad_input.expire(now_ns)
+        self.reports.settle(now_ns, self.targets)
 
     def _reload_secret(self) -> None:
         """Take up a rewritten secret file (a rotation, docs/OPERATIONS.md), checked once

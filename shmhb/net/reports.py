@@ -14,7 +14,7 @@ the host it names, a push never revives a worker nor creates a row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..board.handle import Board
@@ -27,6 +27,11 @@ from .state import AgentWords
 from .following import Target, host_of, own_endpoints
 
 _DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
+
+#: how long a host's capped word leads the rows given back for its share, and trails the
+#: rows stored once all fit (``Reports.digest``): far more than a store takes to reach
+#: another core, so no order between the stores of two words is relied on
+SETTLE_NS = 250_000_000
 
 
 def beat_ns(e: DigestEntry, base_ns: int | None) -> int | None:
@@ -60,6 +65,8 @@ class Reports:
         self.b = board
         self._alias_hosts = alias_hosts
         self._warn = warn
+        #: hosts whose slots are all stored again: (host, when its capped word clears)
+        self._uncapping: dict[str, tuple[Target, int]] = {}
         self.bw = board_words(board)
         self.rows = rows
         self.w = writer
@@ -82,17 +89,30 @@ class Reports:
                base_ns: int | None, share: int) -> bool:
         """A full digest: its slots written, up to ``share`` rows (``t``'s fair share of
         the remote table, ``Following.share``), in its order (live ones first: the
-        responder's), every other row of ``t``'s freed.  The slots past the share are
-        not stored: counted in ``t``'s capped word, where readers learn that a worker of
-        ``t`` with no row is unknown here, not gone.  The word is written before any of
-        ``t``'s rows is given back, so a reader never sees a row gone for a slot its
-        host still lists while the word says all are stored.  Returns whether slots
-        within the share found no free row (others hold more than theirs until their
-        next digest): then ask again."""
-        kept = entries[:max(0, share)]
-        over = len(entries) - len(kept)
-        if over:
-            self.rows.peer_capped(t.row, t.gen, over)
+        responder's), every other row of ``t``'s freed.  The slots not stored are
+        counted in ``t``'s capped word, where readers learn that a worker of ``t`` with
+        no row is unknown here, not gone.  Returns whether to ask for the whole digest
+        again at the next ping: slots within the share found no free row (another host
+        holds more than its share until its next digest), or rows past the share wait
+        to be given back (``SETTLE_NS``).
+
+        The word and the rows are separate words, so the word leads and trails the rows
+        it speaks for by ``SETTLE_NS``, never by an order of stores: it is set at least
+        that long before a row is given back for the share, and cleared at least that
+        long after the last row it counted was stored (``settle``).  Readers read the
+        word both before and after the remote rows (``remotereads.RemoteReads.peers``),
+        so one that finds a row missing for either reason reads the word set, however
+        long its read takes and in whatever order two stores reach its core."""
+        share = max(0, share)
+        over = max(0, len(entries) - share)
+        if over and not t.capped_since_ns:
+            t.capped_since_ns = now_ns
+            self._set_capped(t, max(over, t.capped))  # before any row is given back
+        if over and now_ns - t.capped_since_ns < SETTLE_NS:
+            # the word is too new: what it holds past its share, it keeps for now
+            kept = entries[:share] + tuple(e for e in entries[share:] if e.key in t.remotes)
+        else:
+            kept = entries[:share]
         seen = {e.key for e in kept}
         changed = False
         for key in list(t.remotes):  # first: the rows it gives back make room for its own
@@ -116,20 +136,44 @@ class Reports:
                     or before != e.status:
                 changed = True
             t.remotes[e.key] = got
-        capped = over + missed
-        self.rows.peer_capped(t.row, t.gen, capped)
-        if capped != t.capped:
-            changed = True
-        t.capped = capped
+        # past its share, whether or not given back yet: the word stays set meanwhile
+        capped = max(len(entries) - len(kept) + missed, over)
         if capped:
+            self._uncapping.pop(t.address, None)
+            if not t.capped_since_ns:
+                t.capped_since_ns = now_ns
+            if capped != t.capped:
+                self._set_capped(t, capped)
+                changed = True
             self.w.count("remote_capped", capped)
             self._warn(f"capped {t.address}", "pinger: %s lists %d workers; %d are not stored "
                        "here (its share of this board's remote table is %d of %d rows), and "
                        "read unknown: create the board with more remote_slots",
                        t.address, len(entries), capped, share, self.b.sizes.nremote)
+        elif t.capped and t.address not in self._uncapping:
+            self._uncapping[t.address] = (t, now_ns + SETTLE_NS)  # the word trails the rows
         if changed:
             self.w.changed()
-        return missed > 0
+        return missed > 0 or len(kept) > share
+
+    def _set_capped(self, t: Target, count: int) -> None:
+        t.capped = count
+        self.rows.peer_capped(t.row, t.gen, count)
+
+    def settle(self, now_ns: int, targets: Mapping[str, Target]) -> None:
+        """Clear the capped word of hosts all of whose slots have been stored for
+        ``SETTLE_NS`` (see ``digest``); the network half calls this every tick with the
+        hosts it follows (one no longer followed has no row to clear)."""
+        if not self._uncapping:
+            return
+        for address, (t, due_ns) in list(self._uncapping.items()):
+            if targets.get(address) is not t:
+                del self._uncapping[address]
+            elif now_ns >= due_ns:
+                del self._uncapping[address]
+                t.capped_since_ns = 0
+                self._set_capped(t, 0)
+                self.w.changed()
 
     def push(self, t: Target, entries: tuple[DigestEntry, ...], now_ns: int) -> PushOutcome:
         """A push's entries: deaths, leaves and restarts applied.  Never makes anything

@@ -21,7 +21,7 @@ from ..board.layout import (
     ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_CAPPED_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
     REMOTE_STRIDE,
     encode_endpoints, next_gen, pack_auth, pack_capped, pack_row, pack_rtt, peer_checksum, remote_checksum,
-    ts_units, unpack_auth, unpack_row, word_index,
+    ts_units, unpack_auth, unpack_capped, unpack_row, word_index,
 )
 from .protocol import DigestEntry, Identity
 from ..status import Status
@@ -137,6 +137,10 @@ class RowWriter:
         """How many workers that host's last digest listed that are not stored (0:
         all are).  One word, written by the agent only."""
         self._q[self._peer0 + i * PEER_STRIDE + PEER_CAPPED_WORD] = pack_capped(gen, count) if count else 0
+
+    def capped_of(self, i: int, gen: int) -> int:
+        """What peer row ``i``'s capped word says (an earlier holder's, at a takeover)."""
+        return unpack_capped(int(self._q[self._peer0 + i * PEER_STRIDE + PEER_CAPPED_WORD]), gen)
 
     def free_peer(self, i: int) -> None:
         self.bw.peer_table[i]["checksum"] = 0

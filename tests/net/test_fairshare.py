@@ -42,10 +42,16 @@ def test_a_big_host_is_stored_up_to_its_share_and_the_rest_reads_unknown(
     _serve([b], lambda: (p := a.peer(b.ip)) is not None and len(p.slots) == SLOTS, 20,
            "b's workers stored on a")
     a.board.watch(f"{c.ip}:30000")
+
+    def settled() -> bool:
+        # at every read on the way: each of b's workers is stored or counted as not
+        p = a.peer(b.ip)
+        assert p is not None and len(p.slots) + p.rows_capped >= SLOTS, p and (
+            len(p.slots), p.rows_capped)
+        r = a.remote(f"{c.ip}:30000")
+        return r is not None and r.status is Status.ALIVE and len(p.slots) <= SLOTS // 2
     # then c: its row is stored, b gives rows back down to its share
-    _serve([b, c], lambda: (r := a.remote(f"{c.ip}:30000")) is not None
-           and r.status is Status.ALIVE and (p := a.peer(b.ip)) is not None
-           and len(p.slots) <= SLOTS // 2, 20, "c's worker stored, b down to its share")
+    _serve([b, c], settled, 20, "c's worker stored, b down to its share")
     pb = a.peer(b.ip)
     assert pb is not None and pb.status is Status.ALIVE and pb.rows_capped == SLOTS - len(pb.slots)
     stored = {s.key for s in pb.slots}
