@@ -14,7 +14,8 @@ class Status(str, enum.Enum):
     DEAD     evidence of death: its process is gone, or silence for dead-after while
              the observer was itself running.
     LEFT     it closed its registration gracefully.
-    UNKNOWN  whoever should observe it (the host's agent) is absent or stalled: no verdict.
+    UNKNOWN  whoever should observe it (the host's agent) is absent or stalled, or (a
+             remote host and its workers) its frames fail authentication here: no verdict.
     """
 
     ALIVE = "alive"
@@ -73,7 +74,12 @@ class PeerStatus(NamedTuple):
     ``auth_failing``: the last frame from that host (an ack on our connection to it, or
     a ping from its address) failed authentication and none has passed since: the two
     hosts do not share a secret (or CURVE keys), so its silence is no sign of death.
-    ``auth_failures``: frames from it that failed authentication, ever (this row)."""
+    While its own frames keep failing, ``status`` is UNKNOWN, never SUSPECT or DEAD.
+    ``auth_failures``: frames from it that failed authentication, ever (this row).
+    ``rows_capped``: workers its last digest listed that this board did not store (its
+    share of the remote table was spent): those have no ``slots`` entry and
+    ``Board.remote`` returns None for them, which says nothing of them (a LinkReaper
+    reads them unknown), not that they are gone."""
 
     address: str
     status: Status
@@ -82,6 +88,7 @@ class PeerStatus(NamedTuple):
     slots: list[SlotStatus]
     auth_failing: bool = False
     auth_failures: int = 0
+    rows_capped: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -91,6 +98,7 @@ class PeerStatus(NamedTuple):
             "age_s": None if self.age_s is None else round(self.age_s, 3),
             "auth_failing": self.auth_failing,
             "auth_failures": self.auth_failures,
+            "rows_capped": self.rows_capped,
             "slots": [s.to_json() for s in self.slots],
         }
 

@@ -81,7 +81,7 @@ class Host:
     def __init__(self, cluster: Cluster, ip: str, *, policy: shmhb.Policy, slots: int,
                  interval_s: float, secret_file: str | None, curve_keys: str | None,
                  netns: str | None, peers: tuple[str, ...] = (),
-                 board_peers: int | None = None) -> None:
+                 board_peers: int | None = None, remote_slots: int | None = None) -> None:
         self.cluster = cluster
         self.ip = ip
         self.port = cluster.port
@@ -92,7 +92,8 @@ class Host:
         self.netns = netns
         self.peers = peers
         self.name = f"shmhb-test-h{ip.replace('.', '-')}-{uuid.uuid4().hex[:8]}"
-        self.board = shmhb.Board.create(self.name, slots=slots, policy=policy, peers=board_peers)
+        self.board = shmhb.Board.create(self.name, slots=slots, policy=policy, peers=board_peers,
+                                        remote_slots=remote_slots)
         cluster._boards.append(self)
         self.pinger: subprocess.Popen[bytes] | None = None
         self._n = 0
@@ -211,13 +212,13 @@ class Cluster:
              interval_s: float = INTERVAL_S, secret_file: str | None = None,
              curve_keys: str | None = None, ip: str | None = None, netns: str | None = None,
              peers: tuple[str, ...] = (), start: bool = True,
-             board_peers: int | None = None) -> Host:
+             board_peers: int | None = None, remote_slots: int | None = None) -> Host:
         if ip is None:
             assert len(self.hosts) < MAX_HOSTS - 1, "too many hosts (127.0.0.9 is kept for fakes)"
             ip = f"127.0.0.{2 + len(self.hosts)}"
         h = Host(self, ip, policy=policy, slots=slots, interval_s=interval_s,
                  secret_file=secret_file, curve_keys=curve_keys, netns=netns, peers=peers,
-                 board_peers=board_peers)
+                 board_peers=board_peers, remote_slots=remote_slots)
         self.hosts.append(h)
         if start:
             h.start_pinger()

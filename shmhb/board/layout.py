@@ -6,7 +6,7 @@ A board is one POSIX shared-memory segment::
     0               HEADER_BYTES (4096)   Header (HEADER_DTYPE)        see field table below
     slot_off        nslots * 64           SlotWords: hb, verdict       hb: its worker; verdict: the agent
     record_off      nslots * 384          SlotRecord                   the registrant, under the lock
-    peer_off        npeers * 128          PeerRow                      the agent
+    peer_off        npeers * 192          PeerRow                      the agent
     remote_off      nremote * 384         RemoteRow                    the agent
     watch_off       nwatch * 128          WatchRow                     any process, under the lock
 
@@ -125,6 +125,8 @@ STAT_NAMES: Final = (
     "pings_confirm",
     "digest_cut",
     "digest_cut_seen",
+    "pings_refused",
+    "remote_capped",
 )
 NSTATS: Final = 32
 
@@ -207,11 +209,12 @@ SLOT_RECORD_DTYPE: Final = np.dtype(
 PEER_ROW_DTYPE: Final = np.dtype(
     {
         # status: gen|code|ts(last ack, local clock); rtt: gen|rtt_us;
-        # auth: gen|failing|count (see pack_auth)
-        "names": ["status", "rtt", "gen", "board_inc", "boot_id", "address", "checksum", "auth"],
-        "formats": ["<u8", "<u8", "<u8", "<u8", "S16", f"S{ADDR_BYTES}", "<u8", "<u8"],
-        "offsets": [0, 8, 16, 24, 32, 48, 112, 120],
-        "itemsize": 128,
+        # auth: gen|failing|count (see pack_auth); capped: gen|count (see pack_capped)
+        "names": ["status", "rtt", "gen", "board_inc", "boot_id", "address", "checksum", "auth",
+                  "capped"],
+        "formats": ["<u8", "<u8", "<u8", "<u8", "S16", f"S{ADDR_BYTES}", "<u8", "<u8", "<u8"],
+        "offsets": [0, 8, 16, 24, 32, 48, 112, 120, 128],
+        "itemsize": 192,
     }
 )
 
@@ -318,6 +321,7 @@ VERDICT_WORD: Final = field_word(SLOT_WORDS_DTYPE, "verdict")  # from the slot's
 PEER_STRIDE: Final = PEER_ROW_DTYPE.itemsize // WORD_BYTES
 PEER_RTT_WORD: Final = field_word(PEER_ROW_DTYPE, "rtt")  # from the row's status word
 PEER_AUTH_WORD: Final = field_word(PEER_ROW_DTYPE, "auth")
+PEER_CAPPED_WORD: Final = field_word(PEER_ROW_DTYPE, "capped")
 REMOTE_BEAT_WORD: Final = field_word(REMOTE_ROW_DTYPE, "beat")
 REMOTE_STRIDE: Final = REMOTE_ROW_DTYPE.itemsize // WORD_BYTES
 

@@ -334,6 +334,8 @@ class LinkReaper:
                 return link, DropReason.RESTARTED
             link = Link(link.endpoint, s.key, link.incarnation, False, link.payload)
         s = view.by_key.get((host.address, link.key))  # type: ignore[arg-type]
+        if s is None and host.rows_capped and host.status is not Status.DEAD:
+            return link, _PENDING  # not stored here (its host's share was spent): unknown
         if s is None:
             # a report of a live host lacks the key: its slot went to another key (or
             # the host's board was recreated)
@@ -346,8 +348,8 @@ class LinkReaper:
         """A link whose endpoint no report of its host named yet: GONE once the host,
         ALIVE, has reported for a peer dead-after window after the handshake without
         naming it (no live slot serves it); pending before, re-judged at that time."""
-        if host.status is not Status.ALIVE or host.age_s is None:
-            return _PENDING
+        if host.status is not Status.ALIVE or host.age_s is None or host.rows_capped:
+            return _PENDING  # (capped: its report may name it and not be stored here)
         now = self.bw.now_ns()
         due = link.tracked_ns + self._gone_after_ns
         if now - int(host.age_s * 1e9) >= due:

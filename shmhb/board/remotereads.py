@@ -22,6 +22,7 @@ from .judge import beat_age, combine_remote, judge_row
 from .layout import (
     PEER_ROW_DTYPE, PEER_STRIDE, REMOTE_BEAT_WORD, REMOTE_ROW_DTYPE, REMOTE_STRIDE, Sizes,
     field_word, peer_checksum, remote_checksum, row_ts, rtt_us, ts_units, unpack_auth,
+    unpack_capped,
     word_index,
 )
 from .records import RETRIES, stored_address, stored_endpoints, stored_key
@@ -43,6 +44,7 @@ class PeerRow(NamedTuple):
     rtt_ms: float | None
     age_s: float | None  # since its host's last ack; None before the first
     auth: tuple[bool, int]  # (authentication failing, frames that failed it)
+    capped: int  # workers its last digest listed that are not stored here
     checksum: int  # of the record fields read (``layout.peer_checksum``)
 
 
@@ -129,13 +131,15 @@ class RemoteReads:
             if addr is None:
                 return None
             return PeerRow(addr, gen, st, rtt_ms, age * UNIT_S if last else None,
-                           unpack_auth(int(row["auth"]), gen), ck)
+                           unpack_auth(int(row["auth"]), gen),
+                           unpack_capped(int(row["capped"]), gen), ck)
         return None
 
     def _remote_rows(self, now: int, agent_ok: bool, peer_filter: int | None = None,
                      host_status: dict[int, PeerRow] | None = None,
-                     ) -> list[tuple[int, SlotStatus]]:
-        r = self._remotes.copy()
+                     rows: np.ndarray | None = None) -> list[tuple[int, SlotStatus]]:
+        """``rows``: a copy of the remote table taken earlier (``peers``)."""
+        r = self._remotes.copy() if rows is None else rows
         out = []
         live = np.flatnonzero(r["checksum"] != 0)
         if peer_filter is not None:
@@ -163,19 +167,33 @@ class RemoteReads:
         return out
 
     def peers(self) -> list[PeerStatus]:
-        """Every remote host this host's pinger follows, with its workers."""
+        """Every remote host this host's pinger follows, with its workers.
+
+        Each host's capped word (``PeerStatus.rows_capped``: slots it listed that are
+        not stored here) is read both before and after the remote rows are copied, and
+        counts if either read says so.  Its writer sets it before it gives a row back
+        for the host's share of the table and clears it only after every row it counted
+        was stored (``shmhb.net.reports.Reports.digest``, each step ``SETTLE_NS`` apart,
+        far longer than a store takes to be seen): a row found missing was freed before
+        the later read, which then sees the word set, or not yet stored at the earlier
+        read, which saw it set.  So a worker without a row here is never read with a
+        word that says its host's rows are all stored, whatever order the stores of
+        two words reach this reader in and however long this read takes."""
+        capped0 = self._peers["capped"].copy()  # before the rows
+        rows = self._remotes.copy()
         now = ts_units(self._now_ns())
         ok = self._agent_ok(now)
         heads = {}
         for i in np.flatnonzero(self._peers["checksum"] != 0):
             pr = self._peer_row(int(i), now, ok)
             if pr is not None:
-                heads[int(i)] = pr
+                early = unpack_capped(int(capped0[int(i)]), pr.gen)
+                heads[int(i)] = pr._replace(capped=max(pr.capped, early))
         slots: dict[int, list[SlotStatus]] = {i: [] for i in heads}
-        for p, s in self._remote_rows(now, ok, host_status=heads):
+        for p, s in self._remote_rows(now, ok, host_status=heads, rows=rows):
             slots[p].append(s)
         return [PeerStatus(pr.address, pr.status, pr.rtt_ms, pr.age_s,
-                           sorted(slots[i], key=lambda s: s.key), *pr.auth)
+                           sorted(slots[i], key=lambda s: s.key), *pr.auth, pr.capped)
                 for i, pr in sorted(heads.items(), key=lambda kv: kv[1].address)]
 
     def peer(self, address: str) -> PeerStatus | None:

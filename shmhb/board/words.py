@@ -105,6 +105,22 @@ def unpack_auth(word: int, gen: int) -> tuple[bool, int]:
     return bool(word & AUTH_FAILING_BIT), word & AUTH_COUNT_MASK
 
 
+def pack_capped(gen: int, count: int) -> int:
+    """A peer row's capped word ``gen:20 | count:44``: how many workers that host's last
+    digest listed that this board did not store (its share of the remote table was
+    spent: ``shmhb.net.reports``).  Readers say UNKNOWN, not GONE, for a worker of that
+    host that has no row while it is nonzero."""
+    return ((gen & GEN_MASK) << GEN_SHIFT) | (count & ((1 << GEN_SHIFT) - 1))
+
+
+def unpack_capped(word: int, gen: int) -> int:
+    """The count of a capped word of record generation ``gen``; 0 for a word of another
+    generation (or 0: never written)."""
+    if (word >> GEN_SHIFT) & GEN_MASK != gen & GEN_MASK:
+        return 0
+    return word & ((1 << GEN_SHIFT) - 1)
+
+
 def pack_rtt(gen: int, rtt_us: int) -> int:
     return ((gen & GEN_MASK) << GEN_SHIFT) | (min(rtt_us, RTT_MASK) & RTT_MASK)
 

@@ -54,6 +54,10 @@ MESSAGE_COUNTERS = {
                    "the digest was full (dead and left slots go first): other hosts read them gone."),
     "digest_cut_seen": ("shmhb_digest_cut_seen", "ACKs from followed hosts whose digest was "
                         "cut at the sender: their slots past the cut read gone here."),
+    "pings_refused": ("shmhb_pings_refused", "Pings that failed authentication, answered "
+                      "with a refusal (their sender holds another secret)."),
+    "remote_capped": ("shmhb_remote_capped", "Workers listed by followed hosts and not stored "
+                      "here, past each host's share of the remote table: they read unknown."),
 }
 
 

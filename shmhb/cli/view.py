@@ -148,8 +148,8 @@ class View:
                                  "this host, and that its pinger runs and listens there"))
             if p.auth_failing:
                 problems.append((EXIT_NETWORK, f"host {p.address}: authentication fails "
-                                 f"({p.auth_failures} frame(s) refused), so it reads "
-                                 f"{p.status.value} whether or not it runs: give both hosts "
+                                 f"({p.auth_failures} frame(s) refused), so whether it runs "
+                                 f"cannot be told here (it reads {p.status.value}): give both hosts "
                                  "the same --secret-file (or each the other's CURVE key)"))
         bad = self.unhealthy()
         if bad:

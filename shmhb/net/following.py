@@ -40,11 +40,15 @@ from .transport import HostSkipped, Transport
 # arrives on its connection to that host (pure functions, no I/O).
 #
 # An ack counts only on the connection to the address that was pinged (the caller
-# matches it to a nonce sent there), from a board identity no other followed host uses,
-# naming that address -- or a wildcard listen address, which says nothing -- as its own:
-# otherwise it is another host's ack relayed.  An endpoint counts only from the host it
-# names: a followed host cannot make another host's killed worker read ALIVE by listing
-# that worker's endpoint.
+# matches it to a nonce sent there), naming as its own listen address the address that
+# was pinged, the address the kernel says that connection reaches (a host followed by a
+# name names the address the name resolved to), or a wildcard, which says nothing:
+# otherwise it is another host's ack relayed.  One board identity may answer under
+# several addresses (a host with several interfaces listening on all of them, a host
+# followed by a name and by its address): each address is a path to it with its own
+# verdict, and a host that answers our nonces reads alive under every address we reach
+# it at.  An endpoint counts only from the host it names: a followed host cannot make
+# another host's killed worker read ALIVE by listing that worker's endpoint.
 
 _WILDCARDS = frozenset(("-", "0.0.0.0", "::", "*"))
 
@@ -70,7 +74,14 @@ class Target:
     digest_gen: int = 0
     remotes: dict[str, RemoteRow] = field(default_factory=dict)
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None  # ``host`` if an IP literal
+    #: the IP address our connection to it reaches, as the kernel reports it with its
+    #: last ack that counted (``host`` itself for an IP literal; a name's resolution)
+    reached: str | None = None
     confirm_ns: int = -(1 << 62)  # when a push last made us ping at once (pinger._on_push)
+    capped: int = 0  # what its capped word says: slots not stored here (reports.Reports.digest)
+    capped_since_ns: int = 0  # when that word was set (0: it reads 0)
+    #: when its own frame last failed authentication here (badinput: it reads UNKNOWN)
+    auth_failed_ns: int = -(1 << 62)
     # Challenges (shmhb.net.evidence), without a secret: the ones we sent it lately, and
     # the last one it sent us (echoed in our pings).
     issued: tuple[int, ...] = ()
@@ -101,28 +112,33 @@ def host_of(text: str) -> str | None:
         return None
 
 
-def speaks_for_another(t: Target, identity: Identity, address: str,
-                       targets: Iterable[Target]) -> bool:
-    """Whether a frame on ``t``'s connection speaks for another host: a board identity
-    another followed host uses, or an address other than ``t``'s."""
-    # O(1) per ack in the common case: an ack repeating the identity ``t`` already
-    # holds cannot be another host's.  A target's identity is set only from an ack that
-    # passed this check (pinger._on_ack), so no two followed hosts ever hold the same
-    # one: if ``identity == t.identity`` no other target holds it.  Only a new identity
-    # (first ack, a reboot) costs the scan of every followed host.
-    if identity != t.identity:
-        for o in targets:
-            if o is not t and o.identity == identity:
-                return True
+def names_another(t: Target, address: str, source: str | None) -> bool:
+    """Whether an ack on ``t``'s connection names another host's listen address than
+    the one we reach: neither ``t``'s address, nor a wildcard, nor ``source`` (the IP
+    address the kernel says that connection reaches: a name we follow resolved to it)
+    at ``t``'s port."""
     if address == t.address or address in _WILDCARDS:
         return False
-    h = host_of(address)
-    return h is None or h not in _WILDCARDS and address.lower() != t.address.lower()
+    try:
+        h, port = parse_hostport(address)
+    except InvalidConfig:
+        return True
+    h = h.lower()
+    if h in _WILDCARDS or address.lower() == t.address.lower():
+        return False
+    return source is None or h != source.lower() or port != parse_hostport(t.address)[1]
+
+
+def own_hosts(t: Target) -> tuple[str, ...]:
+    """The hosts ``t``'s endpoints may name: the one we follow it by, and the address
+    our connection to it reaches (a name's resolution)."""
+    return (t.host,) if t.reached is None or t.reached == t.host else (t.host, t.reached)
 
 
 def own_endpoints(t: Target, e: DigestEntry) -> DigestEntry:
     """``e`` with only the endpoints on ``t``'s own host (``e`` itself if all are)."""
-    eps = tuple(ep for ep in e.endpoints if host_of(ep) == t.host)
+    mine = own_hosts(t)
+    eps = tuple(ep for ep in e.endpoints if host_of(ep) in mine)
     if len(eps) == len(e.endpoints):
         return e
     return DigestEntry(e.key, e.incarnation, e.status, e.pid, e.age_ms, eps)
@@ -226,6 +242,9 @@ class Following:
             remotes = {}
         t = Target(address, host.lower(), rid, endpoint, PeerState(address), row, gen,
                     now_ns, remotes=remotes, ip=host_ip(host))
+        if adopted is not None:  # an earlier holder's capped word stands until it settles
+            t.capped = self.rows.capped_of(row, gen)
+            t.capped_since_ns = now_ns if t.capped else 0
         self.targets[address] = t
         self.by_rid[rid] = t
         # what we know of it is nothing yet, whatever an earlier holder wrote there
@@ -234,17 +253,39 @@ class Following:
 
     def set_identity(self, t: Target, identity: Identity) -> None:
         """``t``'s acks to our nonces established ``identity`` (a first ack, a reboot).
-        No two followed hosts hold one identity (``target.speaks_for_another``)."""
-        if t.identity is not None and self.by_identity.get(t.identity) is t:
-            del self.by_identity[t.identity]
+        Several followed addresses may hold one identity (one host reached under each):
+        ``by_identity`` names the first, and another once that one lets it go."""
+        old = t.identity
         t.identity = identity
-        self.by_identity[identity] = t
+        if old is not None:
+            self._rehome(old, t)
+        self.by_identity.setdefault(identity, t)
+
+    def _rehome(self, identity: Identity, t: Target) -> None:
+        """``t`` no longer holds ``identity``: another address that does stands for it."""
+        if self.by_identity.get(identity) is t:
+            other = next((o for o in self.targets.values()
+                          if o is not t and o.identity == identity), None)
+            if other is None:
+                del self.by_identity[identity]
+            else:
+                self.by_identity[identity] = other
+
+    def alias_hosts(self, t: Target) -> set[str]:
+        """The hosts of every followed address that holds ``t``'s identity: endpoints on
+        them that ``t``'s digest lists are the same host's, reached another way (not
+        counted as spoofed; each address keeps those on its own host).  An address not
+        heard from yet may turn out to be one: not counted either (the count is a
+        diagnosis; the endpoint is dropped from ``t``'s rows all the same)."""
+        return {h for o in self.targets.values()
+                if o is t or o.identity is None or o.identity == t.identity
+                for h in own_hosts(o)}
 
     def _drop_target(self, address: str) -> None:
         t = self.targets.pop(address)
         self.by_rid.pop(t.rid, None)
-        if t.identity is not None and self.by_identity.get(t.identity) is t:
-            del self.by_identity[t.identity]
+        if t.identity is not None:
+            self._rehome(t.identity, t)
         self.net.disconnect(t.endpoint)
         self.outstanding.drop_peer(address)
         self.down.discard(address)
@@ -287,6 +328,7 @@ class Following:
                 self._drop_target(a)
         for a in sorted(want - set(self.targets)):
             self._add_target(a, now_ns)
+        self._reshare()
         self._replan(now_ns)
         for a, (row, _gen) in list(self._adopted.items()):
             if a not in want:  # rows of hosts nobody follows any more
@@ -294,6 +336,20 @@ class Following:
                     self.rows.free_remote(held.row)
                 self.rows.free_peer(row)
                 del self._adopted[a]
+
+    def share(self) -> int:
+        """Remote rows each followed host may hold: an even share of the table, so one
+        host listing thousands of workers cannot leave none for the others."""
+        return self.b.sizes.nremote // max(1, len(self.targets))
+
+    def _reshare(self) -> None:
+        """The followed set changed: a host over its new share gives rows back, and one
+        that was capped may get more, at its next full digest (asked for at its next
+        ping)."""
+        share = self.share()
+        for t in self.targets.values():
+            if t.capped or len(t.remotes) > share:
+                t.digest_gen = 0
 
     def _replan(self, now_ns: int) -> None:
         self._states = None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 
 import zmq
 
@@ -41,12 +42,13 @@ from .settings import board_group, load_config, read_secret, store_config  # re-
 from .state import AgentWords, NetDown, NetReason
 from .exchange import OutstandingPings, ReplayGuard, is_goodbye
 from .protocol import (
-    MAX_ACK_ENTRIES, U32_MAX, Ack, FrameRejected, Identity, Ping, Push, decode, encode_ping,
+    MAX_ACK_ENTRIES, U32_MAX, Ack, FrameRejected, Identity, Ping, Push, Secrets, decode,
+    encode_ping,
 )
 from .responder import DRAIN_BUDGET_NS, PUSH_GAP_NS, RECV_BATCH, Responder  # PUSH_GAP_NS re-exported
 from .evidence import echoed, issue, new_challenge
 from .evidence import counts_as_evidence, passive
-from .following import Target, confirm_now, speaks_for_another
+from .following import Target, confirm_now, names_another
 from .following import Following
 from .reports import Reports
 from ..board.layout import units_to_ns
@@ -81,9 +83,12 @@ class NetworkHalf:
         self.cfg_gen = cfg_gen
         self.cfg = cfg
         assert cfg.listen, "no network half without a listen address"
-        self.secret: bytes | None = None
+        self.secret: Secrets | None = None
         self.plain = not cfg.curve_keys and not cfg.secret_file  # frames unauthenticated
+        self._secret_seen: tuple[int, int, int] | None = None  # the file as last read
+        self._next_secret_check_ns = 0
         if cfg.secret_file:
+            self._secret_seen = _file_state(cfg.secret_file)
             try:
                 self.secret = read_secret(cfg.secret_file, shared_gid=board_group(board))
             except InvalidConfig as e:
@@ -115,8 +120,10 @@ class NetworkHalf:
         self._ratelog = RateLimitedLog(log, now_ns=clock.monotonic_ns)
         self.following = Following(board, self.net, self.rows, writer, self.plan,
                                    self.outstanding, self._ratelog, cfg.listen)
-        self.bad_input = BadInput(writer, self.rows, self.following.targets, self._ratelog)
-        self.reports = Reports(board, self.rows, writer, self.bad_input.bad)
+        self.bad_input = BadInput(writer, self.rows, self.following.targets, self._ratelog,
+                                  clock.monotonic_ns, units_to_ns(board.thresholds.peer_dead))
+        self.reports = Reports(board, self.rows, writer, self.bad_input.bad,
+                               self.following.alias_hosts, self._ratelog.warn)
         assert self.router is not None
         self.responder = Responder(board, self.router, self.identity, self.address,
                                    self.secret, self.suspicion, clock, writer.count,
@@ -151,7 +158,7 @@ class NetworkHalf:
             return False
         authenticated = self.secret is not None or bool(self.cfg.curve_keys)
         if authenticated:
-            self.rows.peer_auth(t.row, t.gen, False)  # its ping passed authentication
+            self.bad_input.auth_passed(t)  # its ping passed authentication
         elif msg.challenge and msg.identity == t.identity:
             t.their_challenge = msg.challenge  # echoed in our next pings to it
         ours = authenticated or echoed(t.issued, msg.echo)
@@ -216,7 +223,8 @@ class NetworkHalf:
         for st, old, new in self.suspicion.tick(f.states(), now_ns):
             t = self.targets[st.address]
             log.info("pinger: host %s %s -> %s", t.address, old.value, new.value)
-            self.rows.peer_status(t.row, t.gen, new, st.last_ack_ns)
+            self.rows.peer_status(t.row, t.gen, self.bad_input.shown(t, new, now_ns),
+                                  st.last_ack_ns)
             self.w.changed()
         # Turns come from the plan (the budget, phased: see shmhb.net.plan).  A turn
         # counts as a ping for the verdict even if the host's connection is down.
@@ -236,6 +244,30 @@ class NetworkHalf:
         if now_ns >= self._next_expire_ns:  # once a second: O(watchers)
             self._next_expire_ns = now_ns + 1_000_000_000
             self.responder.expire(now_ns - 3 * units_to_ns(self.b.thresholds.peer_dead))
+            self._reload_secret()
+        self.bad_input.expire(now_ns)
+        self.reports.settle(now_ns, self.targets)
+
+    def _reload_secret(self) -> None:
+        """Take up a rewritten secret file (a rotation, docs/OPERATIONS.md), checked once
+        a second: one stat.  A file that no longer passes ``read_secret`` leaves the
+        secrets in use as they are (never weaker), with a warning at most every 10 s."""
+        path = self.cfg.secret_file
+        if not path:
+            return
+        seen = _file_state(path)
+        if seen == self._secret_seen:
+            return
+        try:
+            secret = read_secret(path, shared_gid=board_group(self.b))
+        except InvalidConfig as e:
+            self._ratelog.warn("secret-reload", "pinger: keeping the secrets in use: %s", e)
+            return
+        self._secret_seen = seen
+        if secret != self.secret:
+            self.secret = self.responder.secret = secret
+            log.info("pinger: secret file reloaded (%s)", "two secrets: a rotation"
+                     if secret.also is not None else "one secret")
 
     # -- pings and acks -------------------------------------------------------------------
 
@@ -283,7 +315,7 @@ class NetworkHalf:
             if n & 7 == 7 and self.clock.monotonic_ns() >= deadline:
                 self.w.count("drain_budget_spent")
                 return  # the rest waits for the next wake-up, after the local watch
-            rid, frame, _ = recv_routed(c)
+            rid, frame, source = recv_routed(c)
             t = self.following.by_rid.get(rid) if frame is not None else None
             if t is None or frame is None:  # not [routing id of a host we follow, frame]
                 self.bad_input.bad("malformed", "client")
@@ -294,22 +326,25 @@ class NetworkHalf:
                 self.bad_input.bad(e.reason, t.address)
                 continue
             if isinstance(msg, Ack):
-                self._on_ack(t, msg, now_ns)
+                self._on_ack(t, msg, now_ns, source)
             elif isinstance(msg, Push):
                 self._on_push(t, msg, now_ns)
             else:
                 self.bad_input.bad("type", t.address)
 
-    def _on_ack(self, t: Target, a: Ack, now_ns: int) -> None:
+    def _on_ack(self, t: Target, a: Ack, now_ns: int, source: str | None = None) -> None:
+        """``source``: the IP address the kernel says the ack's connection reaches."""
         sent = self.outstanding.take(t.address, a.nonce)
         if sent is None:
             self.bad_input.bad("unsolicited", t.address)  # replayed, duplicated or never asked for
             return
-        if speaks_for_another(t, a.identity, a.address, self.targets.values()):
+        if names_another(t, a.address, source):
             self.bad_input.bad("spoofed", t.address)  # e.g. another host's ack relayed by t
             return
+        if source is not None:
+            t.reached = source.lower()  # its endpoints may name it (a name's resolution)
         self.w.count("acks_received")
-        self.rows.peer_auth(t.row, t.gen, False)  # it passed: the secret is shared now
+        self.bad_input.auth_passed(t)  # it passed: the secret is shared now
         if t.identity != a.identity:
             if t.identity is not None:
                 log.info("pinger: %s has a new board (rebooted or recreated): its slots are new peers",
@@ -330,9 +365,10 @@ class NetworkHalf:
                                    t.address, len(a.entries))
             # a full ack says how old its body is: its workers' own beats on our clock
             aged = a.body_age_ms < U32_MAX
-            self.reports.digest(t, a.entries, now_ns,
-                                now_ns - a.body_age_ms * 1_000_000 if aged else None)
-            t.digest_gen = a.gen
+            retry = self.reports.digest(t, a.entries, now_ns,
+                                        now_ns - a.body_age_ms * 1_000_000 if aged else None,
+                                        self.following.share())
+            t.digest_gen = 0 if retry else a.gen  # no room yet: the whole digest again
         elif a.gen != t.digest_gen:
             t.digest_gen = 0  # we do not hold what it thinks we hold: ask for all of it
         # else: the same digest, confirmed as of now.  The rows stay as they are: readers
@@ -402,6 +438,16 @@ class NetworkHalf:
         """Close every socket; never blocks (but for a goodbye: at most 250 ms)."""
         self.router = self.client = None
         self.net.close(self._linger_ms)
+
+
+def _file_state(path: str) -> tuple[int, int, int] | None:
+    """(inode, mtime, size) of ``path``, or None where it cannot be read: what says the
+    file was rewritten."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 __all__ = ["DRAIN_BUDGET_NS", "MAX_ACK_ENTRIES", "PUSH_GAP_NS", "NetworkHalf",

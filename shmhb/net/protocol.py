@@ -159,9 +159,32 @@ def fresh_mac(secret: bytes) -> hmac.HMAC:
     return base.copy()
 
 
-def seal(parts: list[bytes], secret: bytes | None) -> bytes:
-    """The frame ``parts`` joined, and tagged with ``secret`` if given."""
+@dataclass(frozen=True, slots=True)
+class Secrets:
+    """The shared secrets of one pinger: frames are tagged with ``sign`` and accepted
+    under ``sign`` or ``also`` (the secret a cluster rotates to, or from: with each
+    host accepting both while it is rotated, no two hosts ever fail each other's frames;
+    docs/OPERATIONS.md, "Rotating the secret")."""
+
+    sign: bytes
+    also: bytes | None = None
+
+    def accepted(self) -> tuple[bytes, ...]:
+        return (self.sign,) if self.also is None else (self.sign, self.also)
+
+
+#: what the encoders and ``decode`` take: one secret, a rotation's two, or none
+Keys = Union[bytes, Secrets, None]
+
+
+def _signing(secret: Keys) -> bytes | None:
+    return secret.sign if isinstance(secret, Secrets) else secret
+
+
+def seal(parts: list[bytes], secret: Keys) -> bytes:
+    """The frame ``parts`` joined, and tagged with ``secret`` (its signing one) if given."""
     frame = b"".join(parts)
+    secret = _signing(secret)
     if secret is None:
         return frame
     mac = fresh_mac(secret)
@@ -268,7 +291,7 @@ def encode_entries(entries: Iterable[DigestEntry], limit: int = MAX_DIGEST_ENTRI
     return b"".join(parts)
 
 
-def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
+def encode_ping(p: Ping, secret: Keys = None) -> bytes:
     """A PING frame; with ``secret``, tagged.  Raises ProtocolError for out-of-limit
     fields."""
     flags = 0 if secret is None else FLAG_AUTH
@@ -286,7 +309,7 @@ def encode_ping(p: Ping, secret: bytes | None = None) -> bytes:
 
 
 def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
-                   body: bytes | None = None, secret: bytes | None = None,
+                   body: bytes | None = None, secret: Keys = None,
                    cut: bool = False, body_age_ms: int = 0) -> bytes:
     """An ACK from parts: ``body`` is a cached :func:`encode_entries` result (full
     digest) or None (the pinger's copy of ``gen`` is current); ``cut``: that body left
@@ -311,7 +334,7 @@ def encode_ack_raw(nonce: int, identity: Identity, address: str, gen: int,
     return seal([head, addr, body], secret)
 
 
-def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
+def encode_ack(a: Ack, secret: Keys = None) -> bytes:
     """An ACK frame from an :class:`Ack` (re-encodes the digest: prefer the raw path)."""
     if not a.full and a.entries:
         raise ProtocolError("an ack with full=False carries no entries")
@@ -320,7 +343,18 @@ def encode_ack(a: Ack, secret: bytes | None = None) -> bytes:
                           cut=a.full and a.cut, body_age_ms=a.body_age_ms)
 
 
-def encode_push(p: Push, secret: bytes | None = None) -> bytes:
+def encode_refusal() -> bytes:
+    """What a responder answers to a ping that failed authentication: an ACK header with
+    the AUTH flag and 16 zero bytes where a tag would be, nothing else.  It decodes for
+    no pinger (a decoder with a secret finds the tag wrong, one without refuses a tagged
+    frame), so the pinger it goes to, whose ping failed here, counts it as ``auth`` on
+    its connection to us and learns that the secrets differ, not that we are dead
+    (docs/PROTOCOL.md, "REFUSAL").  Not a tag of ours: a pinger halfway through a
+    rotation in the other order would otherwise accept it and see a truncated ack."""
+    return _HEADER.pack(MAGIC, VERSION, ACK, FLAG_AUTH, 0) + bytes(TAG_BYTES)
+
+
+def encode_push(p: Push, secret: Keys = None) -> bytes:
     """A PUSH frame carrying at most ``MAX_PUSH_ENTRIES`` changed entries."""
     flags = 0 if secret is None else FLAG_AUTH
     addr = _text(p.address, MAX_ADDRESS_BYTES, "address")
@@ -450,12 +484,13 @@ _DECODERS: dict[int, Callable[[bytes, int], Frame]] = {
     PING: _decode_ping, ACK: _decode_ack, PUSH: _decode_push}
 
 
-def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -> Frame:
+def decode(frame: bytes | bytearray | memoryview, secret: Keys = None) -> Frame:
     """Parse one frame, or raise :class:`FrameRejected` (and nothing else for bad input).
 
     Order: size bound, header (magic, version, type, flags), then the tag (with a secret
-    it must be present and valid; without one it must be absent, so a half-configured
-    pair is noticed), and only then the body.  Replay is the caller's check."""
+    it must be present and valid under one of the secrets accepted; without one it must
+    be absent, so a half-configured pair is noticed), and only then the body.  Replay
+    is the caller's check."""
     if not isinstance(frame, bytes):
         if not isinstance(frame, (bytearray, memoryview)):
             raise TypeError(f"a frame is bytes, not {type(frame).__name__}")
@@ -477,14 +512,19 @@ def decode(frame: bytes | bytearray | memoryview, secret: bytes | None = None) -
         raise FrameRejected("malformed", f"flags {flags:#x}, reserved {reserved}")
     end = size
     if secret is not None:
-        mac = fresh_mac(secret)  # validates the secret
+        keys = secret.accepted() if isinstance(secret, Secrets) else (secret,)
+        macs = [fresh_mac(k) for k in keys]  # validates the secrets
         if not flags & FLAG_AUTH:
             raise FrameRejected("auth", "no tag")
         end = size - TAG_BYTES
         if end < _HEADER.size:
             raise FrameRejected("truncated", "tag")
-        mac.update(memoryview(frame)[:end])
-        if not hmac.compare_digest(mac.digest()[:TAG_BYTES], frame[end:]):
+        tag = frame[end:]
+        for mac in macs:  # the signing secret first: the second costs only in a rotation
+            mac.update(memoryview(frame)[:end])
+            if hmac.compare_digest(mac.digest()[:TAG_BYTES], tag):
+                break
+        else:
             raise FrameRejected("auth", "bad tag")
     elif flags & FLAG_AUTH:
         raise FrameRejected("auth", "tagged frame, no secret configured")
@@ -495,6 +535,6 @@ __all__ = [
     "ACK", "MAGIC", "MAX_DIGEST_BODY_BYTES", "MAX_DIGEST_ENTRIES", "MAX_FRAME_BYTES",
     "MIN_SECRET_BYTES", "PING", "PUSH", "REASONS", "STATUSES", "TAG_BYTES", "U64_MAX", "VERSION",
     "Ack", "DigestEntry", "Frame", "FrameRejected", "Identity", "Ping", "Push", "decode",
-    "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push", "fresh_mac",
-    "seal",
+    "encode_ack", "encode_ack_raw", "encode_entries", "encode_ping", "encode_push",
+    "encode_refusal", "fresh_mac", "Keys", "seal", "Secrets",
 ]

@@ -26,8 +26,8 @@ from .digest import LocalDigest
 from .exchange import GOODBYE_GEN, ReplayGuard, claimed_ping_address, wants_full_digest
 from .exchange import COUNTER_WORD, SendCounter
 from .protocol import (
-    MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Ping, Push, decode, encode_ack_raw,
-    encode_push,
+    MAX_PUSH_ENTRIES, DigestEntry, FrameRejected, Identity, Keys, Ping, Push, decode,
+    encode_ack_raw, encode_push, encode_refusal,
 )
 from .suspicion import Suspicion
 from .transport import MORE, NOBLOCK, POLLIN, recv_routed
@@ -48,9 +48,12 @@ DRAIN_BUDGET_NS = 5_000_000
 PUSH_GAP_NS = 50_000_000
 
 
+_REFUSAL = encode_refusal()  # the same 24 bytes for every refused ping
+
+
 class Responder:
     def __init__(self, board: Board, router: zmq.Socket[bytes], identity: Identity,
-                 address: str, secret: bytes | None, suspicion: Suspicion, clock: Clock,
+                 address: str, secret: Keys, suspicion: Suspicion, clock: Clock,
                  count: Callable[..., None], bad: Callable[[str, str], None],
                  rate_log: Callable[..., None],
                  on_ping: Callable[[Ping, int, str | None], bool] | None = None,
@@ -103,6 +106,7 @@ class Responder:
                 if e.reason == "auth" and self._on_bad_auth is not None:
                     # which followed host's pings fail it: see NetworkHalf._bad_auth_ping
                     self._on_bad_auth(source, claimed_ping_address(frame))
+                    self._refuse(rid)
                 else:
                     self._bad(e.reason, "router")
                 continue
@@ -126,6 +130,17 @@ class Responder:
                 self._count("pings_answered")
             except zmq.ZMQError as e:  # EHOSTUNREACH (gone), EAGAIN (slow reader)
                 self._rate_log("ack", "pinger: ack to a watcher not sent: %s", e)
+
+    def _refuse(self, rid: bytes) -> None:
+        """Answer a ping that failed authentication with a refusal (``encode_refusal``,
+        24 bytes: less than any ping, so nothing is amplified): its sender learns that
+        our secrets differ, not that we are dead (docs/PROTOCOL.md, "REFUSAL")."""
+        try:
+            self.router.send(rid, MORE)
+            self.router.send(_REFUSAL, NOBLOCK)
+            self._count("pings_refused")
+        except zmq.ZMQError as e:
+            self._rate_log("ack", "pinger: refusal to a watcher not sent: %s", e)
 
     def _watch(self, rid: bytes, ours: bool, now_ns: int) -> None:
         """Remember the watcher ``rid`` (``ours``: its ping was a followed host's own).

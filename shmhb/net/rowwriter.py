@@ -18,10 +18,10 @@ import numpy as np
 from ..board.handle import Board
 from ..board.core import board_words
 from ..board.layout import (
-    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
+    ENDPOINTS_BYTES, KEY_BYTES, PEER_AUTH_WORD, PEER_CAPPED_WORD, PEER_RTT_WORD, PEER_STRIDE, REMOTE_BEAT_WORD,
     REMOTE_STRIDE,
-    encode_endpoints, next_gen, pack_auth, pack_row, pack_rtt, peer_checksum, remote_checksum,
-    ts_units, unpack_auth, unpack_row, word_index,
+    encode_endpoints, next_gen, pack_auth, pack_capped, pack_row, pack_rtt, peer_checksum, remote_checksum,
+    ts_units, unpack_auth, unpack_capped, unpack_row, word_index,
 )
 from .protocol import DigestEntry, Identity
 from ..status import Status
@@ -133,6 +133,15 @@ class RowWriter:
         if failing or was_failing:
             self._q[wi] = pack_auth(gen, failing, count + 1 if failing else count)
 
+    def peer_capped(self, i: int, gen: int, count: int) -> None:
+        """How many workers that host's last digest listed that are not stored (0:
+        all are).  One word, written by the agent only."""
+        self._q[self._peer0 + i * PEER_STRIDE + PEER_CAPPED_WORD] = pack_capped(gen, count) if count else 0
+
+    def capped_of(self, i: int, gen: int) -> int:
+        """What peer row ``i``'s capped word says (an earlier holder's, at a takeover)."""
+        return unpack_capped(int(self._q[self._peer0 + i * PEER_STRIDE + PEER_CAPPED_WORD]), gen)
+
     def free_peer(self, i: int) -> None:
         self.bw.peer_table[i]["checksum"] = 0
         self._q[self._peer0 + i * PEER_STRIDE] = 0
@@ -157,8 +166,7 @@ class RowWriter:
         else:
             free = np.flatnonzero(r["checksum"] == 0)
             if not len(free):
-                log.warning("board %s: remote table full (%d rows)", self.b.name, self.b.sizes.nremote)
-                return None
+                return None  # the caller counts it and says so (reports.Reports.digest)
             i = int(free[0])
             row = r[i]
         gen = next_gen(int(row["gen"]))

@@ -19,6 +19,7 @@ from ..board.registrylock import bump_reg_gen
 from ..board.config import PingerConfig, has_port
 from ..errors import InvalidConfig
 from ..board.layout import checksum
+from .protocol import Secrets
 
 # -- settings stored in the board ---------------------------------------------------------
 
@@ -77,10 +78,12 @@ def board_group(board: Board) -> int | None:
     return st.st_gid if st.st_mode & 0o060 == 0o060 else None
 
 
-def read_secret(path: str, *, shared_gid: int | None = None) -> bytes:
-    """The shared secret in ``path``.  ``InvalidConfig`` (saying what to do) if the file
-    cannot be read, is readable or writable by group or others, or holds fewer than 16
-    bytes.  The caller must never fall back to running without it.
+def read_secret(path: str, *, shared_gid: int | None = None) -> Secrets:
+    """The shared secrets in ``path``: one, or two on two lines (the first signs, both
+    are accepted: a rotation, docs/OPERATIONS.md).  ``InvalidConfig`` (saying what to
+    do) if the file cannot be read, is readable or writable by group or others, holds
+    more than two lines, or a secret of fewer than 16 bytes.  The caller must never
+    fall back to running without it.
 
     ``shared_gid``: the group a board is shared with (``board_group``).  Its members'
     workers may hold the agent role, network half included, so a secret readable by
@@ -113,12 +116,17 @@ def read_secret(path: str, *, shared_gid: int | None = None) -> bytes:
         raise InvalidConfig(f"cannot read the secret file {path!r}: {e.strerror}") from None
     finally:
         os.close(fd)
-    if len(secret) < 16:
-        raise InvalidConfig(f"the secret in {path!r} is shorter than 16 bytes; use e.g. "
-                            "`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`")
     if len(secret) > 4096:
         raise InvalidConfig(f"the secret in {path!r} is longer than 4096 bytes")
-    return secret
+    lines = [line.strip() for line in secret.split(b"\n")]
+    if len(lines) > 2:
+        raise InvalidConfig(f"the secret file {path!r} holds {len(lines)} lines: one secret, "
+                            "or two during a rotation (the first signs, both are accepted)")
+    if any(len(line) < 16 for line in lines):
+        raise InvalidConfig(f"a secret in {path!r} is shorter than 16 bytes (one secret per "
+                            "line, as text); use e.g. "
+                            "`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`")
+    return Secrets(lines[0], lines[1] if len(lines) == 2 else None)
 
 
 def curve_keypair(keys_dir: str, host: str) -> tuple[bytes, bytes]:

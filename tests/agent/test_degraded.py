@@ -422,3 +422,18 @@ def test_a_secret_mismatch_names_the_host_and_fails_status(cluster: Cluster, tmp
     wait_until(lambda: (p := a.peer(b)) is not None and p.status is Status.ALIVE
                and not p.auth_failing, timeout_s=20, what="a reads b alive, auth passing")
     wait_until(lambda: status(a)[0] == 0, timeout_s=20, what="a healthy again")
+
+
+def test_a_secret_file_holds_one_secret_or_two_lines(tmp_path: Any) -> None:
+    from shmhb.net.protocol import Secrets
+
+    one = write_secret(os.path.join(str(tmp_path), "one"), SECRET + b"\n")
+    assert read_secret(one) == Secrets(SECRET)
+    two = write_secret(os.path.join(str(tmp_path), "two"), SECRET + b"\r\n" + b"x" * 16 + b"\n")
+    assert read_secret(two) == Secrets(SECRET, b"x" * 16)
+    three = write_secret(os.path.join(str(tmp_path), "three"), b"\n".join([SECRET] * 3))
+    with pytest.raises(shmhb.InvalidConfig, match="3 lines"):
+        read_secret(three)
+    short = write_secret(os.path.join(str(tmp_path), "short"), SECRET + b"\nshort")
+    with pytest.raises(shmhb.InvalidConfig, match="shorter than 16 bytes"):
+        read_secret(short)

@@ -22,7 +22,7 @@ def test_header_fits_and_words_are_aligned() -> None:
 
 
 @pytest.mark.parametrize("dt,size", [
-    (L.SLOT_WORDS_DTYPE, 64), (L.SLOT_RECORD_DTYPE, 384), (L.PEER_ROW_DTYPE, 128),
+    (L.SLOT_WORDS_DTYPE, 64), (L.SLOT_RECORD_DTYPE, 384), (L.PEER_ROW_DTYPE, 192),
     (L.REMOTE_ROW_DTYPE, 384), (L.WATCH_ROW_DTYPE, 128),
 ])
 def test_row_sizes_and_word_alignment(dt: np.dtype, size: int) -> None:
@@ -43,7 +43,7 @@ def test_section_offsets() -> None:
     assert s.slot_off == 4096
     assert s.record_off == 4096 + 64 * 64
     assert s.peer_off == s.record_off + 64 * 384
-    assert s.remote_off == s.peer_off + 256 * 128
+    assert s.remote_off == s.peer_off + 256 * 192
     assert s.watch_off == s.remote_off + 4096 * 384
     assert s.total_bytes % 4096 == 0 and s.total_bytes >= s.watch_off + 512 * 128
     for off in (s.slot_off, s.record_off, s.peer_off, s.remote_off, s.watch_off):

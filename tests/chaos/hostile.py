@@ -307,6 +307,40 @@ class HostileFaults:
         self.jobs.append((p, now_ns() + 90 * NS, "big_digest", done))
         return True
 
+    def _f_two_addresses(self, f: Fault) -> bool:
+        return self._paths(f, "two_addresses", "a host listening on 0.0.0.0 followed as two "
+                           "of its addresses")
+
+    def _f_secret_rotation(self, f: Fault) -> bool:
+        return self._paths(f, "secret_rotation", "a pair of hosts rotating their secret host "
+                           "by host, then a mismatch")
+
+    def _paths(self, f: Fault, kind: str, what: str) -> bool:
+        """Throwaway hosts next to the cluster (``tests.chaos.paths``): a host reached
+        under two addresses reads alive under both; a secret rotated host by host never
+        reads a peer other than alive, and a mismatch reads unknown, never dead."""
+        ips = [f"127.0.3.{2 + (f.salt + k) % 250}" for k in (0, 1, 2)]
+        if len(set(ips)) < 3:
+            ips = ["127.0.3.251", "127.0.3.252", "127.0.3.253"]
+        p = subprocess.Popen([sys.executable, "-m", "tests.chaos.paths", kind, *ips],
+                             stdout=subprocess.PIPE, cwd=ROOT, env=self.env)
+        self.note(f"FAULT {kind}: {what} ({', '.join(ips)})", "*")  # type: ignore[attr-defined]
+        label = kind.replace("_", "-")
+
+        def done(out: str, rc: int) -> None:
+            try:
+                got = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            if got.get("ok"):
+                self.checker.stats[label] += 1  # type: ignore[attr-defined]
+                if "kill_ms" in got:
+                    self.checker.lat[f"{label}-kill"].append(got["kill_ms"] / 1e3)  # type: ignore[attr-defined]
+            else:
+                self.breach(label, str(got.get("why")), "*")  # type: ignore[attr-defined]
+        self.jobs.append((p, now_ns() + 120 * NS, kind, done))
+        return True
+
     def _f_nat_forgery(self, f: Fault) -> bool:
         """x's holder stopped, a forger on x's address speaks for it to y: the
         standing invariants want x DEAD at y on time all the same."""

@@ -71,6 +71,12 @@ clock_step             host X's wall clock steps back an hour for every pinger s
                        there from now on: its standby is replaced by one so stepped,
                        which takes the role over 6 s later (the holder SIGKILLed);
                        peers must not drop its pings or pushes as replays
+two_addresses          throwaway hosts: B listens on 0.0.0.0 and A follows it as two of
+                       its addresses: both read ALIVE past a dead-after window, and B's
+                       killed worker reads DEAD on A within 5 s, no ack dropped as spoofed
+secret_rotation        throwaway hosts that follow each other rotate their secret host by
+                       host in the documented three steps (never anything but ALIVE),
+                       then one gets a secret the other lacks: UNKNOWN, never DEAD
 =====================  ==================================================================
 """
 
@@ -145,6 +151,8 @@ WEIGHTS: dict[str, float] = {
     "forget_fds": 0.7,
     "nat_forgery": 1.5,
     "clock_step": 1,
+    "two_addresses": 0.5,
+    "secret_rotation": 0.5,
 }
 KINDS = tuple(WEIGHTS)
 #: faults that need the namespaced pair of hosts, or root
@@ -185,7 +193,8 @@ def hostile_duration(kind: str, rng: random.Random) -> float | None:
     lo_hi = {"conn_flood": (1.0, 5.0), "push_flood": (0.5, 3.0), "relay": (1.0, 4.0),
              "spoof": (1.0, 6.0), "bad_watch": (1.0, 6.0), "long_endpoint": (0.5, 4.0),
              "forged_ping": None, "bad_config": None, "big_digest": None,
-             "nat_forgery": (4.0, 8.0), "clock_step": None}
+             "nat_forgery": (4.0, 8.0), "clock_step": None, "two_addresses": None,
+             "secret_rotation": None}
     if kind not in lo_hi:
         return None
     r = lo_hi[kind]

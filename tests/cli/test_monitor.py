@@ -187,7 +187,7 @@ def test_status_command_exit_code_and_remote_hosts(board: shmhb.Board, procs: Pr
     assert set(doc["slots"][0]) == {"key", "pid", "incarnation", "status", "age_s", "endpoints"}
     assert doc["peers"][0]["address"] == "10.9.0.2:45645"
     assert set(doc["peers"][0]) == {"address", "status", "rtt_ms", "age_s", "auth_failing",
-                                    "auth_failures", "slots"}
+                                    "auth_failures", "rows_capped", "slots"}
     procs.procs[1].kill()
     wait_until(lambda: (s := board.slot("rank-1")) and s.status is D)
     out = _status(board.name)

@@ -506,3 +506,33 @@ def test_challenges_kept_and_echoed() -> None:
     assert kept == tuple(reversed(got[2:KEEP + 2]))
     assert echoed(kept, got[KEEP + 1]) and echoed(kept, got[2])
     assert not echoed(kept, got[1]) and not echoed(kept, 0) and not echoed((), 0)
+
+
+# -- rotation: two secrets, and the refusal ------------------------------------------------
+
+def test_a_rotation_signs_with_the_first_secret_and_accepts_either() -> None:
+    ping = Ping(ME, "10.0.0.1:45645", 5)
+    both = protocol.Secrets(SECRET, OTHER_SECRET)
+    framed = encode_ping(ping, both)
+    assert framed == encode_ping(ping, SECRET)  # tagged with the first
+    assert decode(framed, SECRET) == ping
+    for sender in (SECRET, OTHER_SECRET):  # a host on either side of the rotation
+        assert decode(encode_ping(ping, sender), both) == ping
+        assert decode(encode_ping(ping, sender), protocol.Secrets(OTHER_SECRET, SECRET)) == ping
+    third = b"a-third-secret-0123456789abcdef!"
+    with pytest.raises(FrameRejected) as e:
+        decode(encode_ping(ping, third), both)
+    assert e.value.reason == "auth"
+    with pytest.raises(FrameRejected) as e:
+        decode(encode_ping(ping), both)
+    assert e.value.reason == "auth"
+
+
+@pytest.mark.parametrize("secret", [None, SECRET, OTHER_SECRET, "both"])
+def test_a_refusal_decodes_for_nobody_and_reads_as_auth(secret: object) -> None:
+    keys = protocol.Secrets(SECRET, OTHER_SECRET) if secret == "both" else secret
+    frame = protocol.encode_refusal()
+    assert len(frame) == 24 and len(frame) < len(encode_ping(Ping(ME, "a:1", 1)))
+    with pytest.raises(FrameRejected) as e:
+        decode(frame, keys)  # type: ignore[arg-type]
+    assert e.value.reason == "auth"
