@@ -34,6 +34,7 @@ from ..clock import MONOTONIC, Clock
 from ..board.config import AgentConfig
 from .election import HB_WORD, StallWatch, claim, held_others, stall_bound_ns
 from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
+from ..board.netword import decode_network
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
@@ -83,6 +84,13 @@ def _say_taken_past_daemon(name: str) -> None:
                 "for %.1f s (stopped, or starved of CPU): this worker (pid %d) takes it, and "
                 "hands it over no sooner than %.0f s from now", name, DAEMON_GRACE_NS / 1e9,
                 os.getpid(), NO_HANDOVER_NS / 1e9)
+
+
+def _listening_at(board: Board, term: int) -> str | None:
+    """The address the network half of term ``term`` says it listens on (from the
+    board's words, whole and of that term), None if it does not say so."""
+    net = decode_network(board_words(board).header.copy(), term, True)
+    return net.listen if net.listening else None
 
 
 class Agent:
@@ -332,6 +340,9 @@ class Agent:
         # Stalled holders we replace may write until they let their byte go: watch them.
         self._older = held_others(self._fd, term_byte(term))
         self._next_older_check_ns = 0
+        # ... and the one we replace keeps listening: ours listens beside it (read before
+        # our writer overwrites its words; shmhb.net.listener argues the design)
+        beside = _listening_at(board, term - 1) if self._older else None
         w = AgentWriter(board, term)
         # Before our heartbeat makes readers trust the peer rows again: the previous
         # holder's verdicts on remote hosts are not ours (invariant 5).
@@ -341,7 +352,7 @@ class Agent:
         if self.network:
             self._net = net = NetSupervisor(board, w, self.clock, retry_min_s=self.config.net_retry_min_s,
                                 retry_max_s=self.config.net_retry_max_s,
-                                transport=self.transport)
+                                transport=self.transport, beside=beside)
         else:
             w.network(NET_OFF, 0, "")
         w.alive(self.clock.monotonic_ns())

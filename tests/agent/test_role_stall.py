@@ -181,11 +181,16 @@ def _index(ps: list[subprocess.Popen[str]], pid: int) -> int:
     return next(i for i, p in enumerate(ps) if p.pid == pid)
 
 
-def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
+def test_the_new_holder_listens_beside_the_stopped_one_and_keeps_the_address(
         board: shmhb.Board, procs: Procs, tmp_path: Path) -> None:
+    """The standby that replaces a stopped holder listens on the address the stopped one
+    still holds (a shared port: shmhb.net.listener), at once, not after the stop."""
     from shmhb.testing.loopback import free_port
 
-    listen = ["--listen", f"127.0.0.1:{free_port(['127.0.0.1'])}"]
+    from ..hosts import listening
+
+    port = free_port(['127.0.0.1'])
+    listen = ["--listen", f"127.0.0.1:{port}"]
     first = _spawn(procs, PINGER + ["--board", board.name, *listen], tmp_path / "pinger0.log",
                    ready=False)
     wait_until(lambda: _holds(board, first.pid) and board.network().state == "listening",
@@ -197,12 +202,34 @@ def test_the_listen_address_follows_once_the_stopped_holder_stands_down(
         wait_until(lambda: _holds(board, second.pid), timeout_s=15,
                    what="the standby replaced the stopped holder")
         _kill_is_dead(procs, board, "victim")
-        # the stopped process still has the address bound: degraded, retried
-        wait_until(lambda: board.network().state == "degraded", timeout_s=10,
-                   what="degraded while the stopped holder keeps the address")
+        # the stopped process still has the address bound: the new holder listens beside it
+        wait_until(lambda: board.network().state == "listening"
+                   and listening(second.pid, "127.0.0.1", port), timeout_s=10,
+                   what="the new holder listens while the stopped one keeps the address")
     wait_until(lambda: _holds(board, second.pid) and board.network().state == "listening",
                timeout_s=10, what="listening once the resumed holder stood down")
+    wait_until(lambda: not _listens_itself(first.pid, port), timeout_s=10,
+               what="the resumed holder closed its listener")
+    assert _listens_itself(second.pid, port)
     assert first.poll() is None and "standing down" in (tmp_path / "pinger0.log").read_text()
+
+
+def _listens_itself(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on 127.0.0.1:``port`` (its
+    descriptors' inodes against /proc/net/tcp, which lists the whole namespace's)."""
+    want = "0100007F:%04X" % port
+    with open(f"/proc/{pid}/net/tcp") as f:
+        next(f)
+        inodes = {p[9] for p in (line.split() for line in f) if p[1] == want and p[3] == "0A"}
+    mine = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    return bool(inodes & mine)
 
 
 CLAIMER = child("term_claimer")
