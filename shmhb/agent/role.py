@@ -32,7 +32,8 @@ from ..board.handle import Board
 from ..board.core import board_words
 from ..clock import MONOTONIC, Clock
 from ..board.config import AgentConfig
-from .election import HB_WORD, StallWatch, claim, held_others, stall_bound_ns
+from .election import (HB_WORD, StallWatch, check_tick, claim, held_others, max_tick_s,
+                       stall_bound_ns)
 from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
 from ..board.netword import decode_network
 from .localwatch import LocalWatch
@@ -115,6 +116,9 @@ class Agent:
                  network: bool = True, clock: Clock = MONOTONIC,
                  transport: TransportFactory = Transport, daemon: bool = False) -> None:
         self.board_name = board_name
+        if config is not None:  # a tick the board's stall bound cannot tolerate: refused here
+            with Board.attach(board_name) as b:
+                check_tick(config.tick_s, b.policy)
         self.daemon = daemon
         self._free_since_ns: int | None = None  # embedded: role seen free, a daemon waiting
         self._next_handover_check_ns = 0
@@ -360,8 +364,10 @@ class Agent:
                  board.name, os.getpid(), term)
         self.holding.set()
         self._progress_ns = time.monotonic_ns()
-        return AgentLoop(w, local, self.clock, int(self.config.tick_s * 1e9), net=net,
-                         check=self._check)
+        # the default tick, shortened on a board whose agent_stale_s needs it (a tick
+        # given explicitly was checked against it when this agent was made)
+        tick_s = min(self.config.tick_s, max_tick_s(board.policy))
+        return AgentLoop(w, local, self.clock, int(tick_s * 1e9), net=net, check=self._check)
 
     def resign(self, loop: AgentLoop, *, deposed: bool = False) -> None:
         """Leave the role: close the loop's components, say so in our heartbeat (unless
