@@ -321,8 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("pinger", parents=[common], help="hold the host agent role in the foreground")
     board_arg(sp)
     sp.add_argument("--tick-s", type=float, default=AgentConfig().tick_s,
-                    help=f"agent loop period (default {AgentConfig().tick_s:g}; at most the "
-                         "board's agent_stale_s / 4)")
+                    help=f"agent loop period (default {AgentConfig().tick_s:g}, <= agent_stale_s/4)")
     sp.add_argument("--watchdog-s", type=float, default=10.0,
                     help="give the role up (and exit 1) when the agent loop is blocked this "
                          "long (default 10)")
