@@ -47,7 +47,8 @@ slot verdicts.  The new holder bounds and repairs that damage:
   holder's last write, or by the kernel at its death -- it takes a fresh term (claim t+1
   again, from itself) and sets every component up anew, exactly as after a holder's
   crash: peer verdicts forgotten, its words written for the new term, the network half
-  restarted (which also binds the listen address the stalled holder kept).  The takeover
+  restarted (until then it listened beside the stalled holder, which kept the listen
+  address: ``shmhb.net.listener``; now the address is its alone).  The takeover
   path already has to be correct on a board left mid-step by a holder killed anywhere,
   and that is all the stale writer can have left: its last write precedes its release.
   The send counter (``net_counter``) is raised back to the highest reservation this
