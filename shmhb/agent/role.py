@@ -31,11 +31,14 @@ from .writer import AgentWriter
 from ..board.handle import Board
 from ..board.core import board_words
 from ..clock import MONOTONIC, Clock
-from ..board.config import AgentConfig
+from ..board.config import AgentConfig, parse_hostport
 from .election import (HB_WORD, StallWatch, check_tick, claim, held_others, max_tick_s,
                        stall_bound_ns)
-from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
+from ..board.layout import (LOCK_DAEMON, TERM_RING, TERM_WORD, agent_pid, header_index, inc_tag,
+                            term_byte, word_tag)
 from ..board.netword import decode_network
+from ..errors import InvalidConfig
+from ..net.listener import listens_there, numeric_ip
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
@@ -47,6 +50,7 @@ from ..net.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, 30.0)
+AGENT_ID_WORD = header_index("agent_id")
 
 __all__ = ["Agent", "AgentLoop", "AgentWriter", "Component", "LocalWatch"]
 
@@ -87,11 +91,19 @@ def _say_taken_past_daemon(name: str) -> None:
                 os.getpid(), NO_HANDOVER_NS / 1e9)
 
 
-def _listening_at(board: Board, term: int) -> str | None:
+def _listening_at(board: Board, term: int, pid: int) -> str | None:
     """The address the network half of term ``term`` says it listens on (from the
-    board's words, whole and of that term), None if it does not say so."""
+    board's words, whole and of that term), if process ``pid`` (its holder) is seen to
+    hold a listener there; else None."""
     net = decode_network(board_words(board).header.copy(), term, True)
-    return net.listen if net.listening else None
+    if not net.listening or net.listen is None:
+        return None
+    try:
+        host, port = parse_hostport(net.listen)
+    except InvalidConfig:
+        return None
+    ip = numeric_ip(host)
+    return net.listen if ip is not None and listens_there(pid, ip, port) else None
 
 
 class Agent:
@@ -346,7 +358,11 @@ class Agent:
         self._next_older_check_ns = 0
         # ... and the one we replace keeps listening: ours listens beside it (read before
         # our writer overwrites its words; shmhb.net.listener argues the design)
-        beside = _listening_at(board, term - 1) if self._older else None
+        beside = None
+        if self._older:
+            aid = int(self._words[AGENT_ID_WORD])
+            if word_tag(aid) == inc_tag(term - 1):
+                beside = _listening_at(board, term - 1, agent_pid(aid))
         w = AgentWriter(board, term)
         # Before our heartbeat makes readers trust the peer rows again: the previous
         # holder's verdicts on remote hosts are not ours (invariant 5).

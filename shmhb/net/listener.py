@@ -33,9 +33,13 @@ workers DEAD for as long as the stop lasts.  The new holder must be heard.
   reaches it.
 * **No stranger joins.**  The kernel lets only sockets of the same effective uid share
   a port, and this module lets a socket join a group only when the caller says that the
-  listener there is a stalled holder of the same board, replaced now (``beside``:
-  the agent read it from the board's words of the replaced term: listening on this
-  very address).  Any other listener on the address makes ``open_listener`` fail with
+  listener there is a stalled holder of the same board, replaced now (``beside``: the
+  agent read from the board's words of the replaced term that it listened on this very
+  address, and checked with ``listens_there`` that the process named there holds a
+  listener on it -- a word of the board alone is not trusted to name another board's
+  pinger for us to take connections from).  Where that process cannot be seen (another
+  pid namespace, or uid), the successor does not join: the old behaviour below.
+  Any other listener on the address makes ``open_listener`` fail with
   EADDRINUSE, as a plain bind would: a probe socket without ``SO_REUSEPORT`` is bound
   first (it conflicts with every listener, wildcard ones included); and since two
   processes may pass the probe at once, the listeners on the address are counted
@@ -55,7 +59,7 @@ import os
 import socket
 import struct
 
-__all__ = ["listeners_on", "numeric_ip", "open_listener"]
+__all__ = ["listeners_on", "listens_there", "numeric_ip", "open_listener"]
 
 #: linux/asm-generic/socket.h; Python's socket module does not name it
 SO_ATTACH_REUSEPORT_CBPF = 51
@@ -80,18 +84,49 @@ def _proc_hex(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> s
     return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
 
 
-def listeners_on(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> int:
-    """How many TCP sockets of this network namespace listen on exactly ``ip:port``
-    (``/proc/self/net/tcp`` or ``tcp6``); -1 if that cannot be read."""
+def _listening_inodes(ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                      port: int) -> list[str] | None:
+    """The inodes of the TCP sockets of this network namespace that listen on exactly
+    ``ip:port`` (``/proc/self/net/tcp`` or ``tcp6``); None if that cannot be read."""
     want = _proc_hex(ip, port)
     path = "/proc/self/net/tcp" if ip.version == 4 else "/proc/self/net/tcp6"
     try:
         with open(path) as f:
             next(f, None)
-            return sum(1 for line in f
-                       if (p := line.split()) and len(p) > 3 and p[1] == want and p[3] == "0A")
+            return [p[9] for p in (line.split() for line in f)
+                    if len(p) > 9 and p[1] == want and p[3] == "0A"]
     except OSError:
-        return -1
+        return None
+
+
+def listeners_on(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> int:
+    """How many TCP sockets of this network namespace listen on exactly ``ip:port``;
+    -1 if that cannot be read."""
+    got = _listening_inodes(ip, port)
+    return -1 if got is None else len(got)
+
+
+def listens_there(pid: int, ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                  port: int) -> bool:
+    """Whether process ``pid`` (of our pid namespace) holds a socket listening on
+    ``ip:port`` in our network namespace: its descriptors (``/proc/PID/fd``, readable
+    for a process of our uid, stopped or not) against the listeners' inodes.  False
+    when that cannot be told (another uid, another pid namespace, gone)."""
+    inodes = _listening_inodes(ip, port)
+    if not inodes or pid <= 0:
+        return False
+    want = {f"socket:[{i}]" for i in inodes}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in want:
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
 
 
 def _in_use(why: str) -> OSError:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
 from collections.abc import Iterator
 
 import pytest
 
-from shmhb.net.listener import listeners_on, open_listener
+from shmhb.net.listener import listeners_on, listens_there, open_listener
 from shmhb.testing.loopback import free_port
 
 IP = ipaddress.ip_address("127.0.0.1")
@@ -98,3 +99,13 @@ def test_an_address_not_on_this_host_is_refused_as_a_bind_would(port: int) -> No
     with pytest.raises(OSError) as e:
         open_listener(ipaddress.ip_address("192.0.2.1"), port)
     assert e.value.errno == errno.EADDRNOTAVAIL
+
+
+def test_who_listens_is_told_from_the_processes_descriptors(
+        port: int, opened: list[socket.socket]) -> None:
+    """What lets a successor join only its stopped predecessor's listener."""
+    assert not listens_there(os.getpid(), IP, port)  # nothing listens there yet
+    opened.append(open_listener(IP, port))
+    assert listens_there(os.getpid(), IP, port)
+    assert not listens_there(os.getppid(), IP, port)  # another process: not its listener
+    assert not listens_there(0, IP, port)
