@@ -30,6 +30,12 @@ class PolicyMismatch(InvalidConfig):
     fixed when it is created (every reader judges by it), so it cannot change in place."""
 
 
+class SettingsConflict(InvalidConfig):
+    """A ``shmhb pinger`` asked for other network settings than the board's while another
+    pinger runs on it, or for settings without the board's authentication: settings
+    change under a holder only when the operator says so (``--replace-settings``)."""
+
+
 class BoardNotFound(ShmhbError, FileNotFoundError):
     """No board of that name exists on this host."""
 

@@ -47,7 +47,8 @@ slot verdicts.  The new holder bounds and repairs that damage:
   holder's last write, or by the kernel at its death -- it takes a fresh term (claim t+1
   again, from itself) and sets every component up anew, exactly as after a holder's
   crash: peer verdicts forgotten, its words written for the new term, the network half
-  restarted (which also binds the listen address the stalled holder kept).  The takeover
+  restarted (until then it listened beside the stalled holder, which kept the listen
+  address: ``shmhb.net.listener``; now the address is its alone).  The takeover
   path already has to be correct on a board left mid-step by a holder killed anywhere,
   and that is all the stale writer can have left: its last write precedes its release.
   The send counter (``net_counter``) is raised back to the highest reservation this
@@ -67,6 +68,8 @@ from __future__ import annotations
 import logging
 
 from ..board import locks
+from ..board.config import Policy
+from ..errors import InvalidConfig
 from ..board.layout import LOCK_TERM_BASE, TERM_RING, TERM_WORD, header_index, term_byte
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,30 @@ STALL_FACTOR = 3
 #: the bound is kept within these, whatever the header says (nothing outside trusted)
 STALL_MIN_NS = 1_000_000_000
 STALL_MAX_NS = 60_000_000_000
+
+
+#: an agent beats once per tick: a tick may be at most this share of agent_stale_s, so
+#: that a few late ticks still keep its heartbeat fresh for readers
+TICKS_PER_STALE = 4
+
+
+def max_tick_s(policy: Policy) -> float:
+    """The longest tick of an agent on a board with ``policy``."""
+    return policy.agent_stale_s / TICKS_PER_STALE
+
+
+def check_tick(tick_s: float, policy: Policy, *, what: str = "tick_s") -> None:
+    """``InvalidConfig`` naming the bound if an agent ticking every ``tick_s`` would read
+    stale (or be replaced as stalled) on a board with ``policy``, while healthy."""
+    bound = max_tick_s(policy)
+    if tick_s > bound:
+        stale = policy.agent_stale_s
+        raise InvalidConfig(
+            f"{what} {tick_s:g} s is too long for this board: at most {bound:g} s, "
+            f"agent_stale_s / {TICKS_PER_STALE} (the board's agent_stale_s is {stale:g} s). "
+            "The agent beats once per tick; readers call it stale once its beat is older "
+            f"than agent_stale_s, and a standby replaces it as stalled after "
+            f"{STALL_FACTOR} x agent_stale_s ({STALL_FACTOR * stale:g} s, the stall bound)")
 
 
 def stall_bound_ns(words: memoryview) -> int:

@@ -31,9 +31,14 @@ from .writer import AgentWriter
 from ..board.handle import Board
 from ..board.core import board_words
 from ..clock import MONOTONIC, Clock
-from ..board.config import AgentConfig
-from .election import HB_WORD, StallWatch, claim, held_others, stall_bound_ns
-from ..board.layout import LOCK_DAEMON, TERM_RING, TERM_WORD, term_byte
+from ..board.config import AgentConfig, parse_hostport
+from .election import (HB_WORD, StallWatch, check_tick, claim, held_others, max_tick_s,
+                       stall_bound_ns)
+from ..board.layout import (LOCK_DAEMON, TERM_RING, TERM_WORD, agent_pid, header_index, inc_tag,
+                            term_byte, word_tag)
+from ..board.netword import decode_network
+from ..errors import InvalidConfig
+from ..net.listener import listens_there, numeric_ip
 from .localwatch import LocalWatch
 from ..net.state import NET_OFF
 from ..net.supervisor import NetSupervisor
@@ -46,6 +51,7 @@ from ..net.transport import Transport, TransportFactory
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log, 30.0)
+AGENT_ID_WORD = header_index("agent_id")
 
 __all__ = ["Agent", "AgentLoop", "AgentWriter", "Component", "LocalWatch"]
 
@@ -86,6 +92,21 @@ def _say_taken_past_daemon(name: str) -> None:
                 os.getpid(), NO_HANDOVER_NS / 1e9)
 
 
+def _listening_at(board: Board, term: int, pid: int) -> str | None:
+    """The address the network half of term ``term`` says it listens on (from the
+    board's words, whole and of that term), if process ``pid`` (its holder) is seen to
+    hold a listener there; else None."""
+    net = decode_network(board_words(board).header.copy(), term, True)
+    if not net.listening or net.listen is None:
+        return None
+    try:
+        host, port = parse_hostport(net.listen)
+    except InvalidConfig:
+        return None
+    ip = numeric_ip(host)
+    return net.listen if ip is not None and listens_there(pid, ip, port) else None
+
+
 class Agent:
     """Runs the agent role for one board: wait for the role, then hold it until stopped.
 
@@ -108,6 +129,9 @@ class Agent:
                  network: bool = True, clock: Clock = MONOTONIC,
                  transport: TransportFactory = Transport, daemon: bool = False) -> None:
         self.board_name = board_name
+        if config is not None:  # a tick the board's stall bound cannot tolerate: refused here
+            with Board.attach(board_name) as b:
+                check_tick(config.tick_s, b.policy)
         self.daemon = daemon
         self._free_since_ns: int | None = None  # embedded: role seen free, a daemon waiting
         self._next_handover_check_ns = 0
@@ -335,6 +359,13 @@ class Agent:
         # Stalled holders we replace may write until they let their byte go: watch them.
         self._older = held_others(self._fd, term_byte(term))
         self._next_older_check_ns = 0
+        # ... and the one we replace keeps listening: ours listens beside it (read before
+        # our writer overwrites its words; shmhb.net.listener argues the design)
+        beside = None
+        if self._older:
+            aid = int(self._words[AGENT_ID_WORD])
+            if word_tag(aid) == inc_tag(term - 1):
+                beside = _listening_at(board, term - 1, agent_pid(aid))
         w = AgentWriter(board, term)
         # Before our heartbeat makes readers trust the peer rows again: the previous
         # holder's verdicts on remote hosts are not ours (invariant 5).
@@ -344,7 +375,7 @@ class Agent:
         if self.network:
             self._net = net = NetSupervisor(board, w, self.clock, retry_min_s=self.config.net_retry_min_s,
                                 retry_max_s=self.config.net_retry_max_s,
-                                transport=self.transport)
+                                transport=self.transport, beside=beside)
         else:
             w.network(NET_OFF, 0, "")
         w.alive(self.clock.monotonic_ns())
@@ -352,8 +383,10 @@ class Agent:
                  board.name, os.getpid(), term)
         self.holding.set()
         self._progress_ns = time.monotonic_ns()
-        return AgentLoop(w, local, self.clock, int(self.config.tick_s * 1e9), net=net,
-                         check=self._check)
+        # the default tick, shortened on a board whose agent_stale_s needs it (a tick
+        # given explicitly was checked against it when this agent was made)
+        tick_s = min(self.config.tick_s, max_tick_s(board.policy))
+        return AgentLoop(w, local, self.clock, int(tick_s * 1e9), net=net, check=self._check)
 
     def resign(self, loop: AgentLoop, *, deposed: bool = False) -> None:
         """Leave the role: close the loop's components, say so in our heartbeat (unless

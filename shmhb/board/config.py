@@ -148,7 +148,9 @@ class AgentConfig:
 
     #: the loop's period: pings to us are answered, verdicts on hosts advanced and pings
     #: released once per tick (a local death wakes the loop at once, between ticks).
-    #: 0.1 s: at 0.05 s an idle pinger spent 60 % more CPU on ticks alone.
+    #: 0.1 s: at 0.05 s an idle pinger spent 60 % more CPU on ticks alone.  At most the
+    #: board's agent_stale_s / 4 (``shmhb.agent.election.check_tick``): a tick given
+    #: longer is refused, the default is shortened to it.
     tick_s: float = 0.1
     election_poll_s: float = 0.2
     #: a holder whose loop makes no progress for this long (blocked in one call) gives

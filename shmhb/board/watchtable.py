@@ -157,6 +157,18 @@ class WatchTable:
                 out[host] = out.get(host, 0) + 1
         return out
 
+    def configured_peers(self) -> list[str]:
+        """The pinger's configured peers (rows of owner 0, ``shmhb pinger --peer``) as
+        stored, sorted; lock-free, rows caught mid-write or refused by the door skipped."""
+        w = self._watches.copy()
+        out = []
+        for i, raw in self._watch_rows():
+            if int(w[i]["owner_pid"]) == 0:
+                host = stored_address(raw, "watch row", i)
+                if host is not None:
+                    out.append(host)
+        return sorted(out)
+
     def refused_watches(self) -> list[str]:
         """The stored watch addresses that today's address door refuses (an older version
         let them in), as printable text: ``watched_hosts()`` leaves them out; the agent

@@ -29,10 +29,14 @@ import stat
 from ..board.handle import Board
 from ..board.config import (DEFAULT_BUDGET_PPS, DEFAULT_PORT, Capacity, PingerConfig, Policy,
                             board_name)
-from ..errors import BoardPermissionError, InvalidConfig
+from ..board import locks
+from ..board.core import board_words
+from ..board.layout import LOCK_DAEMON
+from ..errors import BoardPermissionError, InvalidConfig, SettingsConflict
 from ..board.segment import SHM_DIR
 from ..net.plan import MIN_PINGS_PER_WINDOW
-from ..net.settings import board_group, read_secret, store_config
+from ..net.settings import (board_group, drops_authentication, read_secret, settings_differences,
+                            store_config, stored_settings)
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +195,10 @@ def add_pinger_args(sp: argparse.ArgumentParser) -> None:
                     help=f"pings per second to all followed hosts together (default "
                          f"{DEFAULT_BUDGET_PPS:g}); each host still gets at least "
                          f"{MIN_PINGS_PER_WINDOW} pings per peer dead-after window")
+    sp.add_argument("--replace-settings", action="store_true",
+                    help="store these settings even while another shmhb pinger runs on the "
+                         "board, or when they turn its authentication off (without it such a "
+                         "pinger is refused: exit 2)")
     auth = sp.add_mutually_exclusive_group()
     auth.add_argument("--secret-file", metavar="F", default=None,
                       help="shared secret: HMAC on every frame, unauthenticated pings unanswered")
@@ -200,12 +208,50 @@ def add_pinger_args(sp: argparse.ArgumentParser) -> None:
 
 
 def store_pinger_args(args: argparse.Namespace) -> bool:
-    """Store the command line's pinger settings in the board; True: network half on."""
+    """Store the command line's pinger settings in the board; True: network half on.
+
+    Settings that differ from those stored change under the holder of the role, so they
+    are stored only when no other ``shmhb pinger`` runs on the board (this one replaces
+    it: a restart with new flags) and they keep the board's authentication; otherwise
+    ``SettingsConflict`` names the differences, unless ``--replace-settings`` says the
+    operator means it.  The same settings are not stored again (the holder's network
+    half is not restarted for nothing)."""
     cfg = PingerConfig(listen=args.listen, peers=tuple(args.peer), interval_s=args.interval_s,
                        secret_file=args.secret_file, curve_keys=args.curve_keys,
                        ping_budget_pps=args.ping_budget_pps)
     with Board.open(args.board, create=True) as b:
         if cfg.secret_file:  # fail now, with the reason, not in the agent thread
             read_secret(cfg.secret_file, shared_gid=board_group(b))
+        have = stored_settings(b)
+        if have is not None:
+            diffs = settings_differences(have, cfg)
+            if not diffs:
+                return True
+            if not getattr(args, "replace_settings", False):
+                _refuse_silent_change(b, have, cfg, diffs)
+            log.warning("board %s: pinger settings replaced: %s", b.name, "; ".join(diffs))
         store_config(b, cfg)
     return True
+
+
+def _refuse_silent_change(b: Board, have: PingerConfig, want: PingerConfig,
+                          diffs: list[str]) -> None:
+    """``SettingsConflict`` if storing ``want`` over ``have`` would change the settings
+    under another running pinger, or turn authentication off."""
+    fd = board_words(b).new_fd()
+    try:
+        other_daemon = locks.is_held(fd, LOCK_DAEMON)  # before ours takes it (Agent.elect)
+    finally:
+        os.close(fd)
+    if other_daemon:
+        raise SettingsConflict(
+            f"board {b.name}: another shmhb pinger runs on this board with other settings "
+            f"({'; '.join(diffs)}); nothing was changed.  Run this one with the board's "
+            "settings, or with none (a standby applies the board's); to change them, "
+            "restart the running pinger with the new flags, or add --replace-settings to "
+            "replace them under it")
+    if drops_authentication(have, want):
+        raise SettingsConflict(
+            f"board {b.name}: these flags turn off the authentication the board's settings "
+            f"have ({'; '.join(diffs)}); nothing was changed.  Give --secret-file (or "
+            "--curve-keys) again, or add --replace-settings to run without authentication")

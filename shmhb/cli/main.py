@@ -194,7 +194,10 @@ def cmd_pinger(args: argparse.Namespace) -> int:
 
     from .boardopts import open_board
 
-    open_board(args).close()  # the policy flags: checked against an existing board
+    from ..agent.election import check_tick
+
+    with open_board(args) as b:  # the policy flags: checked against an existing board
+        check_tick(args.tick_s, b.policy, what="--tick-s")  # before any setting is stored
     if args.listen is not None or args.peer or args.secret_file or args.curve_keys:
         from .boardopts import store_pinger_args
         store_pinger_args(args)  # stored in the board: any holder of the role applies them
@@ -345,7 +348,7 @@ def _add_pinger(command: AddCommand) -> None:
     """``shmhb pinger``: the daemon that holds the agent role."""
     sp = command("pinger", "hold the host agent role in the foreground")
     sp.add_argument("--tick-s", type=float, default=AgentConfig().tick_s,
-                    help=f"agent loop period (default {AgentConfig().tick_s:g})")
+                    help=f"agent loop period (default {AgentConfig().tick_s:g}, <= agent_stale_s/4)")
     sp.add_argument("--watchdog-s", type=float, default=10.0,
                     help="give the role up (and exit 1) when the agent loop is blocked this "
                          "long (default 10)")

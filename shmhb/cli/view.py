@@ -121,16 +121,22 @@ class View:
         # cleanly, or died with the last worker that ran it embedded (and `forget`
         # cleared that worker).  A holder that stalled still is, and so is one that died
         # where a pinger was set up: the host no longer answers its peers.
-        quiet = all(s.status is Status.LEFT for s in self.slots)
+        # Unless the board follows remote hosts: with no agent they all read unknown,
+        # and so does this host to its peers (a pinger that stopped, or that is refused
+        # at each start after an earlier run stored its settings and left).
+        quiet = all(s.status is Status.LEFT for s in self.slots) and not self.peers
         a = self.agent
         idle = quiet and not self.agent_held and (
             a.status in (Status.UNKNOWN, Status.LEFT) or not self.pinger_configured)
         agent = self.agent_problem()
         if agent is not None and not idle:
+            if self.peers:
+                agent += (f"; the {len(self.peers)} remote host(s) this board follows read "
+                          "unknown")
             problems.append((EXIT_NO_OBSERVER, agent))
         daemon = self.daemon_problem()
         # ... unless the host was wound down: every worker gone, the last holder left
-        # cleanly (`systemctl stop` with no worker running)
+        # cleanly (`systemctl stop` with no worker running), no remote host followed
         if daemon is not None and not (quiet and not self.agent_held
                                        and a.status is Status.LEFT):
             problems.append((EXIT_NO_DAEMON, daemon))

@@ -3,7 +3,8 @@
 - the wire: ``protocol`` (the frames and their records, size-checked and validated,
   and their HMAC tag), ``exchange`` (nonces and push seqs: their counter and the replay guards);
 - the sockets: ``transport`` (a ``TransportFactory``; ``shmhb.testing.network`` is the
-  in-process one for tests);
+  in-process one for tests), ``listener`` (the listening socket a holder that replaces
+  a stopped one shares);
 - what to ping and when: ``following`` (the followed hosts, from the board's watch
   table, and what each may speak for), ``plan`` (the ping budget);
 - verdicts on hosts: ``suspicion``, ``evidence`` (a host's own pings, and the challenges

@@ -8,6 +8,7 @@ others is refused (as ssh refuses such a key), and so is one too short.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 
@@ -65,6 +66,49 @@ def load_config(board: Board) -> tuple[int, PingerConfig] | None:
     return gen, PingerConfig(listen=text("cfg_listen"), interval_s=int(h["cfg_interval_ns"]) / 1e9,
                              secret_file=text("cfg_secret_path"), curve_keys=text("cfg_curve_dir"),
                              ping_budget_pps=int(h["cfg_budget_mpps"]) / 1000)
+
+
+def stored_settings(board: Board) -> PingerConfig | None:
+    """The pinger settings stored in the board, its configured peers included; None if
+    none were ever stored, or they cannot be read whole (torn, or invalid)."""
+    try:
+        got = load_config(board)
+    except InvalidConfig:
+        return None
+    if got is None:
+        return None
+    return dataclasses.replace(got[1], peers=tuple(board_words(board).watches.configured_peers()))
+
+
+def settings_differences(have: PingerConfig, want: PingerConfig) -> list[str]:
+    """What differs between the stored pinger settings ``have`` and those asked for,
+    as ``"listen: board 10.0.0.1:45645, asked 10.0.0.1:45646"`` lines (empty: the same,
+    as the board stores them)."""
+    def auth(c: PingerConfig) -> str:
+        return (f"secret file {c.secret_file}" if c.secret_file else
+                f"CURVE keys in {c.curve_keys}" if c.curve_keys else "none")
+
+    pairs = [("listen", have.listen or "none", want.listen or "none"),
+             ("authentication", auth(have), auth(want)),
+             ("peers", " ".join(sorted(have.peers)) or "none", " ".join(sorted(want.peers)) or "none"),
+             ("interval_s", round(have.interval_s * 1e9), round(want.interval_s * 1e9)),
+             ("ping_budget_pps", max(1, round(have.ping_budget_pps * 1000)),
+              max(1, round(want.ping_budget_pps * 1000)))]
+    out = []
+    for name, a, b in pairs:
+        if a != b:
+            if isinstance(a, int) and isinstance(b, int):  # stored as ns / milli-pings
+                scale = 1e9 if name == "interval_s" else 1000
+                a_s, b_s = format(a / scale, "g"), format(b / scale, "g")
+            else:
+                a_s, b_s = str(a), str(b)
+            out.append(f"{name}: board {a_s}, asked {b_s}")
+    return out
+
+
+def drops_authentication(have: PingerConfig, want: PingerConfig) -> bool:
+    """Whether ``want`` runs without the authentication ``have`` has."""
+    return bool(have.secret_file or have.curve_keys) and not (want.secret_file or want.curve_keys)
 
 
 def board_group(board: Board) -> int | None:

@@ -53,14 +53,19 @@ class NetWords(Protocol):
 
 class NetSupervisor:
     """A component of the agent loop (``agent.Component``) wrapping one NetworkHalf at a
-    time."""
+    time.
+
+    ``beside``: the listen address (host:port) of a stalled holder of this board that
+    this one replaces, which keeps listening there while it is stopped: the halves of
+    this term listen beside it (``shmhb.net.listener``)."""
 
     def __init__(self, board: Board, writer: NetWords, clock: Clock, *,
                  retry_min_s: float = 0.25, retry_max_s: float = 10.0,
-                 transport: TransportFactory = Transport) -> None:
+                 transport: TransportFactory = Transport, beside: str | None = None) -> None:
         self.b = board
         self.bw = board_words(board)
         self.transport = transport
+        self._beside = beside
         self.w = writer
         self.clock = clock
         self.half: NetworkHalf | None = None
@@ -196,7 +201,7 @@ class NetSupervisor:
         assert self._cfg is not None
         try:
             self.half = NetworkHalf(self.b, self.w, self.clock, self._cfg_gen, self._cfg,
-                                    transport=self.transport)
+                                    transport=self._transport)
         except BaseException as e:
             if not isinstance(e, Exception):
                 raise
@@ -207,6 +212,12 @@ class NetSupervisor:
         self._up_since_ns = now_ns
         if self.failures:
             log.info("pinger: network half running again (listening on %s)", self._cfg.listen)
+
+    def _transport(self, curve_keys: str | None) -> Transport:
+        t = self.transport(curve_keys)
+        if self._beside is not None:
+            t.listen_beside(self._beside)
+        return t
 
     def _guard(self, fn: object, *args: object) -> None:
         try:

@@ -7,7 +7,11 @@ once instead of queueing).  The listening socket also times out half-open ZMTP
 handshakes (HANDSHAKE_IVL) and drops idle connections through ZMTP heartbeats
 (HEARTBEAT_IVL/TIMEOUT): that is connection hygiene against floods only, never
 evidence of liveness -- libzmq's I/O thread answers heartbeats even while the
-application is stuck.  Liveness is the application's ping and ack.
+application is stuck.  Liveness is the application's ping and ack.  The connecting
+socket uses heartbeats too, shorter, for one thing only: to leave a connection whose
+far end is stopped as a whole, so that a reconnect reaches the holder that replaced it.
+The listening socket is made with ``SO_REUSEPORT`` so that such a replacement can
+listen beside the stopped one (``shmhb.net.listener`` argues the design).
 
 Failures are raised as :class:`NetDown` (the whole half cannot run: the agent records it
 and retries) or :class:`HostSkipped` (one followed host cannot be pinged: no key, an
@@ -26,6 +30,7 @@ import zmq
 
 from ..board.config import format_hostport
 from ..errors import FD_ERRNOS, InvalidConfig
+from .listener import numeric_ip, open_listener
 from .settings import curve_keypair, curve_public_key
 from .state import NetDown, NetReason
 from .protocol import MAX_FRAME_BYTES
@@ -33,6 +38,15 @@ from .protocol import MAX_FRAME_BYTES
 HANDSHAKE_IVL_MS = 2000
 HEARTBEAT_IVL_MS = 2000
 HEARTBEAT_TIMEOUT_MS = 6000
+#: Our connections to followed hosts: one whose far end stopped as a whole (SIGSTOP, a
+#: frozen container: the kernel keeps the TCP connection up, nothing reads it) is
+#: dropped once a ZMTP heartbeat goes unanswered this long, and one that landed in a
+#: stopped listener's accept queue once its handshake has not completed in
+#: CLIENT_HANDSHAKE_IVL_MS; each reconnect then reaches whoever listens now (the holder
+#: that replaced the stopped one listens beside it: ``shmhb.net.listener``).
+CLIENT_HEARTBEAT_IVL_MS = 500
+CLIENT_HEARTBEAT_TIMEOUT_MS = 1500
+CLIENT_HANDSHAKE_IVL_MS = 1000
 
 
 class HostSkipped(Exception):
@@ -66,6 +80,7 @@ class Transport:
         self.client: zmq.Socket[bytes] | None = None
         self._auth: object | None = None
         self._closed = False
+        self._beside: str | None = None  # see listen_beside
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         try:
@@ -99,10 +114,35 @@ class Transport:
             auth.configure_curve(domain="*", location=self.curve_keys)
         addr = format_hostport(host, port)
         try:
-            r.bind(self._bind_endpoint(host, port))
+            self._bind(r, host, port)
         except zmq.ZMQError as e:
             raise _down(f"cannot listen on {addr}", e) from None
+        except OSError as e:
+            reason = NetReason.FDS if e.errno in FD_ERRNOS else NetReason.BIND
+            raise NetDown(reason, f"cannot listen on {addr}: {e.strerror}", e.errno or 0) from None
         return r
+
+    def listen_beside(self, address: str) -> None:
+        """The listener on ``address`` (host:port) is a stalled holder of this board that
+        the caller replaces: :meth:`listen` there joins it and takes every new connection
+        (``shmhb.net.listener``)."""
+        self._beside = address
+
+    def _bind(self, r: zmq.Socket[bytes], host: str, port: int) -> None:
+        """Bind the answering ROUTER: on a numeric IP through a shareable listener of our
+        own (``shmhb.net.listener``), elsewhere (an interface name) by libzmq itself."""
+        ip = numeric_ip(host)
+        if ip is None:
+            r.bind(self._bind_endpoint(host, port))
+            return
+        s = open_listener(ip, port, beside=self._beside == format_hostport(host, port))
+        try:
+            r.setsockopt(zmq.USE_FD, s.fileno())
+            r.bind(self._bind_endpoint(host, port))  # the address is libzmq's label only
+        except BaseException:
+            s.close()
+            raise
+        s.detach()  # libzmq owns the descriptor now, and closes it with the socket
 
     def _bind_endpoint(self, host: str, port: int) -> str:
         return f"tcp://{format_hostport(host, port)}"
@@ -118,6 +158,9 @@ class Transport:
             self.client = c
             c.setsockopt(zmq.RECONNECT_IVL, 100)
             c.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # no backoff: a restarted pinger is seen soon
+            c.setsockopt(zmq.HEARTBEAT_IVL, CLIENT_HEARTBEAT_IVL_MS)
+            c.setsockopt(zmq.HEARTBEAT_TIMEOUT, CLIENT_HEARTBEAT_TIMEOUT_MS)
+            c.setsockopt(zmq.HANDSHAKE_IVL, CLIENT_HANDSHAKE_IVL_MS)
             if self.curve_keys:
                 try:
                     pub, sec = curve_keypair(self.curve_keys, me or "client")

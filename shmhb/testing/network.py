@@ -218,6 +218,9 @@ class FakeTransport(Transport):
         self.network = network
         self._listening: str | None = None
 
+    def _bind(self, r: zmq.Socket[bytes], host: str, port: int) -> None:
+        r.bind(self._bind_endpoint(host, port))  # inproc: no TCP listener to share
+
     def _bind_endpoint(self, host: str, port: int) -> str:
         self._listening = self.network.claim(host, port)
         return self._listening

@@ -267,6 +267,32 @@ def test_status_exits_3_without_a_running_agent(cluster: Cluster) -> None:
     assert status(a)[0] == 3
 
 
+def test_a_pinger_that_does_not_run_is_unhealthy_while_the_hosts_it_follows_read_unknown(
+        cluster: Cluster) -> None:
+    """No worker, and the pinger stopped, or refused at each start after an earlier run
+    stored its settings and left: the board's remote hosts read unknown (and this host
+    reads left or dead to them), so ``status`` must not call the host healthy."""
+    b = cluster.host()
+    a = cluster.host(peers=(b.listen,))
+    wait_until(lambda: a.peer_status(b) is Status.ALIVE, what="A follows B")
+    assert status(a)[0] == 0
+    assert a.pinger is not None
+    a.pinger.send_signal(signal.SIGTERM)
+    assert a.pinger.wait(10) == 0
+    for _ in range(2):
+        rc, doc = status(a)
+        assert rc == 3, doc["health"]
+        assert "1 remote host(s) this board follows read unknown" in doc["health"]["problems"][0]
+        assert any("no `shmhb pinger` daemon runs" in p for p in doc["health"]["problems"])
+        assert [p["status"] for p in doc["peers"]] == ["unknown"]
+        # a start refused at the door (here a policy the board does not have): still so
+        refused = subprocess.run(a.pinger_cmd() + ["--dead-after-s", "99"], capture_output=True,
+                                 text=True, timeout=60, env=child_env())
+        assert refused.returncode == 2, refused
+    a.start_pinger()
+    wait_until(lambda: status(a)[0] == 0, what="healthy again once the pinger runs")
+
+
 def test_the_last_embedded_worker_leaving_leaves_a_healthy_board(cluster: Cluster) -> None:
     a = cluster.host(start=False)
     w = cluster.procs.worker(a.name, "only", agent=True)  # holds the role embedded

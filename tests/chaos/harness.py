@@ -220,6 +220,7 @@ class _Host:
         self.outage = False
         self.term_before = 0
         self.back: tuple[int, int] | None = None  # a new holder's (role taken ns, answered then)
+        self.stop_term: int | None = None  # the term of a holder stopped now (pstop)
         self.reaper: LinkReaper | None = None
         self.rboard: Board | None = None
         self.garbage: zmq.Socket | None = None
@@ -610,6 +611,15 @@ class Harness(HostileFaults, LocalFaults):
                 self.breach("slow-takeover", f"h{h.idx}: no new agent {(v.t - to['t']) / NS:.2f} s "
                             f"after its holder was ended ({to['kind']}), although a standby was "
                             f"running (bound {TAKEOVER_S:g} s)", f"h{h.idx}")
+        if (tl.is_open("pstop") and h.stop_term is not None and fresh
+                and v.agent_term > h.stop_term and v.agent_pid in h.pids()):
+            # A standby replaced the stopped holder, and listens beside it (a shared
+            # port): the host has an agent again, which its peers hear, so no DEAD of
+            # the host is owed any more (one that comes is still excused by the stop).
+            h.stop_term = None
+            self.checker.on_host_up(h.idx, "pstop")
+            self.note(f"h{h.idx} agent role taken from the stopped holder by pid "
+                      f"{v.agent_pid} (term {v.agent_term})", f"h{h.idx}", t=v.t)
         for kind in ("pkill", "pterm", "outage"):
             if not tl.is_open(kind):
                 continue
@@ -942,6 +952,7 @@ class Harness(HostileFaults, LocalFaults):
         os.kill(p.proc.pid, signal.SIGSTOP)
         p.stopped = True
         h.busy = True
+        h.stop_term = self.views[h.idx].agent_term
         self.truth.pinger_stopped[h.idx] = True
         self.checker.on_host_down(h.idx, t, "pstop")
 
@@ -949,6 +960,7 @@ class Harness(HostileFaults, LocalFaults):
             if p.proc.poll() is None:
                 resume(p.proc.pid)
             p.stopped = False
+            h.stop_term = None
             t2 = now_ns()
             tl.close("pstop", t2)
             self.truth.pinger_stopped[h.idx] = False  # type: ignore[union-attr]

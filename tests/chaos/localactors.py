@@ -19,15 +19,27 @@ to the cluster (``python -m tests.chaos.localactors KIND ...``); each prints one
 ``forgetfds IP PORT``
     ``forget_after_s`` on a pinger at 96 fds under a connection flood: it must keep
     running, see a kill DEAD within 1 s and forget the dead once the flood ends.
+``conflict IP PORT``
+    A settings conflict: a pinger holds the role with a secret; a stray ``shmhb pinger``
+    with other flags and no secret must be refused at once (exit 2) and change nothing
+    (the stored settings, authentication included); one with the board's flags is a
+    standby that changes nothing either.
+``stoppedholder IP PORT``
+    A stopped daemon holder: host B (IP) runs a daemon and a worker whose embedded
+    standby replaces the daemon once it is SIGSTOPped; host A (the next address)
+    follows B's worker.  A must read B and the worker alive again while the daemon is
+    still stopped: the new holder listens beside the stopped one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -42,6 +54,7 @@ from .actors import _WORKER
 
 EMBEDDED = child("embedded")
 REG_HOLDER = child("registry_holder")
+WORKER = child("worker")
 TEARER = child("config_tearer")
 PINGER = [sys.executable, "-m", "shmhb", "pinger", "--tick-s", "0.02"]
 
@@ -57,6 +70,7 @@ class _Run:
         self.name = f"shmhb-chaos-local-{uuid.uuid4().hex[:8]}"
         self.board = shmhb.Board.create(self.name, slots=16, **create)
         self.procs: list[subprocess.Popen[Any]] = []
+        self.tmp = tempfile.mkdtemp(prefix="shmhb-chaos-local-")
 
     def spawn(self, cmd: list[str], *, text: bool = False) -> subprocess.Popen[Any]:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE if text else subprocess.DEVNULL,
@@ -99,6 +113,7 @@ class _Run:
             end(q)
         self.board.close()
         self.board.unlink()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _status(name: str) -> tuple[int, dict[str, Any]]:
@@ -210,6 +225,66 @@ def forgetfds(r: _Run, ip: str, port: int) -> dict[str, Any]:
     return {"ok": True, "kill_ms": round(kill * 1e3, 1)}
 
 
+def conflict(r: _Run, ip: str, port: int) -> dict[str, Any]:
+    from shmhb.net.settings import stored_settings
+
+    secret = os.path.join(r.tmp, "secret")
+    with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(os.urandom(24).hex().encode())
+    mine = ["--board", r.name, "--listen", f"{ip}:{port}", "--secret-file", secret]
+    r.spawn(PINGER + mine)
+    r.until(lambda: r.board.network().state == "listening", 20, "listening")
+    before = stored_settings(r.board)
+    gen = r.board.network().settings_gen
+    t0 = time.monotonic()
+    stray = subprocess.run(PINGER + ["--board", r.name, "--listen", f"{ip}:{port + 1}",
+                                     "--peer", "127.0.2.250"], capture_output=True, text=True,
+                           timeout=60)
+    took = time.monotonic() - t0
+    if stray.returncode != 2 or "another shmhb pinger runs" not in stray.stderr:
+        raise _Fail(f"a stray pinger with other flags was not refused: rc {stray.returncode}, "
+                    f"{stray.stderr[-300:]!r}")
+    standby = r.spawn(PINGER + mine)
+    time.sleep(1.0)  # pacing: the standby has started and stored (or not) by now
+    if standby.poll() is not None:
+        raise _Fail(f"a standby with the board's own flags exited {standby.returncode}")
+    net = r.board.network()
+    if stored_settings(r.board) != before or net.settings_gen != gen or net.auth != "hmac":
+        raise _Fail(f"the stored settings changed: {stored_settings(r.board)} "
+                    f"(gen {net.settings_gen}, auth {net.auth})")
+    return {"ok": True, "refused_ms": round(took * 1e3, 1)}
+
+
+def stoppedholder(r: _Run, ip: str, port: int) -> dict[str, Any]:
+    a_ip = ip.rsplit(".", 1)[0] + "." + str(int(ip.rsplit(".", 1)[1]) + 1)
+    a = _Run(suspect_after_s=0.5, dead_after_s=1.5)
+    try:
+        daemon = r.spawn(PINGER + ["--board", r.name, "--listen", f"{ip}:{port}"])
+        r.until(lambda: r.board.network().state == "listening", 20, "B listening")
+        ep = f"{ip}:30001"
+        w = r.program(WORKER, r.name, "w", "0.05", "1", ep)
+        assert w.stdout is not None
+        if not w.stdout.readline().startswith("ready"):
+            raise _Fail(f"B's worker did not start (rc {w.poll()})")
+        a.spawn(PINGER + ["--board", a.name, "--listen", f"{a_ip}:{port}"])
+        a.board.watch(ep)
+
+        def heard() -> bool:
+            p, w = a.board.peer(ip), a.board.remote(ep)
+            return (p is not None and p.status is Status.ALIVE
+                    and w is not None and w.status is Status.ALIVE)
+        r.until(heard, 20, "A reads B and its worker alive")
+        with stopped(daemon.pid):
+            r.until(lambda: not heard(), 10, "A notices the stop")
+            # the stall bound (3 s) and the embedded grace (1 s), then one reconnect of A's
+            back = r.until(heard, 12, "A hears B again while its daemon is stopped")
+            if r.board.agent().pid == daemon.pid:
+                raise _Fail("B's daemon still holds the role while stopped")
+    finally:
+        a.close()
+    return {"ok": True, "heard_again_ms": round(back * 1e3, 1)}
+
+
 def main(argv: list[str]) -> int:
     kind, rest = argv[0], argv[1:]
     create: dict[str, Any] = {"suspect_after_s": 0.5, "dead_after_s": 1.5}
@@ -225,6 +300,10 @@ def main(argv: list[str]) -> int:
             out = torn(r, rest[0], int(rest[1]))
         elif kind == "forgetfds":
             out = forgetfds(r, rest[0], int(rest[1]))
+        elif kind == "conflict":
+            out = conflict(r, rest[0], int(rest[1]))
+        elif kind == "stoppedholder":
+            out = stoppedholder(r, rest[0], int(rest[1]))
         else:
             raise SystemExit(f"unknown actor {kind!r}")
     except _Fail as e:

@@ -12,7 +12,11 @@ actor reports a failure:
 - ``torn_settings``: a torn settings write reads degraded (never "not configured" with
   exit 0) and a pinger with options heals it;
 - ``forget_fds``: ``forget_after_s`` under a connection flood at 96 fds keeps the
-  pinger running and forgets the dead once fds are back.
+  pinger running and forgets the dead once fds are back;
+- ``settings_conflict``: a stray pinger with other flags is refused and changes no
+  stored setting, authentication included;
+- ``stopped_holder``: a host whose daemon holder is SIGSTOPped is heard again by the
+  host that follows it while the daemon is still stopped.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from .schedule import Fault
 
 #: fault kind -> (actor, whether it needs an address of its own)
 LOCAL_ACTORS = {"embedded_stall": ("embstall", False), "registry_attach": ("regattach", False),
-                "torn_settings": ("torn", True), "forget_fds": ("forgetfds", True)}
+                "torn_settings": ("torn", True), "forget_fds": ("forgetfds", True),
+                "settings_conflict": ("conflict", True), "stopped_holder": ("stoppedholder", True)}
 
 
 class LocalFaults:
@@ -72,4 +77,10 @@ class LocalFaults:
         return self._local_fault(f)
 
     def _f_forget_fds(self, f: Fault) -> bool:
+        return self._local_fault(f)
+
+    def _f_settings_conflict(self, f: Fault) -> bool:
+        return self._local_fault(f)
+
+    def _f_stopped_holder(self, f: Fault) -> bool:
         return self._local_fault(f)

@@ -63,6 +63,10 @@ torn_settings          a throwaway host: settings torn by a SIGKILL read degrade
                        bare standby and are healed by a pinger with options
 forget_fds             a throwaway host: ``forget_after_s`` under a connection flood at 96
                        fds; the pinger keeps running and forgets once fds are back
+settings_conflict      a throwaway host with a secret: a stray pinger with other flags and
+                       no secret is refused (exit 2) and changes no stored setting
+stopped_holder         two throwaway hosts: B's daemon holder SIGSTOPped, a worker's
+                       embedded standby takes over; A must hear B again meanwhile
 nat_forgery            host X's holder is SIGSTOPped for ``duration_s`` while a forger
                        connected from X's own address (bound as its source)
                        pings host Y as X with Y's current digest every 0.2 s: Y must
@@ -149,6 +153,8 @@ WEIGHTS: dict[str, float] = {
     "registry_attach": 1,
     "torn_settings": 1,
     "forget_fds": 0.7,
+    "settings_conflict": 0.7,
+    "stopped_holder": 0.7,
     "nat_forgery": 1.5,
     "clock_step": 1,
     "two_addresses": 0.5,
