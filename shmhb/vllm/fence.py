@@ -290,7 +290,7 @@ class GrantAsker:
             ch.connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             await asyncio.wait_for(asyncio.shield(ch.connecting), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:  # asyncio's is the builtin (Python 3.11 on)
             return False
         except (OSError, ValueError) as e:  # ValueError: a bad endpoint
             self._log.warn("wire", "connecting to consumer %s for a go-ahead failed: %r",

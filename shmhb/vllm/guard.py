@@ -135,7 +135,7 @@ class WorkerGuard:
         fut = self.adapter.fence(tokens)
         try:
             fut.result(FENCE_WAIT_S)
-        except TimeoutError:
+        except TimeoutError:  # concurrent.futures' is the builtin (Python 3.11 on)
             log.warning("shmhb: fencing %d request(s) took over %.1f s; their failures are "
                         "reported when it holds", len(tokens), FENCE_WAIT_S)
 
