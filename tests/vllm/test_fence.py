@@ -186,9 +186,9 @@ def test_a_well_formed_ask_decodes_and_its_reply_reads_back() -> None:
     ids = [b"a", "é".encode(), b"x" * 256]
     body = encode_ask(2**64 - 1, 7, TOKEN, ids)
     assert decode_ask(body) == (2**64 - 1, 7, TOKEN, ids)
-    reply = encode_reply(5, [True, False, True])
+    reply = encode_reply(5, [True, False, True], 1500)
     assert grants.reply_nonce(reply) == 5
-    assert grants.decode_reply(reply, 5, 3) == [True, False, True]
+    assert grants.decode_reply(reply, 5, 3) == grants.Reply([True, False, True], 1500)
     for bad in (grants.decode_reply(reply, 6, 3), grants.decode_reply(reply, 5, 2),
                 grants.decode_reply(reply[:-1] + b"\x02", 5, 3)):
         assert bad is None
@@ -288,9 +288,9 @@ def test_the_server_grants_only_its_incarnation_and_survives_garbage(
         s = _connect(srv.endpoint)
         socks.append(s)
         s.sendall(pack(encode_ask(1, 76, tok, [b"a"])))  # a restarted consumer's
-        assert grants.decode_reply(_read_frame(s), 1, 1) == [False]
+        assert grants.decode_reply(_read_frame(s), 1, 1).granted == [False]
         s.sendall(pack(encode_ask(2, 77, tok, [b"a", b"nope"])))
-        assert grants.decode_reply(_read_frame(s), 2, 2) == [True, False]
+        assert grants.decode_reply(_read_frame(s), 2, 2).granted == [True, False]
         c = srv.counters()
         assert (c["asks"], c["stale_asks"], c["granted"]) == (2, 1, 1), c
         assert srv.report() == 1 and srv.report() == 0
@@ -358,7 +358,7 @@ def test_a_server_with_no_descriptor_left_rests_and_recovers(native: bool) -> No
         p.stdin.flush()
         assert p.stdout.readline().strip() == "freed"
         conns[0].sendall(pack(encode_ask(1, 5, bytes.fromhex(tok), [b"a"])))
-        assert grants.decode_reply(_read_frame(conns[0]), 1, 1) == [True]
+        assert grants.decode_reply(_read_frame(conns[0]), 1, 1).granted == [True]
     finally:
         for s in conns:
             s.close()
@@ -451,7 +451,7 @@ def _fake_consumer(replies: Callable[[int], tuple[bytes, bool]]
 
 
 def _reply(nonce: int, granted: list[bool]) -> bytes:
-    return pack(encode_reply(nonce, granted))
+    return pack(encode_reply(nonce, granted, grants.LEASE_MS))
 
 
 TOK = TOKEN.hex()
@@ -656,3 +656,58 @@ def test_a_grant_waiting_when_a_stopped_producer_resumes_is_taken(
         assert _run(asker, run()) == ["a"]
     finally:
         states.gate.set()
+
+
+# -- the lease ---------------------------------------------------------------------------------
+
+
+def test_a_grant_read_after_its_lease_ran_out_is_not_taken(
+        server_of: Callable[..., FenceServer]) -> None:
+    """A producer stopped between its ask and its write may resume after its consumer's
+    inner connector gave the load up and vLLM reused the blocks.  A grant is promised for
+    its lease only, counted by the producer from its own send: a reply read after that
+    grants nothing (the producer tells the consumer, which recomputes), however the
+    consumer's table reads."""
+    states = Gated(grants.PyStates(lease_ms=300))
+    t = LoadTable(states)  # type: ignore[arg-type]
+    t.start([_load("a"), _load("b")])
+    srv = server_of(t, 3)
+    tok = srv.token_for(EP)
+    asker = GrantAsker()
+    states.gate.clear()
+
+    async def run() -> tuple[list[str], list[str]]:
+        threading.Timer(0.5, states.gate.set).start()  # answered past the 0.3 s lease
+        late = await asker.ask(srv.endpoint, 3, tok, ["a"], 5.0)
+        return late, await asker.ask(srv.endpoint, 3, tok, ["b"], 5.0)  # in time
+    try:
+        late, in_time = _run(asker, run())
+    finally:
+        states.gate.set()
+    assert (late, in_time) == ([], ["b"])
+    assert asker.counts["expired"] == 1
+    assert [ld.state for ld in t.end(["a"], EP)] == [LoadState.GRANTED]  # granted, not used
+
+
+def test_a_grant_over_the_wire_holds_the_load_for_its_lease(
+        native: bool, server_of: Callable[..., FenceServer]) -> None:
+    """The consumer learns, as the load ends, when the lease of its grant ends: the
+    moment the ask was read plus the lease (both drivers), which the reply carries; a
+    local go-ahead (a pull) and a load never granted hold nothing."""
+    t = LoadTable(grants.new_states(native, lease_ms=1500))
+    t.start([_load(r) for r in "abc"])
+    srv = server_of(t, 3)
+    tok = bytes.fromhex(srv.token_for(EP))
+    with _connect(srv.endpoint) as s:
+        t0 = time.monotonic_ns()
+        s.sendall(pack(encode_ask(1, 3, tok, [b"a"])))
+        reply = grants.decode_reply(_read_frame(s), 1, 1)
+        t1 = time.monotonic_ns()
+    assert reply == grants.Reply([True], 1500)
+    assert t.grant(EP, ["b"]) == ["b"]
+    a, b, c = t.end(["a", "b", "c"], EP)
+    assert (a.state, b.state, c.state) == (LoadState.GRANTED, LoadState.GRANTED, LoadState.WAITING)
+    assert t0 + 1_500_000_000 <= a.lease_until_ns <= t1 + 1_500_000_000
+    assert (b.lease_until_ns, c.lease_until_ns) == (0, 0)
+    # the producer's count ends first: from its send, shortened for clock rates
+    assert reply.until_ns(t0) < t0 + 1_500_000_000 <= a.lease_until_ns
