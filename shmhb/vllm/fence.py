@@ -180,6 +180,8 @@ class _Channel:
         self.sock: socket.socket | None = None
         self.buf = bytearray()  # what has been read of the next reply
         self.pending: dict[int, Ask] = {}  # nonce -> the ask waiting for its reply
+        #: asks given up whose replies may still come (each may skip one reply)
+        self.forgotten = 0
         self.connecting: asyncio.Task[None] | None = None
         self.readable: asyncio.Future[None] | None = None
         self.closed = False
@@ -317,7 +319,8 @@ class GrantAsker:
     def forget(self, a: Ask) -> None:
         """An ask whose answer is no longer wanted: a reply to it is skipped."""
         if a.granted is None:
-            a.channel.pending.pop(a.nonce, None)
+            if a.channel.pending.pop(a.nonce, None) is not None:
+                a.channel.forgotten += 1
             a.granted = [False] * len(a.req_ids)
 
     # -- the connection -------------------------------------------------------------------
@@ -371,7 +374,11 @@ class GrantAsker:
         return a
 
     def _pump(self, ch: _Channel) -> None:
-        """Reads what has come on ``ch`` and settles the asks it answers."""
+        """Reads what has come on ``ch`` and settles the asks it answers.  A consumer
+        answers each ask once, so every frame either settles a pending ask or skips the
+        late reply of one given up; any other frame (a reply to nothing asked, garbage)
+        is a broken or hostile peer, whose connection goes at once: the work of one call
+        is bounded by the asks made, whatever the peer streams."""
         while ch.sock is not None and not ch.closed:
             try:
                 data = self._io.recv(ch.sock, fencewire.room(ch.buf))
@@ -385,15 +392,28 @@ class GrantAsker:
             ch.buf += data
             try:
                 while (frame := fencewire.next_frame(ch.buf)) is not None:
-                    nonce = grants.reply_nonce(frame)
-                    a = None if nonce is None else ch.pending.get(nonce)
-                    ok = None if a is None else grants.decode_reply(frame, a.nonce, len(a.req_ids))
-                    if a is not None and ok is not None:  # else: an ask given up, or garbage
-                        del ch.pending[a.nonce]
-                        a.granted, a.until_ns = ok.granted, ok.until_ns(a.sent_ns)
-            except fencewire.BadFrame:
+                    self._settle(ch, frame)
+            except fencewire.BadFrame as e:
+                self._log.warn("wire", "consumer %s: %s; its connection is closed",
+                               self._endpoint_of(ch), e)
                 self._fail(ch)
                 return
+
+    @staticmethod
+    def _settle(ch: _Channel, frame: bytes) -> None:
+        nonce = grants.reply_nonce(frame)
+        a = None if nonce is None else ch.pending.get(nonce)
+        ok = None if a is None else grants.decode_reply(frame, a.nonce, len(a.req_ids))
+        if a is not None and ok is not None:
+            del ch.pending[a.nonce]
+            a.granted, a.until_ns = ok.granted, ok.until_ns(a.sent_ns)
+        elif a is None and nonce is not None and ch.forgotten > 0:
+            ch.forgotten -= 1  # the late reply of an ask given up
+        else:
+            raise fencewire.BadFrame("a frame that answers no ask")
+
+    def _endpoint_of(self, ch: _Channel) -> str:
+        return next((k[1] for k, c in self._channels.items() if c is ch), "?")
 
     async def _readable(self, ch: _Channel, timeout_s: float) -> None:
         if ch.sock is None or ch.closed:

@@ -457,28 +457,42 @@ def _reply(nonce: int, granted: list[bool]) -> bytes:
 TOK = TOKEN.hex()
 
 
-def test_a_reply_to_another_nonce_is_skipped_and_a_bad_length_is_no_grant(native: bool) -> None:
-    """A reply that is not this ask's (another nonce, or junk) is skipped, and the ask's
-    own is read after it; a reply with a length of 0 closes the channel and grants
-    nothing."""
-    bad_next = threading.Event()
+def test_a_late_reply_to_an_ask_given_up_is_skipped_and_any_other_stray_frame_is_no_grant(
+        native: bool) -> None:
+    """A reply to an ask given up (it came late) is skipped, and the ask's own is read
+    after it.  A consumer answers each ask once, so a frame that answers no ask (a
+    nonce never asked, junk) closes the channel and grants nothing, as a length of 0
+    does."""
+    mode, held = ["ok"], []
 
     def replies(nonce: int) -> tuple[bytes, bool]:
-        if bad_next.is_set():
-            return b"\x00" * 4 + _reply(nonce, [True]), False
-        return (_reply(nonce + 1, [True, True]) + pack(b"junk")
-                + _reply(nonce, [False, True]), False)
+        how = mode[0]
+        if how == "hold":  # answered later, before the next ask's reply
+            held.append(nonce)
+            return b"", False
+        if how == "late":
+            return b"".join(_reply(n, [True]) for n in held) + _reply(nonce, [False, True]), False
+        stray = {"stranger": _reply(nonce + 1, [True]), "junk": pack(b"junk"),
+                 "zero": b"\x00" * 4}.get(how, b"")
+        return stray + _reply(nonce, [True] * (2 if how == "late" else 1)), False
     ep, _, shut = _fake_consumer(replies)
     asker = GrantAsker(native)
 
-    async def run() -> tuple[list[str], int, list[str], int]:
-        first = await asker.ask(ep, 1, TOK, ["a", "b"], 2.0)
-        kept = asker.open_channels
-        bad_next.set()
-        second = await asker.ask(ep, 1, TOK, ["a"], 2.0)
-        return first, kept, second, asker.open_channels
+    async def run() -> list[object]:
+        out: list[object] = [await asker.ask(ep, 1, TOK, ["x"], 2.0)]
+        mode[0] = "hold"
+        early = asker.ask_now(ep, 1, TOK, ["z"])
+        assert early is not None
+        await asyncio.to_thread(wait_until, lambda: held, timeout_s=5, what="the ask read")
+        asker.forget(early)  # given up; its reply comes with the next one's
+        mode[0] = "late"
+        out += [await asker.ask(ep, 1, TOK, ["a", "b"], 2.0), asker.open_channels]
+        for how in ("stranger", "junk", "zero"):
+            mode[0] = how
+            out += [await asker.ask(ep, 1, TOK, ["c"], 2.0), asker.open_channels]
+        return out
     try:
-        assert _run(asker, run()) == (["b"], 1, [], 0)
+        assert _run(asker, run()) == [["x"], ["b"], 1, [], 0, [], 0, [], 0]
     finally:
         shut()
 
@@ -711,3 +725,58 @@ def test_a_grant_over_the_wire_holds_the_load_for_its_lease(
     assert (b.lease_until_ns, c.lease_until_ns) == (0, 0)
     # the producer's count ends first: from its send, shortened for clock rates
     assert reply.until_ns(t0) < t0 + 1_500_000_000 <= a.lease_until_ns
+
+
+def test_a_consumer_streaming_replies_never_asked_neither_stalls_nor_delays_the_producer(
+        native: bool) -> None:
+    """The endpoint a producer asks comes from the transfer request.  One that streams
+    well-framed replies to nonces never asked (as fast as the producer reads) is no
+    consumer: a consumer answers each ask once.  Its connection is dropped at the first
+    such reply, the ask is granted nothing within its deadline, and the producer's loop
+    never stalls (it read while the socket stayed readable: a 1.0 s ask returned after
+    1.8 to 4.4 s, and the loop stalled up to 1.8 s)."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    junk = b"".join(_reply(n, [True]) for n in range(1000, 1256))
+
+    def flood() -> None:
+        with lsock:
+            lsock.settimeout(5.0)
+            conn, _ = lsock.accept()
+            with conn:
+                conn.settimeout(0.5)
+                try:
+                    while not stop.is_set():
+                        conn.sendall(junk)
+                except OSError:
+                    return  # the producer closed it
+    th = threading.Thread(target=flood, daemon=True)
+    th.start()
+    ep = f"127.0.0.1:{lsock.getsockname()[1]}"
+    asker = GrantAsker(native)
+
+    async def run() -> tuple[list[str], float, float]:
+        lag = 0.0
+
+        async def ticker() -> None:
+            nonlocal lag
+            loop = asyncio.get_running_loop()
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.01)
+                lag = max(lag, loop.time() - t - 0.01)
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        got = await asker.ask(ep, 1, TOK, ["a"], 1.0)
+        took = time.monotonic() - t0
+        tick.cancel()
+        return got, took, lag
+    try:
+        got, took, lag = _run(asker, run())
+    finally:
+        stop.set()
+        th.join(5.0)
+    assert got == []
+    assert took < 1.0 + LAST_LOOK_S, took
+    assert lag < 0.2, f"the loop stalled {lag:.2f} s"
