@@ -612,9 +612,10 @@ def test_an_early_ask_is_read_at_the_write_without_a_wait(
 
 def test_a_grant_read_past_the_deadline_is_taken(server_of: Callable[..., FenceServer]) -> None:
     """A producer stopped between its ask and its read finds its deadline passed on
-    resume, the consumer's grant unread.  A grant is a promise the consumer keeps (a
-    GRANTED load is never given up), so the ask returns it: failing it would fail a load
-    the consumer is holding for this write.  Here the reply lands just past the deadline,
+    resume, the consumer's grant unread.  A grant is a promise the consumer keeps for
+    its lease (a GRANTED load is not given up before it ran out), so the ask returns it
+    while the lease runs: failing it would fail a load the consumer is holding for this
+    write.  Here the reply lands just past the deadline,
     as it does for a producer resumed after the deadline (found in CI: a SIGSTOP between
     the ask and the read failed a granted load, and no byte was written)."""
     states = Gated(grants.new_states(False))
