@@ -4,7 +4,10 @@
  *
  *   GrantTable  the state of each load (WAITING, GRANTED, ABANDONED), keyed by the
  *               16-byte token of the producer it was asked of and the request id, under
- *               one pthread mutex.  Python starts, abandons, grants (a pull's local
+ *               one pthread mutex; a load granted over the wire also holds when its
+ *               lease ends (CLOCK_MONOTONIC ns: the moment its ask was read, plus the
+ *               table's lease, which every reply carries; shmhb/vllm/grants.py argues
+ *               the lease).  Python starts, abandons, grants (a pull's local
  *               go-ahead) and ends loads; the server thread grants.  The mutex makes a
  *               grant and an abandon of one load exclude each other: exactly one moves
  *               it out of WAITING (the fence's one rule, shmhb/vllm/loads.py).  That
@@ -51,7 +54,7 @@
 #define MAX_ID 256u
 #define TOKEN 16u
 #define ASK_HEAD 36u   /* version, kind, count(2), nonce(8), incarnation(8), token(16) */
-#define REPLY_HEAD 12u /* version, kind, count(2), nonce(8) */
+#define REPLY_HEAD 16u /* version, kind, count(2), nonce(8), lease_ms(4) */
 #define MAX_REPLY (4u + REPLY_HEAD + MAX_REQS)
 #define MAX_KEY (TOKEN + MAX_ID)
 #define PAUSE_MS 100 /* how long accept() rests when no descriptor is left */
@@ -108,6 +111,7 @@ static uint64_t siphash(const uint8_t *in, size_t n, uint64_t k0, uint64_t k1) {
 typedef struct entry {
     struct entry *next;
     uint64_t hash;
+    uint64_t until_ns; /* granted over the wire: when its lease ends (0: no lease) */
     uint16_t klen;
     uint8_t state;
     uint8_t key[]; /* token, then the request id */
@@ -120,6 +124,7 @@ typedef struct {
     size_t nbuckets; /* a power of two */
     size_t n;
     uint64_t k0, k1;
+    uint32_t lease_ms; /* what a grant over the wire promises (set once, at init) */
 } GrantTable;
 
 /* Constant time over the key's length: the token part is a capability. */
@@ -157,28 +162,41 @@ static int grow(GrantTable *t) {
     return 0;
 }
 
-/* WAITING -> to, for one load; the mutex is held.  1 if it moved. */
-static int move_locked(GrantTable *t, const uint8_t *key, size_t klen, uint8_t to) {
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* WAITING -> to, for one load; the mutex is held.  1 if it moved.  until_ns: when the
+ * lease of a grant over the wire ends (0: a move without a lease). */
+static int move_locked(GrantTable *t, const uint8_t *key, size_t klen, uint8_t to,
+                       uint64_t until_ns) {
     uint64_t h = siphash(key, klen, t->k0, t->k1);
     entry *e = *find(t, key, klen, h);
     if (e == NULL || e->state != WAITING) return 0;
     e->state = to;
+    e->until_ns = until_ns;
     return 1;
 }
 
 static int table_init(GrantTable *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"seed", NULL};
+    static char *names[] = {"seed", "lease_ms", NULL};
     Py_buffer seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*:GrantTable", names, &seed)) return -1;
-    if (seed.len != 16) {
+    unsigned long lease_ms;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*k:GrantTable", names, &seed, &lease_ms))
+        return -1;
+    if (seed.len != 16 || lease_ms == 0 || lease_ms > UINT32_MAX) {
         PyBuffer_Release(&seed);
-        PyErr_SetString(PyExc_ValueError, "GrantTable: the seed is 16 random bytes");
+        PyErr_SetString(PyExc_ValueError, "GrantTable: the seed is 16 random bytes, the "
+                        "lease 1 to 2**32 - 1 ms");
         return -1;
     }
     if (self->buckets != NULL) { /* __init__ twice: keep the loads and their hash */
         PyBuffer_Release(&seed);
         return 0;
     }
+    self->lease_ms = (uint32_t)lease_ms;
     self->k0 = le64(seed.buf);
     self->k1 = le64((const uint8_t *)seed.buf + 8);
     PyBuffer_Release(&seed);
@@ -244,12 +262,14 @@ static PyObject *table_start(GrantTable *self, PyObject *arg) {
     entry **pp = find(self, key.buf, (size_t)key.len, h);
     if (*pp != NULL) { /* the same load started again: WAITING anew */
         (*pp)->state = WAITING;
+        (*pp)->until_ns = 0;
         free(fresh);
     } else {
         fresh->next = NULL;
         fresh->hash = h;
         fresh->klen = (uint16_t)key.len;
         fresh->state = WAITING;
+        fresh->until_ns = 0;
         memcpy(fresh->key, key.buf, (size_t)key.len);
         *pp = fresh;
         self->n++;
@@ -264,7 +284,7 @@ static PyObject *table_move(GrantTable *self, PyObject *arg, uint8_t to) {
     Py_buffer key;
     if (get_key(self, arg, &key) < 0) return NULL;
     pthread_mutex_lock(&self->mu);
-    int moved = move_locked(self, key.buf, (size_t)key.len, to);
+    int moved = move_locked(self, key.buf, (size_t)key.len, to, 0); /* local: no lease */
     pthread_mutex_unlock(&self->mu);
     PyBuffer_Release(&key);
     return PyBool_FromLong(moved);
@@ -273,17 +293,20 @@ static PyObject *table_move(GrantTable *self, PyObject *arg, uint8_t to) {
 static PyObject *table_grant(GrantTable *self, PyObject *arg) { return table_move(self, arg, GRANTED); }
 static PyObject *table_abandon(GrantTable *self, PyObject *arg) { return table_move(self, arg, ABANDONED); }
 
-/* state(key) -> 0/1/2, or -1 when absent; end(key) the same, and the load is removed. */
+/* state(key) -> 0/1/2, or -1 when absent; end(key) -> (that state, when its lease
+ * ends: 0 for none), and the load is removed. */
 static PyObject *table_look(GrantTable *self, PyObject *arg, int remove) {
     Py_buffer key;
     if (get_key(self, arg, &key) < 0) return NULL;
     uint64_t h = siphash(key.buf, (size_t)key.len, self->k0, self->k1);
     long state = -1;
+    uint64_t until_ns = 0;
     entry *gone = NULL;
     pthread_mutex_lock(&self->mu);
     entry **pp = find(self, key.buf, (size_t)key.len, h);
     if (*pp != NULL) {
         state = (*pp)->state;
+        until_ns = (*pp)->until_ns;
         if (remove) {
             gone = *pp;
             *pp = gone->next;
@@ -293,6 +316,7 @@ static PyObject *table_look(GrantTable *self, PyObject *arg, int remove) {
     pthread_mutex_unlock(&self->mu);
     free(gone);
     PyBuffer_Release(&key);
+    if (remove) return Py_BuildValue("(lK)", state, (unsigned long long)until_ns);
     return PyLong_FromLong(state);
 }
 
@@ -308,7 +332,9 @@ static Py_ssize_t table_len(GrantTable *self) {
 
 /* The reply to one ask body (without its length), or -1 for a malformed one.  Nothing
  * is looked up before the whole frame is checked.  *granted: loads it granted;
- * *stale: 1 when the ask named another incarnation (nothing granted). */
+ * *stale: 1 when the ask named another incarnation (nothing granted).  Each grant's
+ * lease runs from now: the ask was sent before it was read, so the producer's own
+ * count (from its send) ends no later than this one (shmhb/vllm/grants.py). */
 static int answer(GrantTable *t, uint64_t incarnation, const uint8_t *f, size_t n,
                   uint8_t *out, size_t *outlen, unsigned *granted, int *stale) {
     *granted = 0;
@@ -328,6 +354,7 @@ static int answer(GrantTable *t, uint64_t incarnation, const uint8_t *f, size_t 
     out[1] = KIND_REPLY;
     put16(out + 2, (uint16_t)count);
     memcpy(out + 4, f + 4, 8); /* the nonce */
+    put32(out + 12, t->lease_ms);
     memset(out + REPLY_HEAD, 0, count);
     *outlen = REPLY_HEAD + count;
     if (be64(f + 12) != incarnation) {
@@ -337,11 +364,12 @@ static int answer(GrantTable *t, uint64_t incarnation, const uint8_t *f, size_t 
     uint8_t key[MAX_KEY];
     memcpy(key, f + 20, TOKEN);
     p = ASK_HEAD;
+    uint64_t until_ns = now_ns() + (uint64_t)t->lease_ms * 1000000u;
     pthread_mutex_lock(&t->mu);
     for (unsigned i = 0; i < count; i++) {
         unsigned len = be16(f + p);
         memcpy(key + TOKEN, f + p + 2, len);
-        if (move_locked(t, key, TOKEN + len, GRANTED)) {
+        if (move_locked(t, key, TOKEN + len, GRANTED, until_ns)) {
             out[REPLY_HEAD + i] = 1;
             (*granted)++;
         }
@@ -377,7 +405,8 @@ static PyMethodDef table_methods[] = {
     {"grant", (PyCFunction)table_grant, METH_O, "grant(key) -> bool: WAITING -> GRANTED."},
     {"abandon", (PyCFunction)table_abandon, METH_O, "abandon(key) -> bool: WAITING -> ABANDONED."},
     {"state", (PyCFunction)table_state, METH_O, "state(key) -> 0/1/2, -1 when absent."},
-    {"end", (PyCFunction)table_end, METH_O, "end(key) -> its state (-1 absent); removed."},
+    {"end", (PyCFunction)table_end, METH_O,
+     "end(key) -> (its state (-1 absent), when its lease ends in ns (0: none)); removed."},
     {"answer", (PyCFunction)table_answer, METH_VARARGS, "answer(incarnation, body) -> reply or None."},
     {NULL}};
 
@@ -387,7 +416,8 @@ static PyTypeObject GrantTableType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmhb._fence.GrantTable",
     .tp_basicsize = sizeof(GrantTable),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "GrantTable(seed): the loads' states, shared with a GrantServer's thread.",
+    .tp_doc = "GrantTable(seed, lease_ms): the loads' states, shared with a GrantServer's "
+              "thread; a grant over the wire is promised for lease_ms.",
     .tp_new = table_new,
     .tp_init = (initproc)table_init,
     .tp_dealloc = (destructor)table_dealloc,
@@ -506,11 +536,7 @@ static void on_readable(GrantServer *s, int i) {
     if (serve_frames(s, i) < 0) conn_close(s, i);
 }
 
-static uint64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return now_ns() / 1000000u; }
 
 /* Accepts what waits; 1 when no descriptor is left and nothing could be closed. */
 static int on_acceptable(GrantServer *s) {

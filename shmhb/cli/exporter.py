@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 9645
 STATUSES = tuple(Status)
 NETWORK_STATES = ("not configured", "starting", "listening", "degraded", "unknown")
+#: worker incarnations remembered to count restarts, at most (one scrape sees at most
+#: the board's slots and remote rows; this bounds a board made larger than that)
+MAX_REMEMBERED = 16384
 
 #: board counters (``Board.stats``) exported as plain counters, by metric name
 MESSAGE_COUNTERS = {
@@ -94,9 +97,7 @@ class BoardCollector:
     """Collects one board's metrics; safe to call from concurrent scrapes.
 
     Besides the board's own counters it keeps one piece of state: the incarnation of
-    every worker it has seen, to count restarts (``shmhb_restarts_total``).  Those
-    counts cover what this exporter observed since it started, scrape to scrape: two
-    restarts of one worker between two scrapes count once.
+    every worker the last scrape saw, to count restarts (``RestartCounter``).
     """
 
     def __init__(self, name: str | None = None) -> None:
@@ -104,9 +105,7 @@ class BoardCollector:
         self._lock = threading.Lock()
         self._board: Board | None = None
         self._ino = 0
-        self._incs: dict[tuple[str, str], int] = {}
-        self._local_restarts = 0
-        self._remote_restarts: dict[str, int] = {}
+        self.restarts = RestartCounter()
 
     # -- following the board by name -----------------------------------------------------
 
@@ -176,140 +175,191 @@ class BoardCollector:
                 return
             yield from self._families(view, board.capacity.slots)
 
-    def _count_restarts(self, view: View) -> None:
-        first = not self._incs
-        for host, slots in [("", view.slots)] + [(p.address, p.slots) for p in view.peers]:
-            if host:
-                self._remote_restarts.setdefault(host, 0)
-            for s in slots:
-                k = (host, s.key)
-                old = self._incs.get(k)
-                if old is not None and old != s.incarnation and not first:
-                    if host:
-                        self._remote_restarts[host] += 1
-                    else:
-                        self._local_restarts += 1
-                self._incs[k] = s.incarnation
-
     def _families(self, view: View, capacity: int) -> Iterator[Metric]:
-        self._count_restarts(view)
-        g = GaugeMetricFamily("shmhb_board_capacity_slots", "Local slots the board has room for.")
-        g.add_metric([], capacity)
-        yield g
-
-        # local slots
-        st = GaugeMetricFamily("shmhb_slot_status", "Status of each local worker slot: 1 for "
-                               "its current status, 0 for the others.", labels=["key", "status"])
-        age = GaugeMetricFamily("shmhb_slot_age_seconds",
-                                "Seconds since each local worker's last heartbeat.", labels=["key"])
-        inc = GaugeMetricFamily("shmhb_slot_incarnation",
-                                "Incarnation of each local worker's registration.", labels=["key"])
-        for s in view.slots:
-            for x in STATUSES:
-                st.add_metric([shown(s.key), x.value], 1 if s.status is x else 0)
-            age.add_metric([shown(s.key)], s.age_s)
-            inc.add_metric([shown(s.key)], s.incarnation)
-        yield from (st, age, inc)
-
-        # the agent
-        a = view.agent
-        g = GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.")
-        g.add_metric([], 1 if a.status is Status.ALIVE else 0)
-        yield g
-        yield from _role_families(view)
-        g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
-        g.add_metric([], a.term)
-        yield g
-        if a.age_s is not None:
-            g = GaugeMetricFamily("shmhb_agent_heartbeat_age_seconds",
-                                  "Seconds since the host agent's last heartbeat.")
-            g.add_metric([], a.age_s)
-            yield g
-        g = GaugeMetricFamily("shmhb_agent_loop_lateness_seconds",
-                              "Worst lateness of the agent loop over its last one-second window.")
-        g.add_metric([], view.lateness_ms / 1000.0)
-        yield g
-
-        # the agent's network half
-        net = view.network
-        g = GaugeMetricFamily("shmhb_network_state", "State of the agent's network half: 1 "
-                              "for the current state, 0 for the others.", labels=["state"])
-        for state in NETWORK_STATES:
-            g.add_metric([state], 1 if net.state == state else 0)
-        yield g
-        g = GaugeMetricFamily("shmhb_network_degraded", "1 if the network half is configured "
-                              "but not working, by reason (see `shmhb status`).",
-                              labels=["reason"])
-        g.add_metric([net.reason or "none"], 0 if net.working else 1)
-        yield g
-        g = GaugeMetricFamily("shmhb_network_skipped_hosts",
-                              "Followed hosts the network half cannot ping (no key, bad address).")
-        g.add_metric([], net.skipped_hosts)
-        yield g
-        g = GaugeMetricFamily("shmhb_health_exit_code",
-                              "What `shmhb status` would exit with now (0: healthy).")
-        g.add_metric([], view.health()[0])
-        yield g
-
-        # remote hosts and their workers
-        pst = GaugeMetricFamily("shmhb_peer_status", "Status of each followed remote host: 1 "
-                                "for its current status, 0 for the others.", labels=["peer", "status"])
-        rtt = GaugeMetricFamily("shmhb_peer_rtt_seconds",
-                                "Last ping round-trip time to each remote host.", labels=["peer"])
-        ack = GaugeMetricFamily("shmhb_peer_last_ack_age_seconds",
-                                "Seconds since each remote host last acked a ping.", labels=["peer"])
-        rst = GaugeMetricFamily("shmhb_remote_slot_status", "Status of each worker on a remote "
-                                "host: 1 for its current status, 0 for the others.",
-                                labels=["peer", "key", "status"])
-        rinc = GaugeMetricFamily("shmhb_remote_slot_incarnation",
-                                 "Incarnation of each worker on a remote host.", labels=["peer", "key"])
-        for p in view.peers:
-            for x in STATUSES:
-                pst.add_metric([p.address, x.value], 1 if p.status is x else 0)
-            if p.rtt_ms is not None:
-                rtt.add_metric([p.address], p.rtt_ms / 1000.0)
-            if p.age_s is not None:
-                ack.add_metric([p.address], p.age_s)
-            for s in p.slots:
-                for x in STATUSES:
-                    rst.add_metric([shown(p.address), shown(s.key), x.value], 1 if s.status is x else 0)
-                rinc.add_metric([shown(p.address), shown(s.key)], s.incarnation)
-        yield from (pst, rtt, ack, rst, rinc)
+        self.restarts.observe(view)
+        yield from _slot_families(view, capacity)
+        yield from _agent_families(view)
+        yield from _network_families(view)
+        yield from _peer_families(view)
         yield from _peer_auth_metrics(view.peers)
+        yield from _counter_families(view)
+        yield from self._restart_families()
 
-        # counters
-        stats = view.stats
-        c = CounterMetricFamily("shmhb_deaths", "Worker deaths the host agent recorded through "
-                                "process exit (kills and crashes; hangs are not counted).")
-        c.add_metric([], stats.get("deaths_seen", 0))
-        yield c
+    def _restart_families(self) -> Iterator[Metric]:
         c = CounterMetricFamily("shmhb_restarts", "Local workers seen with a new incarnation, "
                                 "as observed by this exporter since it started.")
-        c.add_metric([], self._local_restarts)
+        c.add_metric([], self.restarts.local)
         yield c
         c = CounterMetricFamily("shmhb_remote_restarts", "Workers of each remote host seen with a "
                                 "new incarnation, as observed by this exporter since it started.",
                                 labels=["peer"])
-        for host, n in sorted(self._remote_restarts.items()):
+        for host, n in sorted(self.restarts.remote.items()):
             c.add_metric([host], n)
         yield c
-        c = CounterMetricFamily("shmhb_bad_frames", "Network frames the pinger dropped, by reason.",
-                                labels=["reason"])
-        for reason, n in view.bad_frames().items():
-            c.add_metric([reason], n)
+        g = GaugeMetricFamily("shmhb_restart_keys", "Workers (host and key) whose incarnation "
+                              "this exporter remembers to count restarts: those its last "
+                              f"scrape saw, at most {MAX_REMEMBERED}.")
+        g.add_metric([], self.restarts.remembered)
+        yield g
+        c = CounterMetricFamily("shmhb_restart_keys_over_limit", "Workers a scrape saw past "
+                                "the limit of remembered incarnations (their restarts are "
+                                "not counted).")
+        c.add_metric([], self.restarts.over_limit)
         yield c
-        c = CounterMetricFamily("shmhb_agent_late_loops",
-                                "Agent loop iterations that ran more than four ticks late.")
-        c.add_metric([], stats.get("loop_late", 0))
+
+
+class RestartCounter:
+    """Restarts seen scrape to scrape: a worker (host and key) whose incarnation changed
+    since the last scrape.  Two restarts of one worker between two scrapes count once.
+    Only what the last scrape saw is remembered: a key gone from the board or from a
+    followed host's rows is forgotten (it counts as new if it comes back), as is a host
+    no longer followed; and at most ``limit`` keys, those past it counted in
+    ``over_limit``.  (Remembering every key ever seen grew to 12,000 entries on a
+    64-slot board: vLLM rank keys carry a per-process engine id.)"""
+
+    def __init__(self, limit: int = MAX_REMEMBERED) -> None:
+        self.limit = limit
+        self._incs: dict[tuple[str, str], int] = {}
+        self.local = 0
+        self.remote: dict[str, int] = {}  # host -> restarts seen there
+        self.over_limit = 0
+
+    @property
+    def remembered(self) -> int:
+        return len(self._incs)
+
+    def observe(self, view: View) -> None:
+        seen: dict[tuple[str, str], int] = {}
+        remote: dict[str, int] = {}
+        for host, slots in [("", view.slots)] + [(p.address, p.slots) for p in view.peers]:
+            if host:
+                remote[host] = self.remote.get(host, 0)
+            for s in slots:
+                k = (host, s.key)
+                if len(seen) >= self.limit and k not in seen:
+                    self.over_limit += 1
+                    continue
+                old = self._incs.get(k)
+                if old is not None and old != s.incarnation:
+                    if host:
+                        remote[host] += 1
+                    else:
+                        self.local += 1
+                seen[k] = s.incarnation
+        self._incs, self.remote = seen, remote
+
+
+def _slot_families(view: View, capacity: int) -> Iterator[Metric]:
+    g = GaugeMetricFamily("shmhb_board_capacity_slots", "Local slots the board has room for.")
+    g.add_metric([], capacity)
+    yield g
+
+    st = GaugeMetricFamily("shmhb_slot_status", "Status of each local worker slot: 1 for "
+                           "its current status, 0 for the others.", labels=["key", "status"])
+    age = GaugeMetricFamily("shmhb_slot_age_seconds",
+                            "Seconds since each local worker's last heartbeat.", labels=["key"])
+    inc = GaugeMetricFamily("shmhb_slot_incarnation",
+                            "Incarnation of each local worker's registration.", labels=["key"])
+    for s in view.slots:
+        for x in STATUSES:
+            st.add_metric([shown(s.key), x.value], 1 if s.status is x else 0)
+        age.add_metric([shown(s.key)], s.age_s)
+        inc.add_metric([shown(s.key)], s.incarnation)
+    yield from (st, age, inc)
+
+
+def _agent_families(view: View) -> Iterator[Metric]:
+    a = view.agent
+    g = GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.")
+    g.add_metric([], 1 if a.status is Status.ALIVE else 0)
+    yield g
+    yield from _role_families(view)
+    g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
+    g.add_metric([], a.term)
+    yield g
+    if a.age_s is not None:
+        g = GaugeMetricFamily("shmhb_agent_heartbeat_age_seconds",
+                              "Seconds since the host agent's last heartbeat.")
+        g.add_metric([], a.age_s)
+        yield g
+    g = GaugeMetricFamily("shmhb_agent_loop_lateness_seconds",
+                          "Worst lateness of the agent loop over its last one-second window.")
+    g.add_metric([], view.lateness_ms / 1000.0)
+    yield g
+
+
+def _network_families(view: View) -> Iterator[Metric]:
+    net = view.network
+    g = GaugeMetricFamily("shmhb_network_state", "State of the agent's network half: 1 "
+                          "for the current state, 0 for the others.", labels=["state"])
+    for state in NETWORK_STATES:
+        g.add_metric([state], 1 if net.state == state else 0)
+    yield g
+    g = GaugeMetricFamily("shmhb_network_degraded", "1 if the network half is configured "
+                          "but not working, by reason (see `shmhb status`).",
+                          labels=["reason"])
+    g.add_metric([net.reason or "none"], 0 if net.working else 1)
+    yield g
+    g = GaugeMetricFamily("shmhb_network_skipped_hosts",
+                          "Followed hosts the network half cannot ping (no key, bad address).")
+    g.add_metric([], net.skipped_hosts)
+    yield g
+    g = GaugeMetricFamily("shmhb_health_exit_code",
+                          "What `shmhb status` would exit with now (0: healthy).")
+    g.add_metric([], view.health()[0])
+    yield g
+
+
+def _peer_families(view: View) -> Iterator[Metric]:
+    pst = GaugeMetricFamily("shmhb_peer_status", "Status of each followed remote host: 1 "
+                            "for its current status, 0 for the others.", labels=["peer", "status"])
+    rtt = GaugeMetricFamily("shmhb_peer_rtt_seconds",
+                            "Last ping round-trip time to each remote host.", labels=["peer"])
+    ack = GaugeMetricFamily("shmhb_peer_last_ack_age_seconds",
+                            "Seconds since each remote host last acked a ping.", labels=["peer"])
+    rst = GaugeMetricFamily("shmhb_remote_slot_status", "Status of each worker on a remote "
+                            "host: 1 for its current status, 0 for the others.",
+                            labels=["peer", "key", "status"])
+    rinc = GaugeMetricFamily("shmhb_remote_slot_incarnation",
+                             "Incarnation of each worker on a remote host.", labels=["peer", "key"])
+    for p in view.peers:
+        for x in STATUSES:
+            pst.add_metric([p.address, x.value], 1 if p.status is x else 0)
+        if p.rtt_ms is not None:
+            rtt.add_metric([p.address], p.rtt_ms / 1000.0)
+        if p.age_s is not None:
+            ack.add_metric([p.address], p.age_s)
+        for s in p.slots:
+            for x in STATUSES:
+                rst.add_metric([shown(p.address), shown(s.key), x.value], 1 if s.status is x else 0)
+            rinc.add_metric([shown(p.address), shown(s.key)], s.incarnation)
+    yield from (pst, rtt, ack, rst, rinc)
+    yield from _peer_auth_metrics(view.peers)
+
+
+def _counter_families(view: View) -> Iterator[Metric]:
+    stats = view.stats
+    c = CounterMetricFamily("shmhb_deaths", "Worker deaths the host agent recorded through "
+                            "process exit (kills and crashes; hangs are not counted).")
+    c.add_metric([], stats.get("deaths_seen", 0))
+    yield c
+    c = CounterMetricFamily("shmhb_bad_frames", "Network frames the pinger dropped, by reason.",
+                            labels=["reason"])
+    for reason, n in view.bad_frames().items():
+        c.add_metric([reason], n)
+    yield c
+    c = CounterMetricFamily("shmhb_agent_late_loops",
+                            "Agent loop iterations that ran more than four ticks late.")
+    c.add_metric([], stats.get("loop_late", 0))
+    yield c
+    c = CounterMetricFamily("shmhb_network_failures",
+                            "Times the network half failed and was closed for a retry.")
+    c.add_metric([], stats.get("net_failures", 0))
+    yield c
+    for stat, (name, doc) in MESSAGE_COUNTERS.items():
+        c = CounterMetricFamily(name, doc)
+        c.add_metric([], stats.get(stat, 0))
         yield c
-        c = CounterMetricFamily("shmhb_network_failures",
-                                "Times the network half failed and was closed for a retry.")
-        c.add_metric([], stats.get("net_failures", 0))
-        yield c
-        for stat, (name, doc) in MESSAGE_COUNTERS.items():
-            c = CounterMetricFamily(name, doc)
-            c.add_metric([], stats.get(stat, 0))
-            yield c
 
 
 # -- the HTTP side ---------------------------------------------------------------------------

@@ -8,7 +8,11 @@ in other languages and for Kubernetes readiness (docs/ROUTERS.md, "The JSON view
 - ``GET /instances/changes?since=REV&epoch=E[&wait_s=S]``: the changes after revision
   REV, ``{"schema", "epoch", "revision", "changes": [{"revision", "op", "instance"}]}``
   with op ``added``, ``changed`` (status, incarnation or draining) or ``removed``.  ``wait_s`` (at
-  most 30) holds the answer until there is a change (a long poll).  A reader that
+  most 30) holds the answer until there is a change (a long poll).  A waiting poll looks
+  at the board's change counter every ``POLL_S`` (two words) and reads the instances
+  only when it moved, or every ``REREAD_S`` (a verdict that ages with time moves no
+  counter); it answers early, with what it has, when the server needs its slot for
+  another request (``httpserve.PARK``: probes and scrapes always get through).  A reader that
   missed too much (more than ``KEEP`` changes), or whose epoch is not this exporter's
   (it restarted), gets ``"reset": true`` and the whole list in ``instances``; it then
   continues from the ``revision`` given.
@@ -20,6 +24,7 @@ fold into one.  Query values are validated; a bad one is 400.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -34,6 +39,7 @@ from ..board.handle import Board
 from ..board.config import board_name
 from ..errors import BoardNotFound, ShmhbError
 from .gc import shm_path
+from .httpserve import PARK
 from ..board.instances import Instance, board_instances
 
 __all__ = ["InstanceLog", "KEEP", "SCHEMA", "with_instances"]
@@ -41,6 +47,10 @@ __all__ = ["InstanceLog", "KEEP", "SCHEMA", "with_instances"]
 SCHEMA = 1
 KEEP = 1024
 MAX_WAIT_S = 30.0
+#: how often a waiting long poll looks at the board's change counter
+POLL_S = 0.05
+#: how often it reads the instances anyway (verdicts that age with time)
+REREAD_S = 1.0
 
 
 class InstanceLog:
@@ -122,6 +132,12 @@ class BoardInstances:
                     return None
             return board_instances(self._board)
 
+    def changes(self) -> int | None:
+        """The board's change counter (``Board.changes``: two words), None while no
+        board is attached.  A board recreated since is found by the next ``read``."""
+        with self._lock:
+            return None if self._board is None else self._board.changes()
+
     def close(self) -> None:
         with self._lock:
             if self._board is not None:
@@ -142,16 +158,6 @@ def with_instances(app: Callable[..., Any], source: BoardInstances,
     and hands every other path to ``app``."""
     ilog = log or InstanceLog()
 
-    def refresh() -> bool:
-        try:
-            got = source.read()
-        except ShmhbError:
-            got = None
-        if got is None:
-            return False
-        ilog.update(got)
-        return True
-
     def wsgi(environ: dict[str, Any], start: Callable[..., Any]) -> Any:
         path = environ.get("PATH_INFO", "")
         if path not in ("/instances", "/instances/changes"):
@@ -167,7 +173,8 @@ def with_instances(app: Callable[..., Any], source: BoardInstances,
             return _reply(start, "400 Bad Request",
                           {"error": "since is a revision (an int >= 0), wait_s seconds in "
                                     f"[0, {MAX_WAIT_S:g}], epoch at most 64 characters"})
-        if not refresh():
+        seen = _refresh(source, ilog)
+        if seen is None:
             return _reply(start, "503 Service Unavailable",
                           {"schema": SCHEMA, "error": f"board {source.name!r} not found"})
         if path == "/instances":
@@ -175,11 +182,45 @@ def with_instances(app: Callable[..., Any], source: BoardInstances,
             doc = ilog.snapshot(live_only=live)
             code = "503 Service Unavailable" if live and not doc["instances"] else "200 OK"
             return _reply(start, code, doc)
-        deadline = time.monotonic() + wait_s
-        while ilog.revision <= since and q.get("epoch") == ilog.epoch \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-            refresh()
+        park = environ.get(PARK)
+        with park() if park is not None else contextlib.nullcontext(threading.Event()) as now:
+            _wait_for_change(source, ilog, since, q.get("epoch"), time.monotonic() + wait_s,
+                             seen, now)
         return _reply(start, "200 OK", ilog.since(since, q.get("epoch")))
 
     return wsgi
+
+
+def _refresh(source: BoardInstances, ilog: InstanceLog) -> int | None:
+    """Reads the instances into the log; the change counter as of before the read
+    (-1: no board before it), None when there is no board."""
+    try:
+        seen = source.changes()
+        got = source.read()
+    except ShmhbError:
+        got = None
+    if got is None:
+        return None
+    ilog.update(got)
+    return -1 if seen is None else seen
+
+
+def _wait_for_change(source: BoardInstances, ilog: InstanceLog, since: int,
+                     epoch: str | None, deadline: float, seen: int,
+                     now: threading.Event) -> None:
+    """Until a change after ``since``, the deadline, or ``now`` is set: the counter
+    looked at every ``POLL_S``, the instances read when it moved (or every
+    ``REREAD_S``)."""
+    reread = time.monotonic() + REREAD_S
+    while ilog.revision <= since and epoch == ilog.epoch:
+        t = time.monotonic()
+        if t >= deadline or now.wait(min(POLL_S, deadline - t)):
+            return
+        try:
+            moved = source.changes() != seen
+        except ShmhbError:
+            moved = True
+        if moved or time.monotonic() >= reread:
+            reread = time.monotonic() + REREAD_S
+            got = _refresh(source, ilog)
+            seen = -1 if got is None else got

@@ -28,6 +28,11 @@ the round trip then overlaps the producer's own hop from reading the request to
 writing.  Otherwise it asks right before writing (``ask``).  Asks to one consumer share
 one connection and may be in flight together; replies are matched by nonce.
 
+**For how long.**  Each grant carries a lease (``grants``, "The lease"): the producer
+writes only while it runs, counted from when it sent the ask (``Ask.until_ns``, checked
+by the adapter right before the write), and the consumer holds a granted load's blocks
+at least that long.
+
 Nothing received is trusted: sizes, kinds and lengths are checked, a bad frame closes
 its connection and is counted, and nothing a peer sends or does can end the server's
 thread.  At most ``MAX_CONNECTIONS`` connections are kept (the least recently active
@@ -42,7 +47,9 @@ import itertools
 import logging
 import os
 import socket
+import time
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from ..board import address
@@ -142,13 +149,28 @@ class FenceServer:
 
 class Ask:
     """One ask sent and not yet settled: ``granted`` is None until its reply is read
-    (or it failed: all False)."""
+    (or it failed: all False).  ``sent_ns``: when it was sent (``time.monotonic_ns``,
+    taken before the send); ``until_ns``: when the lease of what it was granted ends on
+    this clock (0: nothing granted)."""
 
-    __slots__ = ("endpoint", "nonce", "req_ids", "granted", "channel")
+    __slots__ = ("endpoint", "nonce", "req_ids", "granted", "channel", "sent_ns", "until_ns")
 
-    def __init__(self, endpoint: str, nonce: int, req_ids: list[str], ch: _Channel) -> None:
+    def __init__(self, endpoint: str, nonce: int, req_ids: list[str], ch: _Channel,
+                 sent_ns: int) -> None:
         self.endpoint, self.nonce, self.req_ids, self.channel = endpoint, nonce, req_ids, ch
         self.granted: list[bool] | None = None
+        self.sent_ns, self.until_ns = sent_ns, 0
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """What a producer may write: ``req_ids``, each only before ``until_ns`` on this
+    process's monotonic clock (the earliest lease among the asks that granted them;
+    None: no lease binds them, for a consumer without shmhb, which only the board
+    vouches for)."""
+
+    req_ids: list[str]
+    until_ns: int | None
 
 
 class _Channel:
@@ -158,6 +180,8 @@ class _Channel:
         self.sock: socket.socket | None = None
         self.buf = bytearray()  # what has been read of the next reply
         self.pending: dict[int, Ask] = {}  # nonce -> the ask waiting for its reply
+        #: asks given up whose replies may still come (each may skip one reply)
+        self.forgotten = 0
         self.connecting: asyncio.Task[None] | None = None
         self.readable: asyncio.Future[None] | None = None
         self.closed = False
@@ -173,8 +197,9 @@ class GrantAsker:
         self._channels: OrderedDict[tuple[int, str], _Channel] = OrderedDict()
         self._io = grants.sender(use_native)
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
-        #: asks sent as the request was read ("early"), and how each answer was read:
-        #: in at once ("in_time"), within the hold ("held"), or awaited ("awaited")
+        #: asks sent as the request was read ("early"), how each answer was read: in at
+        #: once ("in_time"), within the hold ("held"), or awaited ("awaited"), and
+        #: grants whose lease had run out when read ("expired")
         self.counts: Counter[str] = Counter()
         # Nonces match replies to asks on a connection, so they only need to differ:
         # a count from a random start.  (os.urandom per ask would drop the GIL around
@@ -214,9 +239,21 @@ class GrantAsker:
 
     async def ask(self, endpoint: str, incarnation: int, token: str | None,
                   req_ids: list[str], timeout_s: float) -> list[str]:
-        """The subset of ``req_ids`` the consumer at ``endpoint`` grants."""
+        """The subset of ``req_ids`` the consumer at ``endpoint`` grants (``post``, then
+        ``result`` within what is left of ``timeout_s``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        a = await self.post(endpoint, incarnation, token, req_ids, timeout_s)
+        if a is None:
+            return []
+        return await self.result(a, req_ids, max(0.0, deadline - loop.time()))
+
+    async def post(self, endpoint: str, incarnation: int, token: str | None,
+                   req_ids: list[str], timeout_s: float) -> Ask | None:
+        """Sends an ask, connecting first if need be (within ``timeout_s``); None where
+        it could not be sent (no token, unreachable, over the wire's limits)."""
         if token is None or not req_ids:
-            return []  # the consumer gave no capability: it cannot grant
+            return None  # the consumer gave no capability: it cannot grant
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         ch = self._channel(endpoint)
@@ -225,11 +262,9 @@ class GrantAsker:
             if ch.closed:
                 ch = self._channel(endpoint)
         if ch.sock is None and not await self._connect(ch, endpoint, deadline):
-            return self._gave_up(endpoint, timeout_s, req_ids)
-        a = self._post(endpoint, ch, incarnation, token, req_ids)
-        if a is None:
-            return []
-        return await self.result(a, req_ids, max(0.0, deadline - loop.time()))
+            self._gave_up(endpoint, timeout_s, req_ids)
+            return None
+        return self._post(endpoint, ch, incarnation, token, req_ids)
 
     async def result(self, a: Ask, req_ids: list[str], timeout_s: float) -> list[str]:
         """Of ``req_ids``, those ``a`` was granted, waiting up to ``timeout_s`` for its
@@ -245,13 +280,14 @@ class GrantAsker:
         loop = asyncio.get_running_loop()
         deadline, looked = loop.time() + timeout_s, False
         while not self.settled(a):
-            # A grant is the consumer's promise to hold the load (it never gives up a
-            # GRANTED one), so a reply is honoured however late this process reads it:
-            # the deadline only bounds the wait for a consumer that does not answer.
-            # A producer stopped (SIGSTOP, a long GC) after its ask finds its deadline
-            # passed on resume with the reply in the kernel's buffer: ``settled`` reads
-            # it before the deadline is looked at, and one last look waits a little for
-            # one on its way.
+            # A grant is the consumer's promise to hold the load for its lease (it never
+            # gives up a GRANTED one before the lease ran out), so a reply is honoured
+            # however late this process reads it while the lease runs: the deadline
+            # only bounds the wait for a consumer that does not answer.  A producer
+            # stopped (SIGSTOP, a long GC) after its ask finds its deadline passed on
+            # resume with the reply in the kernel's buffer: ``settled`` reads it before
+            # the deadline is looked at, and one last look waits a little for one on its
+            # way.  A lease that ran out meanwhile grants nothing (``_granted``).
             if loop.time() >= deadline:
                 if looked:
                     self.forget(a)
@@ -261,9 +297,14 @@ class GrantAsker:
         self.counts["awaited"] += 1
         return self._granted(a, req_ids)
 
-    @staticmethod
-    def _granted(a: Ask, req_ids: list[str]) -> list[str]:
+    def _granted(self, a: Ask, req_ids: list[str]) -> list[str]:
         assert a.granted is not None
+        if any(a.granted) and time.monotonic_ns() >= a.until_ns:
+            self.counts["expired"] += 1
+            self._log.warn("lease", "the go-ahead of consumer %s came back after its lease "
+                           "ran out (%.1f s since the ask): not writing", a.endpoint,
+                           (time.monotonic_ns() - a.sent_ns) / 1e9)
+            return []
         if a.req_ids == req_ids:
             return [r for r, g in zip(req_ids, a.granted) if g]
         wanted = set(req_ids)
@@ -278,7 +319,8 @@ class GrantAsker:
     def forget(self, a: Ask) -> None:
         """An ask whose answer is no longer wanted: a reply to it is skipped."""
         if a.granted is None:
-            a.channel.pending.pop(a.nonce, None)
+            if a.channel.pending.pop(a.nonce, None) is not None:
+                a.channel.forgotten += 1
             a.granted = [False] * len(a.req_ids)
 
     # -- the connection -------------------------------------------------------------------
@@ -290,7 +332,7 @@ class GrantAsker:
             ch.connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             await asyncio.wait_for(asyncio.shield(ch.connecting), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:  # asyncio's is the builtin (Python 3.11 on)
             return False
         except (OSError, ValueError) as e:  # ValueError: a bad endpoint
             self._log.warn("wire", "connecting to consumer %s for a go-ahead failed: %r",
@@ -320,6 +362,7 @@ class GrantAsker:
                            endpoint, len(req_ids), e)
             return None
         assert ch.sock is not None
+        sent_ns = time.monotonic_ns()  # before the send: the lease counts from here
         try:
             sent = self._io.send(ch.sock, data)
         except OSError:
@@ -327,11 +370,15 @@ class GrantAsker:
         if sent != len(data):  # a consumer that does not read: its connection goes
             self._fail(ch)
             return None
-        a = ch.pending[nonce] = Ask(endpoint, nonce, req_ids, ch)
+        a = ch.pending[nonce] = Ask(endpoint, nonce, req_ids, ch, sent_ns)
         return a
 
     def _pump(self, ch: _Channel) -> None:
-        """Reads what has come on ``ch`` and settles the asks it answers."""
+        """Reads what has come on ``ch`` and settles the asks it answers.  A consumer
+        answers each ask once, so every frame either settles a pending ask or skips the
+        late reply of one given up; any other frame (a reply to nothing asked, garbage)
+        is a broken or hostile peer, whose connection goes at once: the work of one call
+        is bounded by the asks made, whatever the peer streams."""
         while ch.sock is not None and not ch.closed:
             try:
                 data = self._io.recv(ch.sock, fencewire.room(ch.buf))
@@ -345,15 +392,28 @@ class GrantAsker:
             ch.buf += data
             try:
                 while (frame := fencewire.next_frame(ch.buf)) is not None:
-                    nonce = grants.reply_nonce(frame)
-                    a = None if nonce is None else ch.pending.get(nonce)
-                    ok = None if a is None else grants.decode_reply(frame, a.nonce, len(a.req_ids))
-                    if a is not None and ok is not None:  # else: an ask given up, or garbage
-                        del ch.pending[a.nonce]
-                        a.granted = ok
-            except fencewire.BadFrame:
+                    self._settle(ch, frame)
+            except fencewire.BadFrame as e:
+                self._log.warn("wire", "consumer %s: %s; its connection is closed",
+                               self._endpoint_of(ch), e)
                 self._fail(ch)
                 return
+
+    @staticmethod
+    def _settle(ch: _Channel, frame: bytes) -> None:
+        nonce = grants.reply_nonce(frame)
+        a = None if nonce is None else ch.pending.get(nonce)
+        ok = None if a is None else grants.decode_reply(frame, a.nonce, len(a.req_ids))
+        if a is not None and ok is not None:
+            del ch.pending[a.nonce]
+            a.granted, a.until_ns = ok.granted, ok.until_ns(a.sent_ns)
+        elif a is None and nonce is not None and ch.forgotten > 0:
+            ch.forgotten -= 1  # the late reply of an ask given up
+        else:
+            raise fencewire.BadFrame("a frame that answers no ask")
+
+    def _endpoint_of(self, ch: _Channel) -> str:
+        return next((k[1] for k, c in self._channels.items() if c is ch), "?")
 
     async def _readable(self, ch: _Channel, timeout_s: float) -> None:
         if ch.sock is None or ch.closed:

@@ -15,8 +15,8 @@ same answers on the same wire, from a Python thread (``fencewire.FrameServer``).
   ask:   version 1 (1 byte), kind 1 (1), count (2, 1 to ``MAX_REQS``), nonce (8),
          consumer incarnation (8), token (16), then ``count`` request ids, each a
          2-byte length (1 to ``MAX_ID_BYTES``) and its bytes
-  reply: version 1, kind 2, count (as asked), nonce (as asked), then ``count`` bytes:
-         byte ``i`` is 1 when id ``i`` is granted, else 0
+  reply: version 1, kind 2, count (as asked), nonce (as asked), lease (4, in ms), then
+         ``count`` bytes: byte ``i`` is 1 when id ``i`` is granted, else 0
 
 All integers are big-endian and unsigned.  An ask is checked whole (sizes, kinds,
 lengths, nothing left over) before any load is looked at; anything else is a bad frame,
@@ -24,6 +24,36 @@ and its connection is closed.  An ask that names another incarnation is answered
 nothing granted.  The token is the capability of ``fence.py`` (what binds a grant to
 the producer the request was sent to); the table is keyed by it and the request id, so
 an ask with a token this consumer never gave finds no load and is granted nothing.
+
+**The lease: a grant is a promise for a bounded time.**  A GRANTED load's write may be
+under way, so the consumer never gives one up early (``loads``).  But its inner
+connector still gives the load up at its own timeout (Mooncake: the request socket's
+receive timeout), and vLLM then reuses the blocks; a producer stopped past that inside
+its read-to-write window would resume holding "granted" and write into reused blocks.
+So each grant carries a lease ``L`` (the reply's lease field, the consumer's
+``grant_lease_s``), and:
+
+* the producer writes a granted load only if, right before the write, less than
+  ``L * (1 - 2 * CLOCK_RATE_SLACK)`` has passed on its own monotonic clock since it
+  *sent* the ask (``fence.Ask.until_ns``; ``mooncake_adapter`` checks it in the thread
+  that writes, at the write);
+* the consumer reports a GRANTED load failed (which hands its blocks back to vLLM)
+  only once ``L`` has passed on its own monotonic clock since it *read* the ask
+  (``States.end`` gives that moment; ``mooncake_pulls.Ledger`` holds the report until
+  then), unless the producer itself answered for the load (a producer answers after
+  its write call returned: no byte of it lands later).
+
+Why no write lands in reused blocks: the ask is read after it was sent, so the
+producer's count starts no later than the consumer's.  No clock is compared across
+hosts, only durations, and two monotonic clocks' rates differ by at most
+``CLOCK_RATE_SLACK`` (1000 ppm: ten times what crystal oscillators drift, twice the
+most an NTP slew applies), so the producer's shortened lease ends, in real time, before
+the consumer's.  A write that starts before the producer's lease ends therefore starts
+before the consumer may reuse the blocks.  What this does not bound is a write already
+started: a producer stopped in the middle of its copy for longer than both the lease
+and the inner's own timeout can still land the rest late (the copy takes milliseconds;
+docs/VLLM.md, "Known limits").  A late reply, an expired lease, a lost reply: each
+reads as "not granted", and the producer tells the consumer so, which recomputes.
 """
 
 from __future__ import annotations
@@ -34,6 +64,8 @@ import os
 import socket
 import struct
 import threading
+import time
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Protocol
 
@@ -48,8 +80,13 @@ MAX_REQS = 1024
 MAX_ID_BYTES = 256
 TOKEN_BYTES = 16
 WAITING, GRANTED, ABANDONED = 0, 1, 2
+#: what a grant promises by default: the consumer holds a granted load's blocks this
+#: long at least (the lease; connector setting ``grant_lease_s``)
+LEASE_MS = 30_000
+#: how far two hosts' monotonic clocks may run apart in rate (see the module docstring)
+CLOCK_RATE_SLACK = 0.001
 _ASK = struct.Struct(">BBHQQ16s")
-_REPLY = struct.Struct(">BBHQ")
+_REPLY = struct.Struct(">BBHQI")
 _LEN = struct.Struct(">H")
 
 
@@ -110,8 +147,24 @@ def decode_ask(body: bytes) -> tuple[int, int, bytes, list[bytes]] | None:
     return (nonce, inc, token, ids) if p == len(body) else None
 
 
-def encode_reply(nonce: int, granted: list[bool]) -> bytes:
-    return _REPLY.pack(VERSION, KIND_REPLY, len(granted), nonce) + bytes(map(int, granted))
+def encode_reply(nonce: int, granted: list[bool], lease_ms: int) -> bytes:
+    return _REPLY.pack(VERSION, KIND_REPLY, len(granted), nonce, lease_ms) + \
+        bytes(map(int, granted))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply read: which ids were granted, and for how long (ms, counted by the
+    producer from when it sent the ask)."""
+
+    granted: list[bool]
+    lease_ms: int
+
+    def until_ns(self, sent_ns: int) -> int:
+        """When, on the producer's monotonic clock, its lease ends for an ask sent at
+        ``sent_ns``: shortened by twice the clock-rate slack (module docstring)."""
+        lease_ns = self.lease_ms * 1_000_000
+        return sent_ns + lease_ns - int(lease_ns * 2 * CLOCK_RATE_SLACK)
 
 
 def reply_nonce(body: bytes) -> int | None:
@@ -121,45 +174,55 @@ def reply_nonce(body: bytes) -> int | None:
     return int(_REPLY.unpack_from(body)[3])
 
 
-def decode_reply(body: bytes, nonce: int, count: int) -> list[bool] | None:
-    """Which of the ``count`` ids asked under ``nonce`` were granted; None if ``body`` is
-    not exactly that reply."""
+def decode_reply(body: bytes, nonce: int, count: int) -> Reply | None:
+    """Which of the ``count`` ids asked under ``nonce`` were granted, and the lease;
+    None if ``body`` is not exactly that reply."""
     if len(body) != _REPLY.size + count:
         return None
-    version, kind, n, got = _REPLY.unpack_from(body)
+    version, kind, n, got, lease_ms = _REPLY.unpack_from(body)
     if version != VERSION or kind != KIND_REPLY or n != count or got != nonce:
         return None
     flags = body[_REPLY.size:]
     if not frozenset(flags) <= {0, 1}:
         return None
-    return [f == 1 for f in flags]
+    return Reply([f == 1 for f in flags], lease_ms)
 
 
 # -- the states -------------------------------------------------------------------------------
 
 
 class States(Protocol):
-    """Each load's state, keyed by ``token + wire id``; every move is out of WAITING."""
+    """Each load's state, keyed by ``token + wire id``; every move is out of WAITING.
+    ``grant`` is the consumer's own go-ahead (a pull: no lease); ``answer`` grants a
+    producer's ask, each grant under the lease.  ``end`` removes a load and returns its
+    state (-1: absent) and when its lease ends (``time.monotonic_ns``; 0: none): the
+    C extension's pair, named by ``loads.LoadTable``."""
 
     def start(self, key: bytes) -> None: ...
     def grant(self, key: bytes) -> bool: ...
     def abandon(self, key: bytes) -> bool: ...
     def state(self, key: bytes) -> int: ...
-    def end(self, key: bytes) -> int: ...
+    def end(self, key: bytes) -> tuple[int, int]: ...
     def answer(self, incarnation: int, body: bytes) -> bytes | None: ...
     def __len__(self) -> int: ...
 
 
 class PyStates:
-    """The Python driver of ``States``: a dict under one lock."""
+    """The Python driver of ``States``: a dict (key -> state) under one lock, and the
+    lease ends of the loads granted over the wire."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease_ms: int = LEASE_MS) -> None:
+        if not 0 < lease_ms < 1 << 32:
+            raise ValueError("a lease is 1 to 2**32 - 1 ms")
+        self.lease_ms = lease_ms
         self._lock = threading.Lock()
         self._s: dict[bytes, int] = {}
+        self._until: dict[bytes, int] = {}
 
     def start(self, key: bytes) -> None:
         with self._lock:
             self._s[key] = WAITING
+            self._until.pop(key, None)
 
     def _move(self, key: bytes, to: int) -> bool:
         with self._lock:
@@ -178,9 +241,9 @@ class PyStates:
         with self._lock:
             return self._s.get(key, -1)
 
-    def end(self, key: bytes) -> int:
+    def end(self, key: bytes) -> tuple[int, int]:
         with self._lock:
-            return self._s.pop(key, -1)
+            return self._s.pop(key, -1), self._until.pop(key, 0)
 
     def answer(self, incarnation: int, body: bytes) -> bytes | None:
         ask = decode_ask(body)
@@ -188,26 +251,29 @@ class PyStates:
             return None
         nonce, inc, token, ids = ask
         if inc != incarnation:
-            return encode_reply(nonce, [False] * len(ids))
+            return encode_reply(nonce, [False] * len(ids), self.lease_ms)
+        until = time.monotonic_ns() + self.lease_ms * 1_000_000  # from the ask's read
         with self._lock:
             granted = []
             for i in ids:
                 ok = self._s.get(token + i) == WAITING
                 if ok:
                     self._s[token + i] = GRANTED
+                    self._until[token + i] = until
                 granted.append(ok)
-        return encode_reply(nonce, granted)
+        return encode_reply(nonce, granted, self.lease_ms)
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._s)
 
 
-def new_states(use_native: bool | None = None) -> States:
-    """The C table where it is built (and ``use_native`` is not False), else Python's."""
+def new_states(use_native: bool | None = None, lease_ms: int = LEASE_MS) -> States:
+    """The C table where it is built (and ``use_native`` is not False), else Python's;
+    grants over the wire are promised for ``lease_ms``."""
     if _ext is not None and use_native is not False:
-        return _ext.GrantTable(os.urandom(16))  # type: ignore[no-any-return]
-    return PyStates()
+        return _ext.GrantTable(os.urandom(16), lease_ms)  # type: ignore[no-any-return]
+    return PyStates(lease_ms)
 
 
 # -- the server ---------------------------------------------------------------------------------

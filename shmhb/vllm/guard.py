@@ -11,6 +11,7 @@ under ``_lock``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -20,8 +21,10 @@ from ..agent.embedded import Board  # its register joins the host's embedded age
 from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
+from ..ratelog import RateLimitedLog
+from . import grants
 from .inner import InnerAdapter
-from .fence import Ask, Extra, FenceServer, GrantAsker, parse_extra
+from .fence import Allowed, Ask, Extra, FenceServer, GrantAsker, parse_extra
 from .instance import register_engine_instance, role_of
 from .loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
@@ -43,7 +46,7 @@ class WorkerGuard:
         self.adapter = adapter
         self.engine_id = engine_id
         self.counts = counts
-        self.loads = LoadTable()
+        self.loads = LoadTable(grants.new_states(lease_ms=round(settings.grant_lease_s * 1000)))
         self._lock = threading.Lock()
         self._gone_consumers: dict[str, int] = {}  # endpoint -> incarnation dropped (0: any)
         self._tracked: set[str] = set()
@@ -52,6 +55,7 @@ class WorkerGuard:
         self.fence_server: FenceServer | None = None
         self.reaper: LinkReaper | None = None
         self._asker = GrantAsker()
+        self._log = RateLimitedLog(log)
         self.key = ""
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -135,7 +139,7 @@ class WorkerGuard:
         fut = self.adapter.fence(tokens)
         try:
             fut.result(FENCE_WAIT_S)
-        except TimeoutError:
+        except TimeoutError:  # concurrent.futures' is the builtin (Python 3.11 on)
             log.warning("shmhb: fencing %d request(s) took over %.1f s; their failures are "
                         "reported when it holds", len(tokens), FENCE_WAIT_S)
 
@@ -169,9 +173,18 @@ class WorkerGuard:
             self.counts.add("granted_loads", len(ok))
         return ok
 
-    def load_ended(self, endpoint: str, req_ids: list[str]) -> list[str]:
-        return [ld.req_id for ld in self.loads.end(req_ids, endpoint)
-                if ld.state is LoadState.ABANDONED]
+    def load_ended(self, endpoint: str, req_ids: list[str]) -> dict[str, int]:
+        """The inner connector is done with these loads.  Returns those whose blocks it
+        must not hand back yet if it failed them: granted to a producer whose lease still
+        runs, each with when it ends (``time.monotonic_ns``): that producer may still
+        start its write until then (``grants``, "The lease")."""
+        now = time.monotonic_ns()
+        return {ld.req_id: ld.lease_until_ns for ld in self.loads.end(req_ids, endpoint)
+                if ld.state is LoadState.GRANTED and ld.lease_until_ns > now}
+
+    def failure_held(self, n: int) -> None:
+        """``n`` failed loads are reported only once their grants' leases ran out."""
+        self.counts.add("held_failures", n)
 
     def give_up(self, req_ids: list[str]) -> list[object]:
         """On the inner's receiver loop: these requests failed at one producer worker
@@ -240,28 +253,45 @@ class WorkerGuard:
         return dict(self._asker.counts)
 
     async def allowed(self, consumer: str, x: Extra | None, req_ids: list[str],
-                      asked: Ask | None = None) -> list[str]:
-        """Of ``req_ids``, those the producer may write now: those the consumer granted
-        (in ``asked``: a grant is its promise to hold the blocks, so nothing else is
-        looked at), and of the rest, those it grants now if the board says it is there."""
+                      asked: Ask | None = None) -> Allowed:
+        """Of ``req_ids``, those the producer may write, and until when: those the
+        consumer granted (in ``asked``: a grant is its promise to hold the blocks for
+        its lease, so nothing else is looked at), and of the rest, those it grants now
+        if the board says it is there.  The write must start before ``until_ns``."""
         timeout_s = self.settings.grant_timeout_s
         ok: list[str] = []
+        until: int | None = None
         rest = req_ids
         if asked is not None:
             if not self._asker.settled(asked) and self._consumer_gone(consumer, x):
                 self._asker.forget(asked)  # no answer yet, and none is coming
-                return []
+                return Allowed([], None)
             ok = await self._asker.result(asked, req_ids, timeout_s)
+            until = asked.until_ns if ok else None
             if asked.req_ids != req_ids:
                 in_ask = set(asked.req_ids)
                 rest = [r for r in req_ids if r not in in_ask]
             else:
                 rest = []
         if not rest or self._consumer_gone(consumer, x):
-            return ok
-        if x is None:
-            return req_ids  # a consumer without shmhb: the board is all we can ask
-        return ok + await self._asker.ask(x[1], x[0], x[2], rest, timeout_s)
+            return Allowed(ok, until)
+        if x is None:  # a consumer without shmhb: the board is all we can ask
+            return Allowed(req_ids, None)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        a = await self._asker.post(x[1], x[0], x[2], rest, timeout_s)
+        more = [] if a is None else await self._asker.result(
+            a, rest, max(0.0, deadline - loop.time()))
+        if a is not None and more:
+            until = a.until_ns if until is None else min(until, a.until_ns)
+        return Allowed(ok + more, until)
+
+    def lease_ran_out(self, consumer: str) -> None:
+        """A granted write to ``consumer`` (its transfer engine) was not made: the lease
+        ran out before the write could start (from the thread that writes)."""
+        self.counts.add("expired_grants")
+        self._log.warn("lease", "shmhb: the go-ahead of consumer %s ran out before the "
+                       "write could start: not written", consumer)
 
     def write_denied(self, consumer: str, n: int) -> None:
         self.counts.add("denied_writes", n)

@@ -12,7 +12,9 @@ Its state moves only forward:
   asked of, for the consumer incarnation that asked.
 * ``abandon`` is the consumer giving the load up (its producer was dropped).  Only a
   WAITING load can be abandoned: a GRANTED one may have a write under way, so its
-  blocks stay out of vLLM's hands until the inner connector finishes it (or times out).
+  blocks stay out of vLLM's hands until the inner connector finishes it (or times out),
+  and, where the inner gives it up on its own, until the grant's lease has run out
+  (``Load.lease_until_ns``; ``grants``, "The lease").
 
 Both are one move out of WAITING in the states table (``grants.States``: the C table
 under its mutex, or a dict under a lock), so of a grant and an abandon for one load
@@ -53,6 +55,9 @@ class Load:
     state: LoadState = LoadState.WAITING
     started_ns: int = field(default=0, compare=False)
     key: bytes = field(default=b"", compare=False, repr=False)  # in the states table
+    #: granted over the wire: when its lease ends (``time.monotonic_ns``; 0: no lease),
+    #: as of the ``end`` that returned it
+    lease_until_ns: int = field(default=0, compare=False)
 
 
 _STATE = {grants.WAITING: LoadState.WAITING, grants.GRANTED: LoadState.GRANTED,
@@ -86,10 +91,16 @@ class LoadTable:
                 self.states.start(ld.key)
 
     def end(self, req_ids: Iterable[str], endpoint: str) -> list[Load]:
-        """The inner connector is done with these (finished, failed, or fenced)."""
+        """The inner connector is done with these (finished, failed, or fenced): their
+        last state, and when the lease of a grant over the wire ends."""
+        out = []
         with self._lock:
-            return [self._sync(ld, self.states.end(ld.key)) for r in req_ids
-                    if (ld := self._loads.pop((r, endpoint), None)) is not None]
+            for r in req_ids:
+                ld = self._loads.pop((r, endpoint), None)
+                if ld is not None:
+                    code, ld.lease_until_ns = self.states.end(ld.key)
+                    out.append(self._sync(ld, code))
+        return out
 
     def grant(self, endpoint: str, req_ids: Iterable[str]) -> list[str]:
         """The producer at ``endpoint`` is about to write these (or a pull is about to

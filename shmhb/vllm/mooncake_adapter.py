@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import time
 from typing import Any
 
 from ..board.config import format_hostport, parse_hostport
@@ -16,6 +17,16 @@ from .settings import Rank
 
 #: the producer worker a consumer task is asking (its side channel, "host:port")
 _PRODUCER: contextvars.ContextVar[str] = contextvars.ContextVar("shmhb_producer")
+#: what ``_send_blocks`` returns for a write not made because its lease ran out (stock
+#: then reports those requests failed to the consumer, as for any failed write)
+LEASE_RAN_OUT = -1
+
+
+class _LeasedPtrs(list[int]):
+    """The source pointers of a granted write, carrying when its lease ends (from
+    ``_build_transfer_params`` to ``_send_blocks``, through stock's code between them)."""
+
+    until_ns: int | None = None
 
 
 class MooncakeAdapter(InnerAdapter):
@@ -32,7 +43,9 @@ class MooncakeAdapter(InnerAdapter):
     and 0.33's ``_acked_layout_peers`` (evicted); producer: ``_xfer_meta_decoder`` and
     ``send_kv_to_decode`` and ``_build_transfer_params`` (wrapped),
     ``reqs_need_send``/``finished_sending_reqs``/``_prepared_transfer_regions`` and
-    0.33's ``_layout_by_peer`` (evicted, freed), ``sender_loop``.
+    0.33's ``_layout_by_peer`` (evicted, freed), ``sender_loop``, and ``_send_blocks``
+    (wrapped: the lease is checked there, in the thread that writes, right before
+    ``batch_transfer_sync_write``).
 
     The fence: a load's request is one DEALER socket inside
     ``receive_kv_from_single_worker``, opened with linger 0.  Cancelling that task
@@ -78,8 +91,8 @@ class MooncakeAdapter(InnerAdapter):
                      "_tp_size", *needs(self.w)]
         if not self.w.is_kv_consumer:
             need += ["_xfer_meta_decoder", "send_kv_to_decode", "_build_transfer_params",
-                     "reqs_need_send", "finished_sending_reqs", "_prepared_transfer_regions",
-                     "sender_loop"]
+                     "_send_blocks", "reqs_need_send", "finished_sending_reqs",
+                     "_prepared_transfer_regions", "sender_loop"]
         missing = [n for n in need if not hasattr(self.w, n)]
         if missing:
             raise TypeError(f"this MooncakeConnector lacks {missing}: the shmhb adapter was "
@@ -119,15 +132,20 @@ class MooncakeAdapter(InnerAdapter):
             self._install_producer(hooks)
 
     def _install_consumer(self, hooks: Hooks) -> None:
+        w = self.w
+        ledger = Ledger(w, hooks.load_ended, hooks.failure_held)
+        ledger.install()
+        w._encoder = self._encoder_adding_extra(hooks)
+        w.receive_kv_from_single_worker = self._receive_wrapped(hooks, ledger)
+        w.handle_new_engine_id = self._bootstrap_query_wrapped(hooks, ledger)
+
+    def _encoder_adding_extra(self, hooks: Hooks) -> Any:
+        """The stock request encoder, wrapped: adds the shmhb field to transfer requests."""
         import msgspec
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import (
             mooncake_connector as mc,
         )
-        w = self.w
-        receive = w.receive_kv_from_single_worker
-        encoder = w._encoder
-        ledger = Ledger(w, hooks.load_ended)
-        ledger.install()
+        encoder = self.w._encoder
 
         class Encoder:
             """The stock encoder, plus the shmhb field on transfer requests."""
@@ -140,6 +158,14 @@ class MooncakeAdapter(InnerAdapter):
                         d["shmhb"] = extra
                         return encoder.encode(d)  # type: ignore[no-any-return]
                 return encoder.encode(obj)  # type: ignore[no-any-return]
+
+        return Encoder()
+
+    def _receive_wrapped(self, hooks: Hooks, ledger: Ledger) -> Any:
+        """``receive_kv_from_single_worker``, wrapped: each load tracked, fenced and
+        settled once (``mooncake_pulls``)."""
+        w = self.w
+        receive = w.receive_kv_from_single_worker
 
         def doom(req_ids: list[str]) -> None:
             # These failed at one producer worker, so what they wait for from the others
@@ -178,15 +204,20 @@ class MooncakeAdapter(InnerAdapter):
                 # Fenced: the request socket is closed (linger 0) as the task unwound.
                 # Only now report what this worker had not settled, the stock way.
                 left = ledger.finish(task, mine)
-                hooks.load_ended(ep, list(mine))
-                ledger.fail_now(mine, left, f"shmhb: producer {ep} of engine {engine} dropped")
+                held = hooks.load_ended(ep, list(mine))
+                ledger.fail_now(mine, left, f"shmhb: producer {ep} of engine {engine} dropped",
+                                held)
                 doom(left)
                 return
             left = ledger.finish(task, mine)
-            hooks.load_ended(ep, list(mine))
+            held = hooks.load_ended(ep, list(mine))
             # (0.33 fails what a worker's last answer left out; 0.32 forgot it)
-            ledger.fail_now(mine, left, "peer finished without reporting a transfer result")
+            ledger.fail_now(mine, left, "peer finished without reporting a transfer result", held)
+        return receive_kv_from_single_worker
 
+    def _bootstrap_query_wrapped(self, hooks: Hooks, ledger: Ledger) -> Any:
+        """``handle_new_engine_id`` (the bootstrap query), wrapped: a load too."""
+        w = self.w
         handle_new_engine = w.handle_new_engine_id
 
         async def handle_new_engine_id(remote_engine_id: str, pull_metas: dict[str, Any]) -> None:
@@ -225,10 +256,7 @@ class MooncakeAdapter(InnerAdapter):
             ledger.finish(task, pull_metas)
             if ep:
                 hooks.load_ended(ep, list(pull_metas))
-
-        w._encoder = Encoder()
-        w.receive_kv_from_single_worker = receive_kv_from_single_worker
-        w.handle_new_engine_id = handle_new_engine_id
+        return handle_new_engine_id
 
     def _decoder_keeping_extra(self) -> Any:
         """The stock request decoder, wrapped: keeps the request's shmhb field aside."""
@@ -291,11 +319,14 @@ class MooncakeAdapter(InnerAdapter):
                 format_hostport(meta.remote_hostname, int(meta.remote_port)), None, None))
             for k in w._prepared_transfer_regions:
                 self._region_owner.setdefault(k, consumer)
-            ok = set(await hooks.allowed(consumer, seen, [d for d, _ in ready_reqs], asked))
+            allowed = await hooks.allowed(consumer, seen, [d for d, _ in ready_reqs], asked)
+            ok = set(allowed.req_ids)
             granted = [(d, s) for d, s in ready_reqs if d in ok]
             denied = [(d, s) for d, s in ready_reqs if d not in ok]
             if granted:
                 src, dst, lengths, err, msg = await build(granted, meta, local_regions, remote_regions)
+                src = _LeasedPtrs(src)
+                src.until_ns = allowed.until_ns
             else:
                 src, dst, lengths, err, msg = [], [], [], [], None
             if denied:
@@ -309,6 +340,22 @@ class MooncakeAdapter(InnerAdapter):
         w._xfer_meta_decoder = self._decoder_keeping_extra()
         w.send_kv_to_decode = send_kv_to_decode
         w._build_transfer_params = _build_transfer_params
+        w._send_blocks = self._lease_checked(hooks)
+
+    def _lease_checked(self, hooks: Hooks) -> Any:
+        """``_send_blocks``, wrapped: in the thread that writes, right before the write,
+        a grant whose lease has run out is not acted on (its consumer may have handed
+        the blocks back to vLLM)."""
+        send_blocks = self.w._send_blocks
+
+        def _send_blocks(remote_session: str, src_ptrs: list[int], dst_ptrs: list[int],
+                         lengths: list[int]) -> int:
+            until = getattr(src_ptrs, "until_ns", None)
+            if until is not None and time.monotonic_ns() >= until:
+                hooks.lease_ran_out(remote_session)
+                return LEASE_RAN_OUT
+            return int(send_blocks(remote_session, list(src_ptrs), dst_ptrs, lengths))
+        return _send_blocks
 
     def _free_send(self, send_meta: Any) -> None:
         """On the sender loop: release a send's blocks on this producer now."""

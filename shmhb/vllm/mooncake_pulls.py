@@ -26,6 +26,15 @@ Here both get 0.33's rule.  The adapter hands each worker's task a dict of its o
 inside a task is recorded per task (``Ledger``), so that when the task ends (fenced, or
 returned with requests still unsettled) the adapter settles exactly the rest.
 
+**A granted load's failure waits for its lease.**  A failure that the inner settles on
+its own (its receive timed out, the socket failed, the producer finished without a word
+on the request) is reported only once the lease of the load's grant has run out
+(``grants``, "The lease"): until then the producer that holds the grant may still start
+its write, and reporting the failure hands the blocks back to vLLM.  The report is put
+off on the receiver loop (``loop.call_at``: nothing cancels it) and counts the request's
+share as settled then.  A result the producer itself sent (``process_pulling_result``)
+is reported at once: the producer answers after its write call returned.
+
 Uses, on the consumer's ``connector_worker``: ``_handle_failed_recv`` and
 ``process_pulling_result`` (wrapped; on 0.32 replaced), ``_complete_pull_task`` (0.33;
 its presence is how the versions are told apart), and on 0.32 ``finished_recving_reqs``,
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,9 +82,13 @@ class Ledger:
     """Receiver loop only (every method runs there: no lock).  ``begin``/``finish``
     bracket one worker task; ``install`` puts the recording wrappers in place."""
 
-    def __init__(self, worker: Any, on_settled: Callable[[str, list[str]], Any]) -> None:
+    def __init__(self, worker: Any, on_settled: Callable[[str, list[str]], dict[str, int]],
+                 on_held: Callable[[int], None]) -> None:
         self.w = worker
-        self.on_settled = on_settled  # (endpoint, req ids): the loads are over
+        #: (endpoint, req ids): the loads are over; returns those whose failure must
+        #: wait, each with when its grant's lease ends (``time.monotonic_ns``)
+        self.on_settled = on_settled
+        self.on_held = on_held  # (n): n failures put off
         self._tasks: dict[Any, _Task] = {}
         self.fail: FailFn = worker._handle_failed_recv  # replaced in install()
 
@@ -89,10 +103,16 @@ class Ledger:
 
         def handle_failed_recv(pull_metas: dict[str, Any], req_ids: Collection[str],
                                reason: str) -> None:
-            self._record(pull_metas, req_ids)
+            # The inner failing these on its own (a producer's answer is recorded first,
+            # in process_pulling_result, so none of its loads is held here).
+            held = self._record(pull_metas, req_ids)
+            if held:
+                self.fail_later(pull_metas, held, reason)
+                req_ids = [r for r in req_ids if r not in held]
             fail(pull_metas, req_ids, reason)
 
         def process_pulling_result(response: Any, pull_metas: dict[str, Any]) -> None:
+            # The producer's own answer: its write call is over, nothing is held.
             self._record(pull_metas, list(response.err_reqs or ()) + list(response.ok_reqs or ()))
             result(response, pull_metas)
 
@@ -110,24 +130,45 @@ class Ledger:
         done = t.settled if t is not None else set()
         return [r for r in mine if r not in done]
 
-    def fail_now(self, metas: dict[str, Any], req_ids: list[str], reason: str) -> None:
+    def fail_now(self, metas: dict[str, Any], req_ids: list[str], reason: str,
+                 held: dict[str, int] | None = None) -> None:
         """Settle these (worker, request) pairs as failed: once, by the caller, who
-        owns them (the task that held them is over, or never asked)."""
+        owns them (the task that held them is over, or never asked); those in ``held``
+        (``on_settled``'s answer) once their lease has run out."""
+        held = {r: u for r, u in (held or {}).items() if r in req_ids}
+        if held:
+            self.fail_later(metas, held, reason)
+            req_ids = [r for r in req_ids if r not in held]
         if req_ids:
             self.fail({r: metas[r] for r in req_ids if r in metas}, req_ids, reason)
 
-    def _record(self, pull_metas: dict[str, Any], req_ids: Collection[str]) -> None:
+    def fail_later(self, metas: dict[str, Any], held: dict[str, int], reason: str) -> None:
+        """Settle ``held`` as failed once the last of their leases has run out (on this
+        loop; nothing cancels it)."""
+        mine = {r: metas[r] for r in held if r in metas}
+        if not mine:
+            return
+        self.on_held(len(mine))
+        wait_s = max(0.0, (max(held.values()) - time.monotonic_ns()) / 1e9)
+        log.info("shmhb: %d failed load(s) reported in %.1f s, once the producer's grant has "
+                 "run out (it may start its write until then): %s", len(mine), wait_s, reason)
+        asyncio.get_running_loop().call_later(wait_s, self.fail, mine, list(mine), reason)
+
+    def _record(self, pull_metas: dict[str, Any], req_ids: Collection[str]) -> dict[str, int]:
+        """Records these as settled by the current task; returns ``on_settled``'s
+        answer (those whose failure must wait)."""
         try:
             task = asyncio.current_task()
         except RuntimeError:
-            return
+            return {}
         t = self._tasks.get(task)
         if t is None:
-            return
+            return {}
         now = [r for r in req_ids if r in pull_metas and r not in t.settled]
-        if now:
-            t.settled.update(now)
-            self.on_settled(t.endpoint, now)
+        if not now:
+            return {}
+        t.settled.update(now)
+        return self.on_settled(t.endpoint, now)
 
     # -- vLLM 0.33's settlement, for 0.32 -------------------------------------------------------
 

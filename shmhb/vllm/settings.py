@@ -25,7 +25,10 @@ class ConnectorSettings:
     vLLM's ``kv_load_failure_policy`` decides).  ``act_on_suspect``: treat SUSPECT as a
     drop (off by default: a flap must not fail requests).  ``grant_timeout_s``: how
     long a producer waits for its consumer's go-ahead before it gives the write up.
-    ``serving_url``: the engine's API server as routers reach it (``http://host:port``),
+    ``grant_lease_s``: what a consumer's go-ahead promises: the producer writes only
+    within it (counted from its ask), and the consumer holds a granted load's blocks at
+    least that long (shmhb.vllm.grants, "The lease"); longer than the producer's wait
+    for the answer, so a late answer still serves.  ``serving_url``: the engine's API server as routers reach it (``http://host:port``),
     recorded in its instance slot for ``shmhb feed`` (shmhb.board.instances)."""
 
     inner: dict[str, Any]
@@ -33,6 +36,7 @@ class ConnectorSettings:
     on_dead_peer: str = "recompute"
     act_on_suspect: bool = False
     grant_timeout_s: float = 2.0
+    grant_lease_s: float = 30.0
     beat_interval_s: float = 0.1
     serving_url: str | None = None  # "host:port" the engine's API server serves at
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -57,9 +61,14 @@ class ConnectorSettings:
         if not isinstance(suspect, bool):
             raise InvalidConfig(f"act_on_suspect must be true or false, got {suspect!r}")
         grant = _seconds(extra, "grant_timeout_s", 2.0, 0.01, 60.0)
+        lease = _seconds(extra, "grant_lease_s", 30.0, 1.0, 3600.0)
+        if lease <= 2 * grant:
+            raise InvalidConfig(f"grant_lease_s ({lease}) must be over twice grant_timeout_s "
+                                f"({grant}): an answer read at the end of the wait must "
+                                "leave time to write")
         beat = _seconds(extra, "beat_interval_s", 0.1, 0.005, 5.0)
         serving = _serving(extra.get("serving_url"))
-        return cls(inner, board, on_dead, suspect, grant, beat, serving, extra)
+        return cls(inner, board, on_dead, suspect, grant, lease, beat, serving, extra)
 
 
 def _seconds(extra: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:

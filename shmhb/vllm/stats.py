@@ -12,7 +12,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 #: counter names; reasons are appended: "drops.dead", "vetoes.left", ...
-COUNTERS = ("failed_loads", "granted_loads", "denied_writes", "freed_sends", "fenced_requests")
+COUNTERS = ("failed_loads", "granted_loads", "denied_writes", "freed_sends", "fenced_requests",
+            "expired_grants", "held_failures")
 
 
 class Counts:

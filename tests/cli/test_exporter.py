@@ -268,3 +268,28 @@ def test_exporter_command_reports_a_busy_port(board: shmhb.Board, exporter: Expo
                           "--port", str(exporter.port)], capture_output=True, text=True,
                          timeout=60, env=child_env())
     assert out.returncode == 2 and "cannot listen" in out.stderr
+
+
+def test_restart_memory_holds_only_what_the_board_shows(board: shmhb.Board, local_agent: Agent,
+                                                       exporter: Exporter) -> None:
+    """The incarnations remembered to count restarts are those the last scrape saw:
+    keys that churn (vLLM rank keys carry a per-process engine id; a followed host brings
+    up to 4,096 keys per ack) are forgotten once gone, instead of piling up (12,000
+    entries on a 64-slot board).  A restart is still counted, and past the limit keys
+    are not followed, counted by a metric."""
+    import shmhb.cli.exporter as ex
+    from shmhb.cli.view import read_view
+
+    fp = FakePinger(board)
+    for round_ in range(30):
+        fp.host(0, "h:1", A, 0.1, [(f"e{round_}-{i}", 1, 1, A, ["h:2"]) for i in range(10)])
+        s, _ = scrape(exporter.url)
+        assert get(s, "shmhb_restart_keys") == 10
+    fp.host(0, "h:1", A, 0.1, [("e29-0", 2, 9, A, ["h:2"])])
+    s, _ = scrape(exporter.url)
+    assert get(s, "shmhb_restart_keys") == 1
+    assert get(s, "shmhb_remote_restarts_total", peer="h:1") == 1
+    counter = ex.RestartCounter(limit=4)
+    fp.host(0, "h:1", A, 0.1, [(f"k{i}", 1, 1, A, ["h:2"]) for i in range(6)])
+    counter.observe(read_view(board))
+    assert (counter.remembered, counter.over_limit) == (4, 2)

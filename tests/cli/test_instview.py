@@ -84,3 +84,74 @@ def test_exporter_serves_instances_and_their_changes(board: shmhb.Board, agent: 
         for bad in ("since=-1", "since=x", "wait_s=99", "epoch=" + "e" * 65):
             assert get(f"{base}/instances/changes?{bad}")[0] == 400, bad
         assert urllib.request.urlopen(base + "/metrics", timeout=10).status == 200
+
+
+def _cpu_s(pid: int) -> float:
+    import os
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def test_long_polls_neither_shut_probes_out_nor_spin(board: shmhb.Board, agent: object,
+                                                     procs: Procs) -> None:
+    """As many waiting long polls as the exporter has slots (the documented router
+    usage, ``wait_s=30``): probes, a scrape and a plain read still get through (the
+    long poll waiting the longest answers early, with no changes, and is asked again),
+    and the waiting polls cost next to no CPU (they look at the board's change counter,
+    not read the board every 10 ms: 16 of them took 62 % of a core)."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from shmhb.cli.httpserve import MAX_CONNECTIONS
+    from shmhb.testing.loopback import child_env
+
+    procs.program(ENGINE, board.name, "eng-a", "prefill", "1")
+    p = subprocess.Popen([sys.executable, "-m", "shmhb", "exporter", "--board", board.name,
+                          "--port", "0", "--addr", "127.0.0.1"], stdout=subprocess.PIPE,
+                         text=True, env=child_env())
+    try:
+        assert p.stdout is not None
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", p.stdout.readline())
+        assert m
+        threads0 = _threads(p.pid)  # before any request: no handler thread yet
+        base = f"http://127.0.0.1:{m.group(1)}"
+        code, doc = get(base + "/instances?live=1")
+        assert code == 200
+        polls: list[dict[str, Any]] = [{} for _ in range(MAX_CONNECTIONS)]
+        url = f"{base}/instances/changes?since={doc['revision']}&epoch={doc['epoch']}&wait_s=30"
+
+        def poll(out: dict[str, Any]) -> None:
+            try:
+                out["r"] = get(url)
+            except OSError as e:  # refused: what must not happen
+                out["error"] = repr(e)
+        for out in polls:
+            threading.Thread(target=poll, args=(out,), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while _threads(p.pid) < threads0 + MAX_CONNECTIONS:
+            assert not any("error" in o for o in polls), polls
+            assert time.monotonic() < deadline, "the long polls never all waited"
+            time.sleep(0.05)
+        c0, t0 = _cpu_s(p.pid), time.monotonic()
+        time.sleep(2.0)  # a window to measure the waiting polls' CPU over, not a wait
+        used, wall = _cpu_s(p.pid) - c0, time.monotonic() - t0
+        assert used < 0.1 * wall, f"{used:.2f} s of CPU in {wall:.2f} s: waiting polls spin"
+        for path in ("/readyz", "/healthz", "/metrics", "/instances?live=1"):
+            with urllib.request.urlopen(base + path, timeout=10) as r:
+                assert r.status == 200, path
+        answered = [o["r"] for o in polls if "r" in o]
+        assert not any("error" in o for o in polls), polls
+        assert answered and all(code == 200 and ch["changes"] == [] for code, ch in answered)
+    finally:
+        p.kill()
+        p.wait(10)
+        if p.stdout:
+            p.stdout.close()

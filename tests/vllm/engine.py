@@ -27,6 +27,7 @@ import json
 import os
 import re
 import select
+import signal
 import threading
 import sys
 import time
@@ -46,6 +47,8 @@ TRACE = os.environ.get("SHMHB_VLLM_TRACE") == "1"
 #: a wrapped consumer that sends its producers no shmhb field, so they write on the
 #: board's word alone, with no go-ahead: unsafe, for the bench's measurement only
 NO_GOAHEAD = os.environ.get("SHMHB_VLLM_NO_GOAHEAD") == "1"
+#: the consumer's go-ahead lease, where a test shortens it (connector setting grant_lease_s)
+GRANT_LEASE_S = os.environ.get("SHMHB_VLLM_GRANT_LEASE_S")
 
 __all__ = ["BLOCK_SIZE", "HEAD_SIZE", "NUM_BLOCKS", "NUM_KV_HEADS", "PROMPT_BLOCKS", "Engine", "build"]
 LAYER = "model.layers.0.self_attn.attn"
@@ -163,6 +166,8 @@ def build(a: argparse.Namespace) -> Any:
     if a.wrapped:
         extra: dict[str, Any] = {"inner": inner, "board": a.board,
                                  "on_dead_peer": a.on_dead_peer}
+        if GRANT_LEASE_S is not None:
+            extra["grant_lease_s"] = float(GRANT_LEASE_S)
         ktc = KVTransferConfig(kv_connector="ShmhbConnector", kv_connector_module_path="shmhb.vllm",
                                kv_role=role, engine_id=a.engine_id, kv_connector_extra_config=extra,
                                **policy)
@@ -229,6 +234,9 @@ class Engine:
         self.step_n = 0
         self.step_cpu_ns = 0  # the steps' CPU, all told (the bench's per-thread view)
         self.hold_writes = False  # prefill: cut the next write in the middle (op "hold_writes")
+        #: prefill: stop this process right before its next write (op "stop_before_write"),
+        #: after the consumer's go-ahead: a producer stopped in its read-to-write window
+        self.stop_before_write = False
         self.nixl = getattr(a, "inner", "mooncake") == "nixl"
         self.layout = layout_of(a)
         if a.role == "prefill" and not self.nixl:
@@ -257,6 +265,15 @@ class Engine:
             # On the sender's thread pool, after the consumer's go-ahead.  With
             # ``hold_writes`` the first half of the descriptors is written and the rest
             # waits (for ever, or until the test kills us): a write cut in the middle.
+            if self.stop_before_write:
+                self.stop_before_write = False
+                emit(ev="stopping_before_write")
+                # to this thread (a signal to the process may be taken by another thread
+                # while this one runs on into the write): the whole process stops here
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+                ret = int(write(session, src, dst, lengths))
+                emit(ev="wrote_after_stop", ret=ret)
+                return ret
             if not self.hold_writes:
                 if not TRACE:
                     return int(write(session, src, dst, lengths))
@@ -467,6 +484,9 @@ class Engine:
         elif op == "hold_writes":
             self.hold_writes = True
             emit(ev="holding")
+        elif op == "stop_before_write":
+            self.stop_before_write = True
+            emit(ev="will_stop")
         elif op == "quit":
             self.worker.shutdown()
             emit(ev="bye")

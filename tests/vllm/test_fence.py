@@ -186,9 +186,9 @@ def test_a_well_formed_ask_decodes_and_its_reply_reads_back() -> None:
     ids = [b"a", "é".encode(), b"x" * 256]
     body = encode_ask(2**64 - 1, 7, TOKEN, ids)
     assert decode_ask(body) == (2**64 - 1, 7, TOKEN, ids)
-    reply = encode_reply(5, [True, False, True])
+    reply = encode_reply(5, [True, False, True], 1500)
     assert grants.reply_nonce(reply) == 5
-    assert grants.decode_reply(reply, 5, 3) == [True, False, True]
+    assert grants.decode_reply(reply, 5, 3) == grants.Reply([True, False, True], 1500)
     for bad in (grants.decode_reply(reply, 6, 3), grants.decode_reply(reply, 5, 2),
                 grants.decode_reply(reply[:-1] + b"\x02", 5, 3)):
         assert bad is None
@@ -288,9 +288,9 @@ def test_the_server_grants_only_its_incarnation_and_survives_garbage(
         s = _connect(srv.endpoint)
         socks.append(s)
         s.sendall(pack(encode_ask(1, 76, tok, [b"a"])))  # a restarted consumer's
-        assert grants.decode_reply(_read_frame(s), 1, 1) == [False]
+        assert grants.decode_reply(_read_frame(s), 1, 1).granted == [False]
         s.sendall(pack(encode_ask(2, 77, tok, [b"a", b"nope"])))
-        assert grants.decode_reply(_read_frame(s), 2, 2) == [True, False]
+        assert grants.decode_reply(_read_frame(s), 2, 2).granted == [True, False]
         c = srv.counters()
         assert (c["asks"], c["stale_asks"], c["granted"]) == (2, 1, 1), c
         assert srv.report() == 1 and srv.report() == 0
@@ -358,7 +358,7 @@ def test_a_server_with_no_descriptor_left_rests_and_recovers(native: bool) -> No
         p.stdin.flush()
         assert p.stdout.readline().strip() == "freed"
         conns[0].sendall(pack(encode_ask(1, 5, bytes.fromhex(tok), [b"a"])))
-        assert grants.decode_reply(_read_frame(conns[0]), 1, 1) == [True]
+        assert grants.decode_reply(_read_frame(conns[0]), 1, 1).granted == [True]
     finally:
         for s in conns:
             s.close()
@@ -451,34 +451,48 @@ def _fake_consumer(replies: Callable[[int], tuple[bytes, bool]]
 
 
 def _reply(nonce: int, granted: list[bool]) -> bytes:
-    return pack(encode_reply(nonce, granted))
+    return pack(encode_reply(nonce, granted, grants.LEASE_MS))
 
 
 TOK = TOKEN.hex()
 
 
-def test_a_reply_to_another_nonce_is_skipped_and_a_bad_length_is_no_grant(native: bool) -> None:
-    """A reply that is not this ask's (another nonce, or junk) is skipped, and the ask's
-    own is read after it; a reply with a length of 0 closes the channel and grants
-    nothing."""
-    bad_next = threading.Event()
+def test_a_late_reply_to_an_ask_given_up_is_skipped_and_any_other_stray_frame_is_no_grant(
+        native: bool) -> None:
+    """A reply to an ask given up (it came late) is skipped, and the ask's own is read
+    after it.  A consumer answers each ask once, so a frame that answers no ask (a
+    nonce never asked, junk) closes the channel and grants nothing, as a length of 0
+    does."""
+    mode, held = ["ok"], []
 
     def replies(nonce: int) -> tuple[bytes, bool]:
-        if bad_next.is_set():
-            return b"\x00" * 4 + _reply(nonce, [True]), False
-        return (_reply(nonce + 1, [True, True]) + pack(b"junk")
-                + _reply(nonce, [False, True]), False)
+        how = mode[0]
+        if how == "hold":  # answered later, before the next ask's reply
+            held.append(nonce)
+            return b"", False
+        if how == "late":
+            return b"".join(_reply(n, [True]) for n in held) + _reply(nonce, [False, True]), False
+        stray = {"stranger": _reply(nonce + 1, [True]), "junk": pack(b"junk"),
+                 "zero": b"\x00" * 4}.get(how, b"")
+        return stray + _reply(nonce, [True] * (2 if how == "late" else 1)), False
     ep, _, shut = _fake_consumer(replies)
     asker = GrantAsker(native)
 
-    async def run() -> tuple[list[str], int, list[str], int]:
-        first = await asker.ask(ep, 1, TOK, ["a", "b"], 2.0)
-        kept = asker.open_channels
-        bad_next.set()
-        second = await asker.ask(ep, 1, TOK, ["a"], 2.0)
-        return first, kept, second, asker.open_channels
+    async def run() -> list[object]:
+        out: list[object] = [await asker.ask(ep, 1, TOK, ["x"], 2.0)]
+        mode[0] = "hold"
+        early = asker.ask_now(ep, 1, TOK, ["z"])
+        assert early is not None
+        await asyncio.to_thread(wait_until, lambda: held, timeout_s=5, what="the ask read")
+        asker.forget(early)  # given up; its reply comes with the next one's
+        mode[0] = "late"
+        out += [await asker.ask(ep, 1, TOK, ["a", "b"], 2.0), asker.open_channels]
+        for how in ("stranger", "junk", "zero"):
+            mode[0] = how
+            out += [await asker.ask(ep, 1, TOK, ["c"], 2.0), asker.open_channels]
+        return out
     try:
-        assert _run(asker, run()) == (["b"], 1, [], 0)
+        assert _run(asker, run()) == [["x"], ["b"], 1, [], 0, [], 0, [], 0]
     finally:
         shut()
 
@@ -598,9 +612,10 @@ def test_an_early_ask_is_read_at_the_write_without_a_wait(
 
 def test_a_grant_read_past_the_deadline_is_taken(server_of: Callable[..., FenceServer]) -> None:
     """A producer stopped between its ask and its read finds its deadline passed on
-    resume, the consumer's grant unread.  A grant is a promise the consumer keeps (a
-    GRANTED load is never given up), so the ask returns it: failing it would fail a load
-    the consumer is holding for this write.  Here the reply lands just past the deadline,
+    resume, the consumer's grant unread.  A grant is a promise the consumer keeps for
+    its lease (a GRANTED load is not given up before it ran out), so the ask returns it
+    while the lease runs: failing it would fail a load the consumer is holding for this
+    write.  Here the reply lands just past the deadline,
     as it does for a producer resumed after the deadline (found in CI: a SIGSTOP between
     the ask and the read failed a granted load, and no byte was written)."""
     states = Gated(grants.new_states(False))
@@ -656,3 +671,113 @@ def test_a_grant_waiting_when_a_stopped_producer_resumes_is_taken(
         assert _run(asker, run()) == ["a"]
     finally:
         states.gate.set()
+
+
+# -- the lease ---------------------------------------------------------------------------------
+
+
+def test_a_grant_read_after_its_lease_ran_out_is_not_taken(
+        server_of: Callable[..., FenceServer]) -> None:
+    """A producer stopped between its ask and its write may resume after its consumer's
+    inner connector gave the load up and vLLM reused the blocks.  A grant is promised for
+    its lease only, counted by the producer from its own send: a reply read after that
+    grants nothing (the producer tells the consumer, which recomputes), however the
+    consumer's table reads."""
+    states = Gated(grants.PyStates(lease_ms=300))
+    t = LoadTable(states)  # type: ignore[arg-type]
+    t.start([_load("a"), _load("b")])
+    srv = server_of(t, 3)
+    tok = srv.token_for(EP)
+    asker = GrantAsker()
+    states.gate.clear()
+
+    async def run() -> tuple[list[str], list[str]]:
+        threading.Timer(0.5, states.gate.set).start()  # answered past the 0.3 s lease
+        late = await asker.ask(srv.endpoint, 3, tok, ["a"], 5.0)
+        return late, await asker.ask(srv.endpoint, 3, tok, ["b"], 5.0)  # in time
+    try:
+        late, in_time = _run(asker, run())
+    finally:
+        states.gate.set()
+    assert (late, in_time) == ([], ["b"])
+    assert asker.counts["expired"] == 1
+    assert [ld.state for ld in t.end(["a"], EP)] == [LoadState.GRANTED]  # granted, not used
+
+
+def test_a_grant_over_the_wire_holds_the_load_for_its_lease(
+        native: bool, server_of: Callable[..., FenceServer]) -> None:
+    """The consumer learns, as the load ends, when the lease of its grant ends: the
+    moment the ask was read plus the lease (both drivers), which the reply carries; a
+    local go-ahead (a pull) and a load never granted hold nothing."""
+    t = LoadTable(grants.new_states(native, lease_ms=1500))
+    t.start([_load(r) for r in "abc"])
+    srv = server_of(t, 3)
+    tok = bytes.fromhex(srv.token_for(EP))
+    with _connect(srv.endpoint) as s:
+        t0 = time.monotonic_ns()
+        s.sendall(pack(encode_ask(1, 3, tok, [b"a"])))
+        reply = grants.decode_reply(_read_frame(s), 1, 1)
+        t1 = time.monotonic_ns()
+    assert reply == grants.Reply([True], 1500)
+    assert t.grant(EP, ["b"]) == ["b"]
+    a, b, c = t.end(["a", "b", "c"], EP)
+    assert (a.state, b.state, c.state) == (LoadState.GRANTED, LoadState.GRANTED, LoadState.WAITING)
+    assert t0 + 1_500_000_000 <= a.lease_until_ns <= t1 + 1_500_000_000
+    assert (b.lease_until_ns, c.lease_until_ns) == (0, 0)
+    # the producer's count ends first: from its send, shortened for clock rates
+    assert reply.until_ns(t0) < t0 + 1_500_000_000 <= a.lease_until_ns
+
+
+def test_a_consumer_streaming_replies_never_asked_neither_stalls_nor_delays_the_producer(
+        native: bool) -> None:
+    """The endpoint a producer asks comes from the transfer request.  One that streams
+    well-framed replies to nonces never asked (as fast as the producer reads) is no
+    consumer: a consumer answers each ask once.  Its connection is dropped at the first
+    such reply, the ask is granted nothing within its deadline, and the producer's loop
+    never stalls (it read while the socket stayed readable: a 1.0 s ask returned after
+    1.8 to 4.4 s, and the loop stalled up to 1.8 s)."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    junk = b"".join(_reply(n, [True]) for n in range(1000, 1256))
+
+    def flood() -> None:
+        with lsock:
+            lsock.settimeout(5.0)
+            conn, _ = lsock.accept()
+            with conn:
+                conn.settimeout(0.5)
+                try:
+                    while not stop.is_set():
+                        conn.sendall(junk)
+                except OSError:
+                    return  # the producer closed it
+    th = threading.Thread(target=flood, daemon=True)
+    th.start()
+    ep = f"127.0.0.1:{lsock.getsockname()[1]}"
+    asker = GrantAsker(native)
+
+    async def run() -> tuple[list[str], float, float]:
+        lag = 0.0
+
+        async def ticker() -> None:
+            nonlocal lag
+            loop = asyncio.get_running_loop()
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.01)
+                lag = max(lag, loop.time() - t - 0.01)
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        got = await asker.ask(ep, 1, TOK, ["a"], 1.0)
+        took = time.monotonic() - t0
+        tick.cancel()
+        return got, took, lag
+    try:
+        got, took, lag = _run(asker, run())
+    finally:
+        stop.set()
+        th.join(5.0)
+    assert got == []
+    assert took < 1.0 + LAST_LOOK_S, took
+    assert lag < 0.2, f"the loop stalled {lag:.2f} s"

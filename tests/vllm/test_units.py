@@ -22,9 +22,10 @@ TOK = "0" * 32
 def test_settings_and_keys() -> None:
     inner = {"kv_connector": "MooncakeConnector"}
     s = ConnectorSettings.from_extra_config({"inner": inner, "on_dead_peer": "fail"})
-    assert s.on_dead_peer == "fail" and s.grant_timeout_s == 2.0
+    assert s.on_dead_peer == "fail" and s.grant_timeout_s == 2.0 and s.grant_lease_s == 30.0
     for bad in ({}, {"inner": {"kv_connector": "ShmhbConnector"}},
                 {"inner": inner, "on_dead_peer": "retry"}, {"inner": inner, "grant_timeout_s": -1},
+                {"inner": inner, "grant_lease_s": 0.5}, {"inner": inner, "grant_lease_s": 4.0},
                 {"inner": inner, "act_on_suspect": "yes"}, {"inner": inner, "board": 3}):
         with pytest.raises(InvalidConfig):
             ConnectorSettings.from_extra_config(bad)
@@ -200,7 +201,11 @@ def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> 
     w = Worker32()
     assert not settles_per_peer(w)
     ended: list[tuple[str, list[str]]] = []
-    ledger = Ledger(w, lambda ep, reqs: ended.append((ep, reqs)))
+
+    def on_settled(ep: str, reqs: list[str]) -> dict[str, int]:
+        ended.append((ep, reqs))
+        return {}
+    ledger = Ledger(w, on_settled, lambda n: None)
     ledger.install()
     pm = SimpleNamespace(pull_tasks_count=2, failed=False, local_block_ids=[[4, 5]], d_req_id="r")
 
@@ -226,3 +231,63 @@ def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> 
     assert w.finished_recving_reqs == {"r"} and pm.pull_tasks_count == 0 and pm.failed
     assert w._invalid_block_ids.get_nowait() == {4, 5} and w._invalid_block_ids.empty()
     assert ended == [("A", ["r"])]
+
+
+class _Worker32:
+    """The fields of a vLLM 0.32 Mooncake consumer worker that the backported settlement
+    uses (its own settlement must not run)."""
+
+    def __init__(self) -> None:
+        import queue
+        from types import SimpleNamespace
+        self.finished_recving_reqs: set[str] = set()
+        self._invalid_block_ids: queue.Queue[set[int]] = queue.Queue()
+        self._failed_recv_reqs: queue.Queue[str] = queue.Queue()
+        self._is_hma_required = False
+        self.xfer_stats = SimpleNamespace(record_failed_recv=lambda: None)
+
+    def _handle_failed_recv(self, *a: object) -> None:
+        raise AssertionError("0.32's own settlement must not run")
+
+    def process_pulling_result(self, *a: object) -> None:
+        raise AssertionError("0.32's own settlement must not run")
+
+
+def test_ledger_holds_a_granted_loads_failure_until_its_lease_ran_out() -> None:
+    """The inner gives a granted load up on its own (its receive timed out): the
+    producer may still start its write until the grant's lease ends, so the failure
+    (which hands the blocks back to vLLM) is reported only then.  A failure the producer
+    itself reported is not held: its write call is over."""
+    import time
+    from types import SimpleNamespace
+
+    from shmhb.vllm.mooncake_pulls import Ledger
+
+    w = _Worker32()
+    lease_s = 0.4
+    held: list[int] = []
+    ledger = Ledger(w, lambda ep, reqs: {r: time.monotonic_ns() + int(lease_s * 1e9)
+                                         for r in reqs}, held.append)
+    ledger.install()
+
+    def pm(rid: str) -> SimpleNamespace:
+        return SimpleNamespace(pull_tasks_count=1, failed=False, local_block_ids=[[1]], d_req_id=rid)
+    timed_out, answered = pm("t"), pm("a")
+
+    async def run() -> tuple[set[str], float]:
+        task = asyncio.current_task()
+        ledger.begin(task, "P")
+        w._handle_failed_recv({"t": timed_out}, ["t"], "transfer failed: Resource temporarily unavailable")
+        w.process_pulling_result(SimpleNamespace(ok_reqs=None, err_reqs=["a"], err_msg="x"),
+                                 {"a": answered})
+        ledger.finish(task, {})
+        at_once = set(w.finished_recving_reqs)
+        t0 = time.monotonic()
+        while "t" not in w.finished_recving_reqs and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.01)
+        return at_once, time.monotonic() - t0
+    at_once, took = asyncio.run(run())
+    assert at_once == {"a"}  # the producer's own answer: at once
+    assert w.finished_recving_reqs == {"a", "t"} and timed_out.failed
+    assert lease_s - 0.05 <= took < lease_s + 5, took  # the inner's give-up: at the lease's end
+    assert held == [1]

@@ -21,8 +21,8 @@ from tests.conftest import wait_until
 from .conftest import make_stack
 from .engine import BLOCK_SIZE, HEAD_SIZE, NUM_BLOCKS, NUM_KV_HEADS
 from .stack import (
-    POLICY, EngineProc, Stack, bootstrap_ep, expected_digest, inner_engines, live, new_ids, transfer,
-    wait_alive_on_decode_host, zeros_digest,
+    DECODE_IP, POLICY, PREFILL_IP, EngineProc, Stack, bootstrap_ep, expected_digest, inner_engines,
+    live, new_ids, transfer, wait_alive_on_decode_host, zeros_digest,
 )
 
 KILL_BOUND_S = 1.0  # kill -> failed load
@@ -153,3 +153,53 @@ def test_decode_killed_during_send_freed_at_once_restarted_decode_untouched(wrap
         hashlib.sha256(zeros.tobytes()).hexdigest()[:16]
     stats = p.request("stats", "stats")["data"]
     assert stats is not None and stats["shmhb"].get("denied_writes", 0) >= 1, stats
+
+
+#: the consumer's lease in the test below, and its inner connector's give-up: Mooncake's
+#: request socket times out after VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 s (540 s by
+#: default), so -57 makes it 3 s
+LEASE_S = 5.0
+INNER_GIVE_UP_S = 3.0
+
+
+def test_a_producer_stopped_between_its_grant_and_its_write_never_writes_after_the_failure(
+        wrapped: Stack) -> None:
+    """The producer is granted the write (asked as it read the request), then stopped
+    right before the write, past its consumer's inner give-up.  The consumer reports the
+    load failed only once the grant's lease has run out (vLLM then reuses the blocks),
+    and the producer, resumed, finds the lease over and does not write: the blocks stay
+    all zeros.  Before, the consumer reported the failure at its give-up and the resumed
+    producer, still holding "granted", wrote into blocks handed back to vLLM."""
+    port = wrapped.new_port([PREFILL_IP, DECODE_IP])
+    p = wrapped.start("prefill", wrapped=True, bootstrap_port=port)
+    d = wrapped.start("decode", wrapped=True, bootstrap_port=port, env={
+        "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": str(int(INNER_GIVE_UP_S) - 60),
+        "SHMHB_VLLM_GRANT_LEASE_S": str(LEASE_S)})
+    wait_alive_on_decode_host(wrapped, p)
+    _, b = transfer(p, d, seed=300)  # the pair works (and the connections are made)
+    assert b["ev"] == "loaded" and b["digest"] == expected_digest(300)
+    rid, xid = new_ids("stopped")
+    p.request("prefill", "prefilled", rid=rid, transfer_id=xid, seed=301)
+    p.send("finish", rid=rid)
+    p.expect("finished", rid=rid)
+    p.request("stop_before_write", "will_stop")
+    d.send("load", rid=rid, transfer_id=xid, engine_id=p.engine_id, bootstrap=p.bootstrap)
+    t_loading = d.expect("loading", rid=rid)["t"]
+    p.expect("stopping_before_write", timeout_s=30)
+    try:
+        ev = d.expect("loaded", "load_failed", rid=rid, timeout_s=LEASE_S + 30)
+        assert ev["ev"] == "load_failed", ev
+        # not at the inner's give-up (3 s), but once the lease ran out (5 s after the
+        # ask was read, which came after "loading")
+        assert ev["t"] - t_loading >= LEASE_S - 0.05, ev["t"] - t_loading
+    finally:
+        p.cont()
+    assert p.expect("wrote_after_stop", timeout_s=30)["ret"] != 0  # not written
+    wait_alive_on_decode_host(wrapped, p)
+    _, b = transfer(p, d, seed=302)
+    assert b["ev"] == "loaded" and b["digest"] == expected_digest(302)
+    assert d.request("digest", "digest", rid=rid)["digest"] == zeros_digest()
+    expired = p.request("stats", "stats")["data"]
+    assert expired is not None and expired["shmhb"].get("expired_grants", 0) == 1, expired
+    held = d.request("stats", "stats")["data"]
+    assert held is not None and held["shmhb"].get("held_failures", 0) == 1, held
