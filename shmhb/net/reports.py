@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..board.handle import Board
 from ..board.core import board_words
@@ -27,6 +28,13 @@ from .state import AgentWords
 from .following import Target, host_of, own_endpoints
 
 _DEAD_OR_LEFT = (Status.DEAD.code, Status.LEFT.code)
+
+
+class Stored(NamedTuple):
+    """What writing a digest's rows did (``Reports._store``)."""
+    missed: int  # entries that found no free row
+    changed: bool  # a row was freed, added, or changed its incarnation, gen or status
+
 
 #: how long a host's capped word leads the rows given back for its share, and trails the
 #: rows stored once all fit (``Reports.digest``): far more than a store takes to reach
@@ -113,9 +121,35 @@ class Reports:
             kept = entries[:share] + tuple(e for e in entries[share:] if e.key in t.remotes)
         else:
             kept = entries[:share]
+        stored = self._store(t, kept, now_ns, base_ns)
+        missed, changed = stored.missed, stored.changed
+        # past its share, whether or not given back yet: the word stays set meanwhile
+        capped = max(len(entries) - len(kept) + missed, over)
+        if capped:
+            self._uncapping.pop(t.address, None)
+            if not t.capped_since_ns:
+                t.capped_since_ns = now_ns
+            if capped != t.capped:
+                self._set_capped(t, capped)
+                changed = True
+            self.w.count("remote_capped", capped)
+            self._warn(f"capped {t.address}", "pinger: %s lists %d workers; %d are not stored "
+                       "here (its share of this board's remote table is %d of %d rows), and "
+                       "read unknown: create the board with more remote_slots",
+                       t.address, len(entries), capped, share, self.b.sizes.nremote)
+        elif t.capped and t.address not in self._uncapping:
+            self._uncapping[t.address] = (t, now_ns + SETTLE_NS)  # the word trails the rows
+        if changed:
+            self.w.changed()
+        return missed > 0 or len(kept) > share
+
+    def _store(self, t: Target, kept: tuple[DigestEntry, ...], now_ns: int,
+               base_ns: int | None) -> Stored:
+        """``kept``'s rows written for ``t``, every other row of ``t``'s freed first (the
+        rows it gives back make room for its own)."""
         seen = {e.key for e in kept}
         changed = False
-        for key in list(t.remotes):  # first: the rows it gives back make room for its own
+        for key in list(t.remotes):
             if key not in seen:
                 self.rows.free_remote(t.remotes.pop(key).row)
                 changed = True
@@ -136,25 +170,7 @@ class Reports:
                     or before != e.status:
                 changed = True
             t.remotes[e.key] = got
-        # past its share, whether or not given back yet: the word stays set meanwhile
-        capped = max(len(entries) - len(kept) + missed, over)
-        if capped:
-            self._uncapping.pop(t.address, None)
-            if not t.capped_since_ns:
-                t.capped_since_ns = now_ns
-            if capped != t.capped:
-                self._set_capped(t, capped)
-                changed = True
-            self.w.count("remote_capped", capped)
-            self._warn(f"capped {t.address}", "pinger: %s lists %d workers; %d are not stored "
-                       "here (its share of this board's remote table is %d of %d rows), and "
-                       "read unknown: create the board with more remote_slots",
-                       t.address, len(entries), capped, share, self.b.sizes.nremote)
-        elif t.capped and t.address not in self._uncapping:
-            self._uncapping[t.address] = (t, now_ns + SETTLE_NS)  # the word trails the rows
-        if changed:
-            self.w.changed()
-        return missed > 0 or len(kept) > share
+        return Stored(missed, changed)
 
     def _set_capped(self, t: Target, count: int) -> None:
         t.capped = count
