@@ -24,11 +24,11 @@ from tests.conftest import wait_until
 
 require_vllm()
 
-from shmhb.vllm import fence, grants  # noqa: E402
-from shmhb.vllm.fence import LAST_LOOK_S, FenceServer, GrantAsker  # noqa: E402
-from shmhb.vllm.fencewire import MAX_FRAME, next_frame, pack  # noqa: E402
-from shmhb.vllm.grants import Tokens, decode_ask, encode_ask, encode_reply  # noqa: E402
-from shmhb.vllm.loads import Load, LoadState, LoadTable  # noqa: E402
+from shmhb.kv import fence, grants  # noqa: E402
+from shmhb.kv.fence import LAST_LOOK_S, FenceServer, GrantAsker  # noqa: E402
+from shmhb.kv.fencewire import MAX_FRAME, next_frame, pack  # noqa: E402
+from shmhb.kv.grants import Tokens, decode_ask, encode_ask, encode_reply  # noqa: E402
+from shmhb.kv.loads import Load, LoadState, LoadTable  # noqa: E402
 from ..children import child
 
 EP = "127.0.0.2:4000"
