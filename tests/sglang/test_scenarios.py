@@ -1,0 +1,99 @@
+"""SGLang 0.5.23's P/D on Mooncake with shmhb's wrapper: a prefill killed, stopped or
+restarted fails the decode's rooms within a poll of the board's verdict (stock SGLang:
+its health check, 2 x 5 s here; 300 s after a fast restart), the stale entries are
+evicted so the next room reaches a restarted prefill, and no byte lands in pages the
+decode gave up.  Real processes on 127.0.0.2 (prefill) and 127.0.0.3 (decode), each host
+with its board and pinger."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import make_stack, require_sglang
+
+require_sglang()
+
+from .engine import expected_digest, zeros_digest  # noqa: E402
+from .stack import Rank, Stack, alive_on_decode_host, new_room  # noqa: E402
+
+pytestmark = pytest.mark.system
+
+#: the wrapped decode fails a room this soon after its prefill is killed (the board's
+#: verdict is a pidfd read plus a push; the rest is load on a shared 2-core machine);
+#: stock SGLang takes its health check, 2 failures x 5 s, here
+FAST_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: Any) -> Iterator[Stack]:
+    yield from make_stack(tmp_path_factory, wrapped=True)
+
+
+def live(stack: Stack, role: str) -> Rank:
+    return [r for r in stack.ranks if r.role == role and r.p.poll() is None][-1]
+
+
+def prefill(stack: Stack) -> Rank:
+    return live(stack, "prefill") if any(
+        r.role == "prefill" and r.p.poll() is None for r in stack.ranks) else stack.start("prefill")
+
+
+def decode(stack: Stack) -> Rank:
+    return live(stack, "decode") if any(
+        r.role == "decode" and r.p.poll() is None for r in stack.ranks) else stack.start("decode")
+
+
+def served(p: Rank, d: Rank, seed: int = 1) -> None:
+    room = new_room()
+    p.send("prefill", room=room, seed=seed)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    ev = d.expect("received", "recv_failed", room=room, timeout_s=60)
+    assert ev["ev"] == "received", ev
+    assert ev["digest"] == expected_digest(seed, 64)
+    p.expect("sent", room=room)
+
+
+def test_wrapped_ranks_serve_a_room(stack: Stack) -> None:
+    p, d = prefill(stack), decode(stack)
+    assert d.ready["manager"] == "shmhb.sglang.manager", "the plugin did not install the wrapper"
+    served(p, d)
+
+
+def test_prefill_killed_while_the_decode_waits_fails_the_room_at_once(stack: Stack) -> None:
+    p, d = prefill(stack), decode(stack)
+    served(p, d)  # the decode knows the prefill (its tables hold it)
+    alive_on_decode_host(stack, p)
+    room = new_room()
+    p.send("prefill", room=room, seed=2, hold=True)  # bootstrapped, never computed
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    t_kill = p.kill()
+    ev = d.expect("recv_failed", room=room, timeout_s=30)
+    print(f"room failed {ev['t'] - t_kill:.3f} s after the kill: {ev['reason']}")
+    assert ev["t"] - t_kill < FAST_S, ev
+    assert "shmhb" in ev["reason"]
+    st = d.request("state", "state")
+    assert p.bootstrap not in st["rooms"]
+    assert not any(k.startswith(p.bootstrap) for k in st["connection_pool"]), st
+    assert p.bootstrap not in st["prefill_info_table"], st
+    # restarted on the same address: the next room reaches the new process
+    p2 = stack.start("prefill")
+    served(p2, d, seed=3)
+
+
+def test_prefill_killed_before_the_room_no_room_goes_to_its_port(stack: Stack) -> None:
+    p, d = prefill(stack), decode(stack)
+    served(p, d)
+    alive_on_decode_host(stack, p)
+    p.kill()
+    room = new_room()
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    ev = d.expect("received", "recv_failed", room=room, timeout_s=30)
+    assert ev["ev"] == "recv_failed", ev
+    assert ev["after_s"] < FAST_S, ev
+    assert d.request("digest", "digest")["digest"] == zeros_digest(64)
+    p2 = stack.start("prefill")
+    served(p2, d, seed=4)
