@@ -94,10 +94,15 @@ class DecodeGuard:
                                                 self.fence.token_for(ep)))
 
     def _verdict(self, ep: str) -> str | None:
+        """Why rank ``ep`` gets no message, or None.  A rank dropped before stays
+        refused until the board reads it ALIVE again (a stopped rank resumed), where
+        the board has a view of it."""
+        s = self.rank.board.remote(ep)
+        if s is not None and s.status is Status.ALIVE:
+            self._dropped.pop(ep, None)
         why = self._dropped.get(ep)
         if why is not None:
             return why
-        s = self.rank.board.remote(ep)
         if s is None or s.status is Status.UNKNOWN:
             return None  # not seen yet, or nobody observes here: no verdict
         if s.status is Status.DEAD:

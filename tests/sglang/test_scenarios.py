@@ -97,3 +97,44 @@ def test_prefill_killed_before_the_room_no_room_goes_to_its_port(stack: Stack) -
     assert d.request("digest", "digest")["digest"] == zeros_digest(64)
     p2 = stack.start("prefill")
     served(p2, d, seed=4)
+
+
+def test_prefill_stopped_while_the_decode_waits_never_writes_after_the_give_up(
+        stack: Stack) -> None:
+    """SIGSTOP: the decode fails the room at the board's DEAD (dead-after, 2 s here) and
+    gives its go-ahead up; the prefill, resumed with the room in hand, asks, is refused,
+    writes nothing and frees the room; then it serves again."""
+    p, d = prefill(stack), decode(stack)
+    served(p, d)
+    alive_on_decode_host(stack, p)
+    room = new_room()
+    p.send("prefill", room=room, seed=5, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    t_stop = p.stop()
+    p.send("go", room=room)  # read when it resumes: the write it was about to do
+    ev = d.expect("recv_failed", room=room, timeout_s=30)
+    print(f"room failed {ev['t'] - t_stop:.3f} s after the stop: {ev['reason']}")
+    assert ev["t"] - t_stop < 2.0 + FAST_S, ev
+    p.cont()
+    sent = p.expect("sent", "send_failed", room=room, timeout_s=30)
+    assert sent["ev"] == "send_failed", sent
+    assert "no go-ahead" in sent["reason"] or "gone" in sent["reason"], sent
+    assert d.request("digest", "digest")["digest"] == zeros_digest(64), "a write landed after the give-up"
+    alive_on_decode_host(stack, p)
+    served(p, d, seed=6)
+
+
+def test_decode_killed_while_the_prefill_holds_its_room_frees_it_at_once(stack: Stack) -> None:
+    p, d = prefill(stack), decode(stack)
+    served(p, d)
+    room = new_room()
+    p.send("prefill", room=room, seed=7, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    t_kill = d.kill()
+    ev = p.expect("send_failed", room=room, timeout_s=30)
+    print(f"prefill room freed {ev['t'] - t_kill:.3f} s after the decode's kill: {ev['reason']}")
+    assert ev["t"] - t_kill < FAST_S, ev
+    assert "decode" in ev["reason"] and "shmhb" in ev["reason"], ev
+    served(p, decode(stack), seed=8)
