@@ -418,7 +418,7 @@ def parse_extra(v: Any) -> Extra | None:
     if not isinstance(v, dict):
         return None
     inc, fence = v.get("inc"), v.get("fence")
-    if not isinstance(inc, int) or not 0 < inc < 1 << 64:
+    if isinstance(inc, bool) or not isinstance(inc, int) or not 0 < inc < 1 << 64:
         return None
     try:
         return inc, check_endpoint(fence), _token(v.get("tok"))

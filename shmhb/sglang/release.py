@@ -30,9 +30,16 @@ def installed() -> str | None:
         return None
 
 
-def check(version: str | None = None) -> None:
+def refusal(have: str | None) -> str | None:
+    """Why a process running SGLang ``have`` (None: none) may not be wrapped, or None."""
+    if have == SUPPORTED:
+        return None
+    return (f"shmhb.sglang supports sglang {SUPPORTED} only; this process runs "
+            f"{have or 'no sglang'}: {HINT}")
+
+
+def check() -> None:
     """``UnsupportedRelease`` naming what to install, unless SGLang is ``SUPPORTED``."""
-    have = installed() if version is None else version
-    if have != SUPPORTED:
-        raise UnsupportedRelease(f"shmhb.sglang supports sglang {SUPPORTED} only; this process "
-                                 f"runs {have or 'no sglang'}: {HINT}")
+    why = refusal(installed())
+    if why is not None:
+        raise UnsupportedRelease(why)
