@@ -15,9 +15,10 @@ point installs the wrapped manager; without it the rank is stock.
 
 Commands (``op``): ``prefill`` (a room: its sender waits for the decode's metadata, then
 sends unless ``hold``), ``go`` (send a held room), ``recv`` (a room on the decode: its
-receiver sends its metadata and waits), ``digest`` (of decode pages), ``state`` (the
-decode manager's tables), ``quit``.  Events (``ev``): ``ready``, ``waiting``, ``sent``,
-``send_failed``, ``received``, ``recv_failed``, ``digest``, ``state``.
+receiver sends its metadata and waits), ``digest`` (of decode pages), ``landed`` (how
+many pages hold bytes), ``state`` (the decode manager's tables), ``quit``.  Events
+(``ev``): ``ready``, ``waiting``, ``metadata_sent``, ``sent``, ``send_failed``,
+``received``, ``recv_failed``, ``digest``, ``landed``, ``state``.
 """
 
 from __future__ import annotations
@@ -217,6 +218,11 @@ class Engine:
         b = self.kv[start * PAGE_BYTES:(start + pages) * PAGE_BYTES].numpy().tobytes()
         return hashlib.sha256(b).hexdigest()[:16]
 
+    def landed(self, start: int, pages: int) -> int:
+        """How many of these pages hold anything but zeros (a write under way)."""
+        v = self.kv[start * PAGE_BYTES:(start + pages) * PAGE_BYTES].view(pages, PAGE_BYTES)
+        return int(v[:, :64].any(dim=1).sum())
+
     def state(self) -> dict[str, Any]:
         m = self.mgr
         with m.connection_lock:
@@ -248,6 +254,8 @@ def main() -> None:
                 cmd.get("pages", a.pages))).start()
         elif op == "digest":
             emit("digest", digest=eng.digest(cmd.get("start", 0), cmd.get("pages", a.pages)))
+        elif op == "landed":
+            emit("landed", pages=eng.landed(cmd.get("start", 0), cmd.get("pages", a.pages)))
         elif op == "state":
             emit("state", **eng.state())
     import shmhb.sglang
