@@ -62,6 +62,14 @@ def test_wrapped_ranks_serve_a_room(stack: Stack) -> None:
     p, d = prefill(stack), decode(stack)
     assert d.ready["manager"] == "shmhb.sglang.manager", "the plugin did not install the wrapper"
     served(p, d)
+    port = stack.bootstrap_port
+    keys = {s.key: s for s in stack.prefill_host.board.slots()}
+    rank = keys[f"sglang/p/{p.bootstrap}/dp0/tp0/pp0"]
+    assert rank.pid == p.pid and p.bootstrap in rank.endpoints, rank
+    assert f"{p.ip}:{p.ready['rank_port']}" in rank.endpoints, rank
+    assert f"inst/prefill/{port}/sglang-{p.ip}-{port}" in keys, sorted(keys)  # for routers
+    assert any(s.key.startswith("sglang/d/") and s.pid == d.pid
+               for s in stack.decode_host.board.slots())
 
 
 def test_prefill_killed_while_the_decode_waits_fails_the_room_at_once(stack: Stack) -> None:
@@ -182,3 +190,27 @@ def test_prefill_killed_mid_transfer_the_room_fails_and_no_later_room_goes_to_it
     d.send("recv", room=served_after, bootstrap=p2.bootstrap)
     ev = d.expect("received", "recv_failed", room=served_after, timeout_s=60)
     assert ev["ev"] == "received" and ev["digest"] == expected_digest(11, BIG), ev
+
+
+def test_a_suspect_prefill_convicts_nothing(stack: Stack) -> None:
+    """Stopped past suspect-after but resumed before dead-after (a long pause): the
+    room it holds is written and served, as if nothing happened."""
+    from shmhb import Status
+    p, d = prefill(stack), decode(stack)
+    served(p, d)
+    alive_on_decode_host(stack, p)
+    ep = f"{p.ip}:{p.ready['rank_port']}"
+    room = new_room()
+    p.send("prefill", room=room, seed=12, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    p.stop()
+    try:
+        wait_until(lambda: (s := stack.decode_host.board.remote(ep)) is not None
+                   and s.status is Status.SUSPECT, timeout_s=1.8, poll_s=0.01,
+                   what="the prefill SUSPECT on the decode host")
+    finally:
+        p.cont()
+    p.send("go", room=room)
+    ev = d.expect("received", "recv_failed", room=room, timeout_s=30)
+    assert ev["ev"] == "received" and ev["digest"] == expected_digest(12, 64), ev
