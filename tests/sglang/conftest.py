@@ -34,7 +34,7 @@ def require_sglang() -> None:
         return
     for mod in ("sglang", "mooncake"):
         if importlib.util.find_spec(mod) is None:
-            pytest.skip(HOW)
+            pytest.skip(HOW, allow_module_level=True)
 
 
 def isolate() -> None:
