@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own P/D on Mooncake, stock against shmhb's wrapper: each scenario's
 outcome and its time, written to ``bench/results_sglang.md``.
 
-    python -m bench.sglang [--out PATH] [--cap-s 40]     # about 6 minutes on 2 busy cores
+    python -m bench.sglang [--out PATH] [--cap-s 40]     # about 7 minutes on 2 busy cores
 
 Run in the venv of ``.ci/sglang``.  The stack is ``tests/sglang/stack.py``'s: a prefill
 rank on 127.0.0.2 and a decode rank on 127.0.0.3, each its own process with SGLang's real
