@@ -3,7 +3,7 @@
 ``shmhb._native`` (the board's hot paths in C) and ``shmhb._fence`` (the go-ahead's
 grants, answered without the GIL) are optional: where no compiler or no Python headers
 exist, ``pip install .`` still succeeds and shmhb runs on its pure-Python paths
-(``shmhb.board.native.native`` and ``shmhb.vllm.grants.native`` are then False).
+(``shmhb.board.native.native`` and ``shmhb.kv.grants.native`` are then False).
 """
 
 from setuptools import Extension, setup

@@ -26,9 +26,9 @@ PRODUCER = "127.0.0.1:1"
 
 def _consumer(native: bool, asks: int, conn: Connection) -> None:
     """A consumer with ``asks`` loads waiting, busy in Python until told to stop."""
-    from shmhb.vllm import grants
-    from shmhb.vllm.fence import FenceServer
-    from shmhb.vllm.loads import Load, LoadTable
+    from shmhb.kv import grants
+    from shmhb.kv.fence import FenceServer
+    from shmhb.kv.loads import Load, LoadTable
     t = LoadTable(grants.new_states(native))
     t.start(Load(f"r{i}", PRODUCER, "e", frozenset(), None) for i in range(asks))
     srv = FenceServer("127.0.0.1", 7, t.states, t.tokens)
@@ -45,7 +45,7 @@ def _consumer(native: bool, asks: int, conn: Connection) -> None:
 
 
 async def _run(eps: dict[str, tuple[str, str]], asks: int) -> dict[str, list[float]]:
-    from shmhb.vllm.fence import GrantAsker
+    from shmhb.kv.fence import GrantAsker
     asker = GrantAsker()
     out: dict[str, list[float]] = {k: [] for k in eps}
     try:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fence", description=__doc__)
     ap.add_argument("--asks", type=int, default=300, help="asks per variant (default 300)")
     a = ap.parse_args(argv)
-    from shmhb.vllm import grants
+    from shmhb.kv import grants
     if not grants.native:
         raise SystemExit("shmhb._fence is not built: python setup.py build_ext --inplace")
     ctx = mp.get_context("spawn")

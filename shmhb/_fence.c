@@ -1,16 +1,16 @@
 /* shmhb._fence: the go-ahead's consumer side in C, so that a producer's ask is answered
- * without this process's GIL (see shmhb/vllm/grants.py, which picks the path, and
- * shmhb/vllm/fence.py, which documents the wire and mirrors this decoder in Python).
+ * without this process's GIL (see shmhb/kv/grants.py, which picks the path, and
+ * shmhb/kv/fence.py, which documents the wire and mirrors this decoder in Python).
  *
  *   GrantTable  the state of each load (WAITING, GRANTED, ABANDONED), keyed by the
  *               16-byte token of the producer it was asked of and the request id, under
  *               one pthread mutex; a load granted over the wire also holds when its
  *               lease ends (CLOCK_MONOTONIC ns: the moment its ask was read, plus the
- *               table's lease, which every reply carries; shmhb/vllm/grants.py argues
+ *               table's lease, which every reply carries; shmhb/kv/grants.py argues
  *               the lease).  Python starts, abandons, grants (a pull's local
  *               go-ahead) and ends loads; the server thread grants.  The mutex makes a
  *               grant and an abandon of one load exclude each other: exactly one moves
- *               it out of WAITING (the fence's one rule, shmhb/vllm/loads.py).  That
+ *               it out of WAITING (the fence's one rule, shmhb/kv/loads.py).  That
  *               is a lock, not a lock-free word, on purpose: this is not a hot path of
  *               the board, a grant looks up to 1024 loads at once, and a mutex's
  *               acquire/release order is what makes it right on aarch64 as on x86.
@@ -334,7 +334,7 @@ static Py_ssize_t table_len(GrantTable *self) {
  * is looked up before the whole frame is checked.  *granted: loads it granted;
  * *stale: 1 when the ask named another incarnation (nothing granted).  Each grant's
  * lease runs from now: the ask was sent before it was read, so the producer's own
- * count (from its send) ends no later than this one (shmhb/vllm/grants.py). */
+ * count (from its send) ends no later than this one (shmhb/kv/grants.py). */
 static int answer(GrantTable *t, uint64_t incarnation, const uint8_t *f, size_t n,
                   uint8_t *out, size_t *outlen, unsigned *granted, int *stale) {
     *granted = 0;
@@ -789,7 +789,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "shmhb._fence",
-    "The go-ahead's grants in C, answered without the GIL; see shmhb.vllm.grants.", -1,
+    "The go-ahead's grants in C, answered without the GIL; see shmhb.kv.grants.", -1,
     module_methods,
 };
 

@@ -68,7 +68,10 @@ LONG_FUNCTIONS_FOR_NOW: dict[str, int] = {
 #: testing  seams for tests (``shmhb/testing/``): the fake network, loopback hosts
 #: cli      the command and the operator tools (``shmhb/cli/``): status views,
 #:          exporter, gc, check, router feeds, the demo
+#: kv       what the KV-transfer wrappers share (``shmhb/kv/``): the go-ahead fence and
+#:          the consumer's table of loads; imports no serving stack
 #: vllm     the vLLM connector (``shmhb/vllm/``, a client of the board like any worker)
+#: sglang   the SGLang Mooncake backend's wrapper (``shmhb/sglang/``), the same kind of client
 #: package  the package's facade (``shmhb``)
 #:
 #: each layer with the layers its modules may import (its own included)
@@ -81,7 +84,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "cli": frozenset({"base", "board", "net", "agent", "testing", "cli"}),
     # agent: the public Board (``shmhb.agent.embedded.Board``), whose register joins the
     # host's embedded agent, as any worker's does
-    "vllm": frozenset({"base", "board", "agent", "vllm"}),
+    "kv": frozenset({"base", "board", "kv"}),
+    "vllm": frozenset({"base", "board", "agent", "kv", "vllm"}),
+    "sglang": frozenset({"base", "board", "agent", "kv", "sglang"}),
     "package": frozenset({"base", "board", "net", "agent"}),
 }
 

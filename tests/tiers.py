@@ -26,7 +26,7 @@ PROCESS_FIXTURES = frozenset({"procs", "cluster"})
 #: folders of tests/ whose tests run against real third-party stacks in a venv of their
 #: own (.ci/run's later stages), each test through fixtures of the folder that start
 #: the stack's processes: all ``system``
-SYSTEM_FOLDERS = frozenset({"routers", "vllm", "vllm_ascend"})
+SYSTEM_FOLDERS = frozenset({"routers", "vllm", "vllm_ascend", "sglang"})
 
 TESTS = Path(__file__).resolve().parent
 

@@ -22,11 +22,11 @@ from ..board.reaper import DropReason, Link, LinkReaper
 from ..status import Status
 from ..errors import ShmhbError
 from ..ratelog import RateLimitedLog
-from . import grants
+from ..kv import grants
 from .inner import InnerAdapter
-from .fence import Allowed, Ask, Extra, FenceServer, GrantAsker, parse_extra
+from ..kv.fence import Allowed, Ask, Extra, FenceServer, GrantAsker, parse_extra
 from .instance import register_engine_instance, role_of
-from .loads import Load, LoadState, LoadTable
+from ..kv.loads import Load, LoadState, LoadTable
 from .settings import ConnectorSettings, rank_key
 from .verdict import producer_verdict
 from .stats import Counts

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
-from .fence import Allowed
+from ..kv.fence import Allowed
 from .settings import Rank
 
 

@@ -27,7 +27,7 @@ class ConnectorSettings:
     long a producer waits for its consumer's go-ahead before it gives the write up.
     ``grant_lease_s``: what a consumer's go-ahead promises: the producer writes only
     within it (counted from its ask), and the consumer holds a granted load's blocks at
-    least that long (shmhb.vllm.grants, "The lease"); longer than the producer's wait
+    least that long (shmhb.kv.grants, "The lease"); longer than the producer's wait
     for the answer, so a late answer still serves.  ``serving_url``: the engine's API server as routers reach it (``http://host:port``),
     recorded in its instance slot for ``shmhb feed`` (shmhb.board.instances)."""
 

@@ -3,9 +3,9 @@ and token, then "full"; on stdin, "cpu" prints its CPU seconds, "free" frees the
 descriptors it holds"""
 
 import os, resource, sys
-from shmhb.vllm import grants
-from shmhb.vllm.fence import FenceServer
-from shmhb.vllm.loads import Load, LoadTable
+from shmhb.kv import grants
+from shmhb.kv.fence import FenceServer
+from shmhb.kv.loads import Load, LoadTable
 t = LoadTable(grants.new_states(sys.argv[1] == "1"))
 t.start([Load("a", "127.0.0.2:4000", "e1", frozenset({1}), token=object())])
 srv = FenceServer("127.0.0.1", 5, t.states, t.tokens)

@@ -12,7 +12,7 @@ from .conftest import require_vllm
 require_vllm()
 
 from shmhb.errors import InvalidConfig  # noqa: E402
-from shmhb.vllm.fence import parse_extra  # noqa: E402
+from shmhb.kv.fence import parse_extra  # noqa: E402
 from shmhb.vllm.settings import ConnectorSettings, engine_prefix, rank_key  # noqa: E402
 
 EP = "127.0.0.2:4000"

@@ -1,4 +1,4 @@
-"""The go-ahead's transport (``shmhb.vllm.fence``): length-prefixed frames over plain TCP.
+"""The go-ahead's transport (``shmhb.kv.fence``): length-prefixed frames over plain TCP.
 
 A frame is a 4-byte big-endian unsigned length, then that many bytes (1 to
 ``MAX_FRAME``).  Any other length is a bad frame, and the connection that sent it is

@@ -18,17 +18,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import require_vllm
 from shmhb.testing.loopback import child_env
 from tests.conftest import wait_until
 
-require_vllm()
 
-from shmhb.vllm import fence, grants  # noqa: E402
-from shmhb.vllm.fence import LAST_LOOK_S, FenceServer, GrantAsker  # noqa: E402
-from shmhb.vllm.fencewire import MAX_FRAME, next_frame, pack  # noqa: E402
-from shmhb.vllm.grants import Tokens, decode_ask, encode_ask, encode_reply  # noqa: E402
-from shmhb.vllm.loads import Load, LoadState, LoadTable  # noqa: E402
+from shmhb.kv import fence, grants  # noqa: E402
+from shmhb.kv.fence import LAST_LOOK_S, FenceServer, GrantAsker  # noqa: E402
+from shmhb.kv.fencewire import MAX_FRAME, next_frame, pack  # noqa: E402
+from shmhb.kv.grants import Tokens, decode_ask, encode_ask, encode_reply  # noqa: E402
+from shmhb.kv.loads import Load, LoadState, LoadTable  # noqa: E402
 from ..children import child
 
 EP = "127.0.0.2:4000"
@@ -330,6 +328,7 @@ def test_idle_connections_past_the_limit_do_not_crowd_out_a_producer(
 NO_FDS = child("no_fds")
 
 
+@pytest.mark.system
 def test_a_server_with_no_descriptor_left_rests_and_recovers(native: bool) -> None:
     """A consumer process out of descriptors cannot accept a producer's connection,
     and has none to close to make room: its grant server rests (it does not spin on a

@@ -2,7 +2,7 @@
 blocks, over a small TCP side channel of the consumer worker: the consumer's server
 (:class:`FenceServer`) and the producer's asks (:class:`GrantAsker`).
 
-The wire is version 1, binary (``shmhb.vllm.grants``): an ask names the consumer
+The wire is version 1, binary (``shmhb.kv.grants``): an ask names the consumer
 incarnation the request carried, the token it carried, and request ids; the reply says
 which are granted.  A consumer that restarted since (a new incarnation at the same
 address) grants nothing.  The consumer answers in a C thread that never waits for its
@@ -478,7 +478,7 @@ def parse_extra(v: Any) -> Extra | None:
     if not isinstance(v, dict):
         return None
     inc, fence = v.get("inc"), v.get("fence")
-    if not isinstance(inc, int) or not 0 < inc < 1 << 64:
+    if isinstance(inc, bool) or not isinstance(inc, int) or not 0 < inc < 1 << 64:
         return None
     try:
         return inc, check_endpoint(fence), _token(v.get("tok"))
