@@ -40,6 +40,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -657,7 +658,22 @@ static int server_init(GrantServer *s, PyObject *args, PyObject *kw) {
     s->table = (GrantTable *)table;
     s->incarnation = inc;
     s->max_conns = maxc;
+    /* The thread starts with every signal a host handles blocked (it inherits the mask
+     * in force at pthread_create, so there is no window): the kernel hands a signal sent
+     * to the process to any thread that does not block it, and Python runs handlers in
+     * the main thread only, so one handed to this thread would leave an engine's main
+     * thread asleep in a wait with its SIGINT or SIGTERM pending (shmhb.periodic,
+     * block_host_signals).  Faults stay deliverable to the thread that causes them. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGTRAP);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     int err = pthread_create(&s->thread, NULL, serve, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err != 0) {
         errno = err;
         PyErr_SetFromErrno(PyExc_OSError);

@@ -70,6 +70,7 @@ from types import ModuleType
 from typing import Protocol
 
 from ..board.native import PURE_ENV
+from ..periodic import block_host_signals
 from . import fencewire
 
 log = logging.getLogger(__name__)
@@ -294,9 +295,12 @@ class PyServer:
         self._c = dict.fromkeys(("asks", "bad_frames", "stale_asks", "granted"), 0)
         self._wire = fencewire.FrameServer(sock, self._answer, self._bad, max_connections)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._wire.serve, args=(self._stop,),
-                                        name="shmhb-fence", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="shmhb-fence", daemon=True)
         self._thread.start()
+
+    def _serve(self) -> None:
+        block_host_signals()  # as the C server's thread: the host's signals reach its main thread
+        self._wire.serve(self._stop)
 
     def _answer(self, body: bytes) -> bytes | None:
         inc = self._inc

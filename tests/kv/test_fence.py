@@ -7,6 +7,7 @@ import asyncio
 import os
 import random
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -40,6 +41,22 @@ def native(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
 
+def _tasks() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _blocked(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return int(next(ln for ln in f if ln.startswith("SigBlk:")).split()[1], 16)
+
+
+def _blocks_host_signals(tid: int) -> bool:
+    mask = _blocked(tid)
+    return all(mask >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM,
+                                                 signal.SIGHUP, signal.SIGCHLD)) \
+        and not mask >> (signal.SIGSEGV - 1) & 1
+
+
 def _load(r: str, ep: str = EP, engine: str = "e1") -> Load:
     return Load(r, ep, engine, frozenset({1, 2}), token=object())
 
@@ -65,6 +82,19 @@ class Gated:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+def test_the_grant_server_thread_leaves_the_host_signals_to_its_main_thread(
+        native: bool, server_of: Callable[..., FenceServer]) -> None:
+    """The server's thread (C or Python) lives in the engine's process: a SIGINT or SIGTERM
+    the kernel handed to it would leave the engine's main thread, which alone runs Python's
+    handlers, asleep with the signal pending (as the README worker was, tests/test_readme)."""
+    before = _tasks()
+    server_of(_table(native), 1)
+    new = wait_until(lambda: _tasks() - before, what="the server's thread")
+    wait_until(lambda: all(_blocks_host_signals(t) for t in new), timeout_s=5,
+               what=f"threads {sorted(new)} blocking the host's signals")
+    assert not _blocks_host_signals(threading.get_native_id())
 
 
 @pytest.fixture
