@@ -104,7 +104,7 @@ extern "C" {
 #define SHMHB_REC_CHECKSUM 360
 
 /* peer row at peer_off + i * SHMHB_PEER_BYTES (written by the agent) */
-#define SHMHB_PEER_BYTES 128
+#define SHMHB_PEER_BYTES 192
 #define SHMHB_PEER_STATUS 0
 #define SHMHB_PEER_RTT 8
 #define SHMHB_PEER_GEN 16
@@ -113,6 +113,7 @@ extern "C" {
 #define SHMHB_PEER_ADDRESS 48
 #define SHMHB_PEER_CHECKSUM 112
 #define SHMHB_PEER_AUTH 120 /* gen:20 | failing:1 | count:43: frames failing authentication */
+#define SHMHB_PEER_CAPPED 128 /* gen:20 | count:44: workers its host listed that are not stored here */
 
 /* remote row at remote_off + i * SHMHB_REMOTE_BYTES (written by the agent) */
 #define SHMHB_REMOTE_BYTES 384
