@@ -6,7 +6,8 @@ without a write), and hands the instances it read to the *applier*.  The applier
 (``plan``, pure) against the router's worker list as it last knew it and calls the
 router: it removes a worker whose instances all read DEAD or LEFT, adds back one whose
 instance is ALIVE again where the router's API allows it, and replaces one whose
-instance restarted (a new incarnation) while listed.  An add counts only once the
+instance restarted (a new incarnation) while listed, or that the router lists unhealthy
+while its instance reads ALIVE.  An add counts only once the
 router lists the worker healthy: until then the applier lists the router's workers
 every ``confirm_s`` and adds it again after ``retry_s`` (doubling to ``max_retry_s``), so
 a router that accepted the add and then failed its own registration (the engine's HTTP
@@ -72,14 +73,13 @@ class Action(NamedTuple):
 @dataclass
 class Memory:
     """What the applier keeps between plans: every worker the router listed (url ->
-    entry), the incarnation of the instance each listed url was confirmed for, the adds
-    not confirmed yet, and the worker ids handed to the client's ``adopt``."""
+    entry), the incarnation of the instance each listed url was confirmed for, and the
+    adds not confirmed yet."""
 
     seen: dict[str, RouterWorker] = field(default_factory=dict)
     served_inc: dict[str, int] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)  # added, not served yet
     told: set[tuple[str, int]] = field(default_factory=set)  # (url, incarnation) said cannot_add
-    adopted: set[str] = field(default_factory=set)
 
 
 def _url_of(inst: Instance, known: Iterable[RouterWorker]) -> str | None:
@@ -129,6 +129,15 @@ def plan(instances: Iterable[Instance], listed: list[RouterWorker], mem: Memory,
                     if can_add(cur.role):
                         out.append(Action("add", url, cur.role, cur.bootstrap_port, None,
                                           f"{newest.key} serves again"))
+                elif not cur.healthy and url not in mem.pending and can_add(cur.role):
+                    # listed unhealthy by the router's own check (it missed a restart, or
+                    # convicted a busy instance), alive on the board: the router would
+                    # wait for its health check to pass several times (smg: 2 at 60 s
+                    # apart by default); an add not yet confirmed is left to its retries
+                    out.append(Action("remove", url, cur.role, cur.bootstrap_port, cur,
+                                      f"{newest.key} is alive; the router lists it unhealthy"))
+                    out.append(Action("add", url, cur.role, cur.bootstrap_port, None,
+                                      f"{newest.key} serves again"))
             elif can_add(role):
                 out.append(Action("add", url, role, bport, None, f"{newest.key} is alive"))
             elif (url, newest.incarnation) not in mem.told:
@@ -261,7 +270,6 @@ class Feeder:
                 log.info("shmhb feed: %s %s %s (%s)", self.client.base, a.op, a.url, a.why)
             if self.on_action is not None:
                 self.on_action(a, self.clock.monotonic_ns())
-        self._adopt(insts, listed)
         return cur
 
     def acts_on_suspect(self) -> bool:
@@ -269,23 +277,6 @@ class Feeder:
         if self.cfg.act_on_suspect is not None:
             return self.cfg.act_on_suspect
         return self.client.can_add("prefill") and self.client.can_add("decode")
-
-    def _adopt(self, insts: list[Instance], listed: list[RouterWorker]) -> None:
-        """Hand each listed worker an instance matches to the client's ``adopt``, once."""
-        fresh = [w for w in listed if w.id not in self.mem.adopted]
-        if not fresh:
-            return
-        mine = {_url_of(i, self.mem.seen.values()) for i in insts}
-        for w in fresh:
-            if w.url in mine:
-                try:
-                    self.client.adopt(w)
-                except RouterError as e:  # its settings stay as they were: said, not fatal
-                    _rl.warn("adopt", "shmhb feed: router %s: adopting %s failed: %s",
-                             self.client.base, w.url, e)
-                if len(self.mem.adopted) > 4096:
-                    self.mem.adopted.clear()  # bounded: at worst adopted once more
-                self.mem.adopted.add(w.id)
 
     def _apply(self) -> None:
         listed: list[RouterWorker] | None = None

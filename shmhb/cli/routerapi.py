@@ -11,18 +11,16 @@
   and it queries a prefill's engine id from its bootstrap server once, at startup: a
   removed instance comes back only when the router restarts.
 - **smg** (the gateway that continues sglang-router's line, ``smg launch``): the same
-  list, with ``is_healthy`` and ``status`` per worker.  ``DELETE /workers/{id}`` (202)
-  first marks the worker ``draining`` (out of rotation at once) and keeps it listed for
-  its drain time (5 s unless the worker's ``health.drain_settle_secs`` says otherwise),
-  then removes it; a ``PUT`` in that window makes it ready but does not cancel the
-  removal.  ``POST /workers`` of a URL it lists answers 409 ``WORKER_ALREADY_EXISTS``
-  (``PUT /workers/{id}`` replaces it); of a URL whose registration is still running
-  (its first health check failed: retried only every 30 s) 409
-  ``WORKER_CREATE_IN_PROGRESS``, which a ``DELETE /workers/{id}`` cancels.  So this
-  client sets a drain time of 0 on the workers it adds and on the listed workers the
-  feeder matches (``adopt``: a dead worker has nothing to drain, and a restart must not
-  meet a 409), replaces an existing worker with ``PUT``, and cancels a stuck
-  registration before posting again.
+  list, with ``is_healthy`` per worker (one listed with ``status`` ``draining``, a drain
+  reported elsewhere under load and never seen here, is taken as removed).  ``DELETE /workers/{id}`` (202)
+  removes the worker (1.13.0, measured: gone from the list within half a second, with
+  or without requests in flight).  ``POST /workers`` of a URL it lists answers 409
+  ``WORKER_ALREADY_EXISTS`` (``PUT /workers/{id}`` replaces it); of a URL whose
+  registration is still running (its first health check failed: retried only every
+  30 s) 409 ``WORKER_CREATE_IN_PROGRESS``, which a ``DELETE /workers/{id}`` cancels.  So
+  this client replaces a listed worker with ``PUT`` and cancels a stuck registration
+  before posting again; the workers it adds carry a drain time of 0 (a dead worker has
+  nothing to drain).  It has no ``PATCH`` of a worker (405).
 
 Bodies are not trusted: a worker list that is not the expected JSON, or an entry whose
 URL is not ``http://host:port``, raises ``RouterError`` (the entry is skipped).  Only
@@ -81,9 +79,6 @@ class RouterClient(Protocol):
 
     def add(self, url: str, role: str, bootstrap_port: int | None) -> str | None:
         """Add a worker; returns the id the router gave it (None: its url)."""
-
-    def adopt(self, w: RouterWorker) -> None:
-        """Called once for each listed worker an instance matches."""
 
     #: whether ``add`` of a listed but unhealthy worker replaces it (else it is not tried)
     replaces: bool
@@ -175,16 +170,13 @@ class SglangRouter:
             body["bootstrap_port"] = bootstrap_port
         return _worker_id(self._h.ok("POST", "/workers", body))
 
-    def adopt(self, w: RouterWorker) -> None:
-        pass
-
     replaces = False
 
 
 class SmgRouter:
     kind = "smg"
     replaces = True
-    #: per-worker settings this client gives every worker it adds or adopts
+    #: per-worker settings this client gives every worker it adds
     HEALTH = {"drain_settle_secs": 0}
 
     def __init__(self, base: str, timeout_s: float = 1.0) -> None:
@@ -202,9 +194,6 @@ class SmgRouter:
 
     def remove(self, w: RouterWorker) -> None:
         self._h.ok("DELETE", self._path(w.id))
-
-    def adopt(self, w: RouterWorker) -> None:
-        self._h.ok("PATCH", self._path(w.id), {"health": self.HEALTH})
 
     def can_add(self, role: str) -> bool:
         return role in ("prefill", "decode", "regular")
@@ -273,9 +262,6 @@ class VllmRouter:
     def add(self, url: str, role: str, bootstrap_port: int | None) -> str | None:
         self._h.ok("POST", "/add_worker?url=" + urllib.parse.quote(url, safe=""))
         return None
-
-    def adopt(self, w: RouterWorker) -> None:
-        pass
 
     replaces = False
 

@@ -17,7 +17,7 @@ import pytest
 import shmhb
 from shmhb import Status
 from shmhb.errors import InvalidConfig
-from shmhb.cli.feeder import Feeder, FeederConfig, Memory, plan
+from shmhb.cli.feeder import Feeder, FeederConfig, Memory, Pending, plan
 from shmhb.cli.feed import parse_router, reader
 from shmhb.cli.routerapi import RouterWorker, SglangRouter, smg_conflict, client_for
 from shmhb.testing.loopback import free_port
@@ -50,6 +50,24 @@ def test_plan_removes_the_dead_and_leaves_unknown_and_strangers_alone() -> None:
         [("remove", "http://127.0.0.5:8000")]
     # the old incarnation dead, the new one alive at the same url: it stays
     assert plan([inst("e", D), inst("e2", A, inc=2)], listed, Memory(), lambda r: True) == []
+
+
+def test_plan_replaces_a_worker_the_router_lists_unhealthy_while_its_instance_is_alive(
+        ) -> None:
+    """The router's own check failed it (a restart it missed while no feeder ran, a busy
+    instance): alive on the board, it is removed and added, where the router takes adds;
+    an add of it not yet confirmed is left to its retries; a dead one is only removed."""
+    sick = RouterWorker("http://127.0.0.5:8000", "prefill", 8998, "id-1", healthy=False)
+    url = sick.url
+    assert ops(plan([inst("e", A)], [sick], Memory(), lambda r: True)) == \
+        [("remove", url), ("add", url)]
+    assert plan([inst("e", A)], [sick], Memory(), lambda r: False) == []
+    assert plan([inst("e", U)], [sick], Memory(), lambda r: True) == []
+    assert ops(plan([inst("e", D)], [sick], Memory(), lambda r: True)) == [("remove", url)]
+    pending = Memory()
+    pending.pending[url] = Pending(sick, retry_at_ns=0, tries=0)
+    assert plan([inst("e", A)], [sick], pending, lambda r: True) == []
+    assert plan([inst("e", A)], [rw()], Memory(), lambda r: True) == []  # healthy: as it is
 
 
 def test_plan_adds_back_where_it_can_and_replaces_a_restarted_entry() -> None:
