@@ -43,10 +43,17 @@ HEARTBEAT_TIMEOUT_MS = 6000
 #: dropped once a ZMTP heartbeat goes unanswered this long, and one that landed in a
 #: stopped listener's accept queue once its handshake has not completed in
 #: CLIENT_HANDSHAKE_IVL_MS; each reconnect then reaches whoever listens now (the holder
-#: that replaced the stopped one listens beside it: ``shmhb.net.listener``).
+#: that replaced the stopped one listens beside it: ``shmhb.net.listener``).  The
+#: handshake's bound sets how long after that takeover the followers hear the host: it
+#: must leave the takeover (the stall bound and the embedded standbys' grace, 4 s) plus
+#: one bound plus a reconnect (0.1 s) under the peer dead-after (5 s), or the followers
+#: read every live worker of the host DEAD meanwhile (at 1 s they did, for 0.15-0.25 s:
+#: ``python -m bench.stopped_holder``).  ZMTP's handshake takes two or three round
+#: trips, done by libzmq's I/O thread whatever the application does: 0.3 s leaves room
+#: for round trips up to about 0.1 s.
 CLIENT_HEARTBEAT_IVL_MS = 500
 CLIENT_HEARTBEAT_TIMEOUT_MS = 1500
-CLIENT_HANDSHAKE_IVL_MS = 1000
+CLIENT_HANDSHAKE_IVL_MS = 300
 
 
 class HostSkipped(Exception):
