@@ -7,6 +7,7 @@ import importlib
 import os
 import pwd
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -33,6 +34,13 @@ from .tiers import (  # noqa: F401  (the hooks that sort tests into tiers)
 
 if TYPE_CHECKING:
     from .hosts import Cluster, FakePeer
+
+# A suite started in the background by a shell without job control has SIGINT ignored
+# (POSIX: asynchronous commands ignore it), and an ignored signal stays ignored across
+# exec, so every process the tests interrupt would shrug its Ctrl-C off.  A handled
+# signal is reset to its default at exec: handling it here gives each child a fresh one.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ME = pwd.getpwuid(os.getuid()).pw_name  # the user running the tests
