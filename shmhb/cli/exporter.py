@@ -186,26 +186,23 @@ class BoardCollector:
         yield from self._restart_families()
 
     def _restart_families(self) -> Iterator[Metric]:
-        c = CounterMetricFamily("shmhb_restarts", "Local workers seen with a new incarnation, "
-                                "as observed by this exporter since it started.")
-        c.add_metric([], self.restarts.local)
-        yield c
+        yield CounterMetricFamily("shmhb_restarts", "Local workers seen with a new incarnation, "
+                                  "as observed by this exporter since it started.",
+                                  value=self.restarts.local)
         c = CounterMetricFamily("shmhb_remote_restarts", "Workers of each remote host seen with a "
                                 "new incarnation, as observed by this exporter since it started.",
                                 labels=["peer"])
         for host, n in sorted(self.restarts.remote.items()):
             c.add_metric([host], n)
         yield c
-        g = GaugeMetricFamily("shmhb_restart_keys", "Workers (host and key) whose incarnation "
-                              "this exporter remembers to count restarts: those its last "
-                              f"scrape saw, at most {MAX_REMEMBERED}.")
-        g.add_metric([], self.restarts.remembered)
-        yield g
-        c = CounterMetricFamily("shmhb_restart_keys_over_limit", "Workers a scrape saw past "
-                                "the limit of remembered incarnations (their restarts are "
-                                "not counted).")
-        c.add_metric([], self.restarts.over_limit)
-        yield c
+        yield GaugeMetricFamily("shmhb_restart_keys", "Workers (host and key) whose incarnation "
+                                "this exporter remembers to count restarts: those its last "
+                                f"scrape saw, at most {MAX_REMEMBERED}.",
+                                value=self.restarts.remembered)
+        yield CounterMetricFamily("shmhb_restart_keys_over_limit", "Workers a scrape saw past "
+                                  "the limit of remembered incarnations (their restarts are "
+                                  "not counted).",
+                                  value=self.restarts.over_limit)
 
 
 class RestartCounter:
@@ -250,9 +247,8 @@ class RestartCounter:
 
 
 def _slot_families(view: View, capacity: int) -> Iterator[Metric]:
-    g = GaugeMetricFamily("shmhb_board_capacity_slots", "Local slots the board has room for.")
-    g.add_metric([], capacity)
-    yield g
+    yield GaugeMetricFamily("shmhb_board_capacity_slots", "Local slots the board has room for.",
+                            value=capacity)
 
     st = GaugeMetricFamily("shmhb_slot_status", "Status of each local worker slot: 1 for "
                            "its current status, 0 for the others.", labels=["key", "status"])
@@ -270,22 +266,18 @@ def _slot_families(view: View, capacity: int) -> Iterator[Metric]:
 
 def _agent_families(view: View) -> Iterator[Metric]:
     a = view.agent
-    g = GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.")
-    g.add_metric([], 1 if a.status is Status.ALIVE else 0)
-    yield g
+    yield GaugeMetricFamily("shmhb_agent_up", "1 if the host agent's heartbeat is fresh.",
+                            value=1 if a.status is Status.ALIVE else 0)
     yield from _role_families(view)
-    g = GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.")
-    g.add_metric([], a.term)
-    yield g
+    yield GaugeMetricFamily("shmhb_agent_term", "Takeover counter of the agent role.",
+                            value=a.term)
     if a.age_s is not None:
-        g = GaugeMetricFamily("shmhb_agent_heartbeat_age_seconds",
-                              "Seconds since the host agent's last heartbeat.")
-        g.add_metric([], a.age_s)
-        yield g
-    g = GaugeMetricFamily("shmhb_agent_loop_lateness_seconds",
-                          "Worst lateness of the agent loop over its last one-second window.")
-    g.add_metric([], view.lateness_ms / 1000.0)
-    yield g
+        yield GaugeMetricFamily("shmhb_agent_heartbeat_age_seconds",
+                                "Seconds since the host agent's last heartbeat.",
+                                value=a.age_s)
+    yield GaugeMetricFamily("shmhb_agent_loop_lateness_seconds",
+                            "Worst lateness of the agent loop over its last one-second window.",
+                            value=view.lateness_ms / 1000.0)
 
 
 def _network_families(view: View) -> Iterator[Metric]:
@@ -300,14 +292,12 @@ def _network_families(view: View) -> Iterator[Metric]:
                           labels=["reason"])
     g.add_metric([net.reason or "none"], 0 if net.working else 1)
     yield g
-    g = GaugeMetricFamily("shmhb_network_skipped_hosts",
-                          "Followed hosts the network half cannot ping (no key, bad address).")
-    g.add_metric([], net.skipped_hosts)
-    yield g
-    g = GaugeMetricFamily("shmhb_health_exit_code",
-                          "What `shmhb status` would exit with now (0: healthy).")
-    g.add_metric([], view.health()[0])
-    yield g
+    yield GaugeMetricFamily("shmhb_network_skipped_hosts",
+                            "Followed hosts the network half cannot ping (no key, bad address).",
+                            value=net.skipped_hosts)
+    yield GaugeMetricFamily("shmhb_health_exit_code",
+                            "What `shmhb status` would exit with now (0: healthy).",
+                            value=view.health()[0])
 
 
 def _peer_families(view: View) -> Iterator[Metric]:
@@ -339,27 +329,22 @@ def _peer_families(view: View) -> Iterator[Metric]:
 
 def _counter_families(view: View) -> Iterator[Metric]:
     stats = view.stats
-    c = CounterMetricFamily("shmhb_deaths", "Worker deaths the host agent recorded through "
-                            "process exit (kills and crashes; hangs are not counted).")
-    c.add_metric([], stats.get("deaths_seen", 0))
-    yield c
+    yield CounterMetricFamily("shmhb_deaths", "Worker deaths the host agent recorded through "
+                              "process exit (kills and crashes; hangs are not counted).",
+                              value=stats.get("deaths_seen", 0))
     c = CounterMetricFamily("shmhb_bad_frames", "Network frames the pinger dropped, by reason.",
                             labels=["reason"])
     for reason, n in view.bad_frames().items():
         c.add_metric([reason], n)
     yield c
-    c = CounterMetricFamily("shmhb_agent_late_loops",
-                            "Agent loop iterations that ran more than four ticks late.")
-    c.add_metric([], stats.get("loop_late", 0))
-    yield c
-    c = CounterMetricFamily("shmhb_network_failures",
-                            "Times the network half failed and was closed for a retry.")
-    c.add_metric([], stats.get("net_failures", 0))
-    yield c
+    yield CounterMetricFamily("shmhb_agent_late_loops",
+                              "Agent loop iterations that ran more than four ticks late.",
+                              value=stats.get("loop_late", 0))
+    yield CounterMetricFamily("shmhb_network_failures",
+                              "Times the network half failed and was closed for a retry.",
+                              value=stats.get("net_failures", 0))
     for stat, (name, doc) in MESSAGE_COUNTERS.items():
-        c = CounterMetricFamily(name, doc)
-        c.add_metric([], stats.get(stat, 0))
-        yield c
+        yield CounterMetricFamily(name, doc, value=stats.get(stat, 0))
 
 
 # -- the HTTP side ---------------------------------------------------------------------------
@@ -375,14 +360,12 @@ class _QuietHandler(BoundedHandler):
 
 def _role_families(view: View) -> Iterator[GaugeMetricFamily]:
     """Who holds the agent role, and whether a daemon runs (a stopped one shows here)."""
-    g = GaugeMetricFamily("shmhb_agent_role_held",
-                          "1 if a live process holds the host agent role.")
-    g.add_metric([], 1 if view.agent_held else 0)
-    yield g
-    g = GaugeMetricFamily("shmhb_daemon_up", "1 if a `shmhb pinger` daemon runs on the "
-                          "board (holding the agent role or waiting for it).")
-    g.add_metric([], 1 if view.daemon else 0)
-    yield g
+    yield GaugeMetricFamily("shmhb_agent_role_held",
+                            "1 if a live process holds the host agent role.",
+                            value=1 if view.agent_held else 0)
+    yield GaugeMetricFamily("shmhb_daemon_up", "1 if a `shmhb pinger` daemon runs on the "
+                            "board (holding the agent role or waiting for it).",
+                            value=1 if view.daemon else 0)
     g = GaugeMetricFamily("shmhb_agent_holder", "Who holds the agent role: 1 for the "
                           "holder (daemon or worker: embedded in a worker), 0 for the "
                           "other.", labels=["holder"])
