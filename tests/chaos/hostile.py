@@ -32,7 +32,7 @@ from shmhb.board.layout import watch_checksum
 from shmhb.net.protocol import Ack, Identity, Ping, decode, encode_ping
 
 from ..conftest import ROOT
-from .invariants import NS, now_ns
+from .invariants import NS, actor_result, now_ns
 from .schedule import Fault
 from ..children import child
 
@@ -271,10 +271,7 @@ class HostileFaults:
         self.note(f"FAULT bad_config: a throwaway host at {ip} with {variant}", "*")  # type: ignore[attr-defined]
 
         def done(out: str, rc: int) -> None:
-            try:
-                got = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            got = actor_result(out, rc)
             if got.get("ok"):
                 self.checker.stats[f"bad-config-{variant}"] += 1  # type: ignore[attr-defined]
                 self.checker.lat["bad-config-kill"].append(got.get("kill_ms", 0) / 1e3)  # type: ignore[attr-defined]
@@ -295,10 +292,7 @@ class HostileFaults:
                   f"from {ips[1]}", "*")
 
         def done(out: str, rc: int) -> None:
-            try:
-                got = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            got = actor_result(out, rc)
             if got.get("ok"):
                 self.checker.stats["big-digest"] += 1  # type: ignore[attr-defined]
                 self.checker.lat["big-digest-kill"].append(got.get("kill_ms", 0) / 1e3)  # type: ignore[attr-defined]
@@ -328,10 +322,7 @@ class HostileFaults:
         label = kind.replace("_", "-")
 
         def done(out: str, rc: int) -> None:
-            try:
-                got = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            got = actor_result(out, rc)
             if got.get("ok"):
                 self.checker.stats[label] += 1  # type: ignore[attr-defined]
                 if "kill_ms" in got:

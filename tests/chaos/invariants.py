@@ -63,12 +63,14 @@ from __future__ import annotations
 
 from shmhb.board.core import board_words
 
+import json
 import os
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +87,16 @@ ALIVE, SUSPECT, DEAD, LEFT, UNKNOWN = (Status.ALIVE, Status.SUSPECT, Status.DEAD
 
 def now_ns() -> int:
     return time.monotonic_ns()
+
+
+def actor_result(out: str, rc: int) -> dict[str, Any]:
+    """What a fault's actor process reported: the JSON object of its last line (``ok``,
+    and ``why`` when not), or a failure naming its exit status and output's tail."""
+    try:
+        got = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+    return got if isinstance(got, dict) else {"ok": False, "why": f"not an object: {got!r}"}
 
 
 # -- intervals -------------------------------------------------------------------------------

@@ -21,13 +21,12 @@ actor reports a failure:
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from typing import Any
 
 from ..conftest import ROOT
-from .invariants import NS, now_ns
+from .invariants import NS, actor_result, now_ns
 from .schedule import Fault
 
 #: fault kind -> (actor, whether it needs an address of its own)
@@ -54,10 +53,7 @@ class LocalFaults:
         self.note(f"FAULT {f.kind}: {actor} on a throwaway board", "*")  # type: ignore[attr-defined]
 
         def done(out: str, rc: int) -> None:
-            try:
-                got = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                got = {"ok": False, "why": f"no result (rc {rc}): {out[-300:]!r}"}
+            got = actor_result(out, rc)
             if got.get("ok"):
                 self.checker.stats[f"local-{f.kind}"] += 1  # type: ignore[attr-defined]
                 if "kill_ms" in got:
