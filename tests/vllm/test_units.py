@@ -177,28 +177,34 @@ def test_adapters_read_the_producer_address_from_untrusted_params() -> None:
     assert not NixlAdapter.asks_go_ahead and MooncakeAdapter.asks_go_ahead
 
 
+class _Worker32:
+    """The fields of a vLLM 0.32 Mooncake consumer worker that the backported settlement
+    uses (its own settlement must not run)."""
+
+    def __init__(self) -> None:
+        import queue
+        from types import SimpleNamespace
+        self.finished_recving_reqs: set[str] = set()
+        self._invalid_block_ids: queue.Queue[set[int]] = queue.Queue()
+        self._failed_recv_reqs: queue.Queue[str] = queue.Queue()
+        self._is_hma_required = False
+        self.xfer_stats = SimpleNamespace(record_failed_recv=lambda: None)
+
+    def _handle_failed_recv(self, *a: object) -> None:
+        raise AssertionError("0.32's own settlement must not run")
+
+    def process_pulling_result(self, *a: object) -> None:
+        raise AssertionError("0.32's own settlement must not run")
+
+
 def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> None:
     """vLLM 0.32's fields, 0.33's rule (the backport): a request pulled from two
     producer workers is reported once, after both settled, its blocks invalid once."""
-    import queue
     from types import SimpleNamespace
 
     from shmhb.vllm.mooncake_pulls import Ledger, settles_per_peer
 
-    class Worker32:
-        def __init__(self) -> None:
-            self.finished_recving_reqs: set[str] = set()
-            self._invalid_block_ids: queue.Queue[set[int]] = queue.Queue()
-            self._failed_recv_reqs: queue.Queue[str] = queue.Queue()
-            self._is_hma_required = False
-            self.xfer_stats = SimpleNamespace(record_failed_recv=lambda: None)
-
-        def _handle_failed_recv(self, *a: object) -> None:
-            raise AssertionError("0.32's own settlement must not run")
-
-        def process_pulling_result(self, *a: object) -> None:
-            raise AssertionError("0.32's own settlement must not run")
-    w = Worker32()
+    w = _Worker32()
     assert not settles_per_peer(w)
     ended: list[tuple[str, list[str]]] = []
 
@@ -231,26 +237,6 @@ def test_ledger_settles_each_workers_share_once_and_reports_after_the_last() -> 
     assert w.finished_recving_reqs == {"r"} and pm.pull_tasks_count == 0 and pm.failed
     assert w._invalid_block_ids.get_nowait() == {4, 5} and w._invalid_block_ids.empty()
     assert ended == [("A", ["r"])]
-
-
-class _Worker32:
-    """The fields of a vLLM 0.32 Mooncake consumer worker that the backported settlement
-    uses (its own settlement must not run)."""
-
-    def __init__(self) -> None:
-        import queue
-        from types import SimpleNamespace
-        self.finished_recving_reqs: set[str] = set()
-        self._invalid_block_ids: queue.Queue[set[int]] = queue.Queue()
-        self._failed_recv_reqs: queue.Queue[str] = queue.Queue()
-        self._is_hma_required = False
-        self.xfer_stats = SimpleNamespace(record_failed_recv=lambda: None)
-
-    def _handle_failed_recv(self, *a: object) -> None:
-        raise AssertionError("0.32's own settlement must not run")
-
-    def process_pulling_result(self, *a: object) -> None:
-        raise AssertionError("0.32's own settlement must not run")
 
 
 def test_ledger_holds_a_granted_loads_failure_until_its_lease_ran_out() -> None:
