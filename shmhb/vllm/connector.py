@@ -13,6 +13,9 @@ added:
   engine the board reports dead, left, or gone (``on_dead_peer="recompute"``): the
   prompt is computed locally instead of waiting for a load that cannot come.  One board
   read per call; UNKNOWN (no observer on this host) never vetoes;
+* scheduler role, on SIGTERM (``shmhb.board.drain``): the engine reads draining, so fed
+  routers drop it, and serves what it owes (``owed.OwedWork``: the requests it runs, the
+  KV its peers have not read) for up to ``drain_timeout_s`` before vLLM's own shutdown;
 * worker role (``guard.WorkerGuard``): the rank registers on its board when its KV
   caches are registered and leaves at shutdown; loads in flight from a producer that is
   dropped are fenced and failed within the step; the inner connector forgets the peer;
@@ -31,11 +34,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorRole, SupportsHMA,
 )
 
+from ..board.drain import DrainConfig, SigtermDrain
 from ..board.handle import Board
 from ..errors import ShmhbError
 from .adapters import adapter_class, adapter_for
 from .guard import WorkerGuard
-from .settings import ConnectorSettings
+from .owed import OwedWork
+from .settings import ConnectorSettings, engine_token
 from .stats import Counts, InnerPromMetrics, ShmhbKVConnectorStats
 from .verdict import may_hold_blocks, producer_verdict
 
@@ -108,11 +113,18 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         # board endpoint -> (board changes(), the slot read then): reused while nothing
         # changed and this host's agent is observing
         self._seen: dict[str, tuple[int, Any]] = {}
+        self.owed = OwedWork()  # (scheduler role)
+        self.drain: SigtermDrain | None = None
         if role == KVConnectorRole.WORKER:
             adapter = adapter_for(self.settings.inner["kv_connector"], self.inner)
             self.guard = WorkerGuard(self.settings, adapter, self.engine_id, self.counts)
         else:
             self._board = Board.attach(self.settings.board)
+            # vLLM's engine core installs its SIGTERM handler before it builds the
+            # scheduler, and so this connector: the drain goes in front of it
+            self.drain = SigtermDrain(self._board, engine_token(self.engine_id), self.owed.count,
+                                      DrainConfig(timeout_s=self.settings.drain_timeout_s))
+            self.drain.install()
         log.info("ShmhbConnector (%s) around %s, board %s", role.name,
                  type(self.inner).__name__, self.settings.board or "$SHMHB_BOARD")
 
@@ -198,6 +210,7 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
         return producer_verdict(s, params.get("remote_engine_id"), self.settings.act_on_suspect)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        self.owed.arrived(request.request_id)
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill") and self.settings.on_dead_peer == "recompute":
             reason = self.veto_reason(params)
@@ -228,15 +241,27 @@ class ShmhbConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._vetoed.pop(request.request_id, None)
-        return self.inner.request_finished(request, block_ids)
+        delay, params = self.inner.request_finished(request, block_ids)
+        self.owed.finished(request.request_id, delay)
+        return delay, params
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
                                     ) -> tuple[bool, dict[str, Any] | None]:
         self._vetoed.pop(request.request_id, None)
         fn = getattr(self.inner, "request_finished_all_groups", None)
         if fn is None:
-            return self.inner.request_finished(request, block_ids[0] if block_ids else [])
-        return fn(request, block_ids)  # type: ignore[no-any-return]
+            delay, params = self.inner.request_finished(request, block_ids[0] if block_ids else [])
+        else:
+            delay, params = fn(request, block_ids)
+        self.owed.finished(request.request_id, delay)
+        return delay, params
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """The inner connector's, after noting the sends the workers report done."""
+        self.owed.sent(getattr(connector_output, "finished_sending", None))
+        fn = getattr(self.inner, "update_connector_output", None)
+        if fn is not None:
+            fn(connector_output)
 
     # -- worker role ---------------------------------------------------------------------------
 
@@ -323,7 +348,7 @@ _DELEGATED = (
     "handle_preemptions", "get_kv_connector_kv_cache_events", "get_handshake_metadata",
     "build_connector_worker_meta", "bind_kv_cache_manager", "bind_gpu_block_pool",
     "get_loaded_kv_cache_group_ids", "get_external_cache_hit_sources", "on_new_request",
-    "update_connector_output", "register_finished_partial_tail", "take_events",
+    "register_finished_partial_tail", "take_events",
     "has_pending_block_frees", "has_pending_push_work", "get_finished_count",
     "set_xfer_handshake_metadata", "set_xfer_handshake_metadata_pp_aware", "reset_cache",
     "unregister_kv_caches", "restore_kv_caches",  # vLLM 0.33: sleep mode

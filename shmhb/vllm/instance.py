@@ -17,7 +17,7 @@ from typing import Any
 from ..board.config import format_hostport, parse_hostport
 from ..errors import ShmhbError
 from ..board.instances import register_instance
-from .settings import FIRST_RANK, ConnectorSettings, Rank, engine_prefix
+from .settings import FIRST_RANK, ConnectorSettings, Rank, engine_token
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,8 @@ def register_engine_instance(board: Any, rank_hb: Any, endpoints: dict[str, str]
         log.warning("shmhb: engine %s has no serving_url setting and no bootstrap server: "
                     "routers fed by shmhb cannot match it", engine_id)
         return None
-    token = engine_prefix(engine_id)[len("vllm/"):-1]
     try:
-        return register_instance(board, rank_hb, role, token, serving=serving,
+        return register_instance(board, rank_hb, role, engine_token(engine_id), serving=serving,
                                  bootstrap=bootstrap, interval_s=settings.beat_interval_s)
     except (ShmhbError, ValueError) as e:
         log.warning("shmhb: engine %s: no instance slot for routers (%s)", engine_id, e)

@@ -29,7 +29,11 @@ class ConnectorSettings:
     within it (counted from its ask), and the consumer holds a granted load's blocks at
     least that long (shmhb.kv.grants, "The lease"); longer than the producer's wait
     for the answer, so a late answer still serves.  ``serving_url``: the engine's API server as routers reach it (``http://host:port``),
-    recorded in its instance slot for ``shmhb feed`` (shmhb.board.instances)."""
+    recorded in its instance slot for ``shmhb feed`` (shmhb.board.instances).
+    ``drain_timeout_s``: on SIGTERM the engine reads draining (fed routers drop it) and
+    keeps serving what it owes, the requests it runs and the KV its peers have not read,
+    for at most this long before the stack's own shutdown (shmhb.board.drain); 0: no
+    drain, SIGTERM acts at once."""
 
     inner: dict[str, Any]
     board: str | None = None
@@ -39,6 +43,7 @@ class ConnectorSettings:
     grant_lease_s: float = 30.0
     beat_interval_s: float = 0.1
     serving_url: str | None = None  # "host:port" the engine's API server serves at
+    drain_timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -68,7 +73,8 @@ class ConnectorSettings:
                                 "leave time to write")
         beat = _seconds(extra, "beat_interval_s", 0.1, 0.005, 5.0)
         serving = _serving(extra.get("serving_url"))
-        return cls(inner, board, on_dead, suspect, grant, lease, beat, serving, extra)
+        drain = _seconds(extra, "drain_timeout_s", 30.0, 0.0, 86400.0)
+        return cls(inner, board, on_dead, suspect, grant, lease, beat, serving, drain, extra)
 
 
 def _seconds(extra: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -121,3 +127,9 @@ def rank_key(engine_id: str, dp_rank: int, tp_rank: int, pp_rank: int) -> str:
 def engine_prefix(engine_id: str) -> str:
     """What every rank key of ``engine_id`` starts with."""
     return rank_key(engine_id, 0, 0, 0).rsplit("/dp", 1)[0] + "/"
+
+
+def engine_token(engine_id: str) -> str:
+    """How the board names engine ``engine_id`` in its rank and instance keys (the id,
+    or its digest where the id is too long for a key)."""
+    return engine_prefix(engine_id)[len("vllm/"):-1]

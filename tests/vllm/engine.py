@@ -49,6 +49,8 @@ TRACE = os.environ.get("SHMHB_VLLM_TRACE") == "1"
 NO_GOAHEAD = os.environ.get("SHMHB_VLLM_NO_GOAHEAD") == "1"
 #: the consumer's go-ahead lease, where a test shortens it (connector setting grant_lease_s)
 GRANT_LEASE_S = os.environ.get("SHMHB_VLLM_GRANT_LEASE_S")
+#: how long a SIGTERM drains, where a test shortens it (connector setting drain_timeout_s)
+DRAIN_TIMEOUT_S = os.environ.get("SHMHB_VLLM_DRAIN_TIMEOUT_S")
 
 __all__ = ["BLOCK_SIZE", "HEAD_SIZE", "NUM_BLOCKS", "NUM_KV_HEADS", "PROMPT_BLOCKS", "Engine", "build"]
 LAYER = "model.layers.0.self_attn.attn"
@@ -168,6 +170,8 @@ def build(a: argparse.Namespace) -> Any:
                                  "on_dead_peer": a.on_dead_peer}
         if GRANT_LEASE_S is not None:
             extra["grant_lease_s"] = float(GRANT_LEASE_S)
+        if DRAIN_TIMEOUT_S is not None:
+            extra["drain_timeout_s"] = float(DRAIN_TIMEOUT_S)
         ktc = KVTransferConfig(kv_connector="ShmhbConnector", kv_connector_module_path="shmhb.vllm",
                                kv_role=role, engine_id=a.engine_id, kv_connector_extra_config=extra,
                                **policy)
@@ -496,6 +500,14 @@ class Engine:
         return True
 
     def run(self) -> None:
+        try:
+            self._loop()
+        except SystemExit:  # SIGTERM (``on_sigterm``): vLLM's engine core shuts down
+            self.worker.shutdown()
+            emit(ev="bye", why="sigterm")
+            raise
+
+    def _loop(self) -> None:
         emit(ev="ready", pid=os.getpid(), engine_id=self.a.engine_id)
         buf = b""
         fd = sys.stdin.fileno()
@@ -583,7 +595,14 @@ def set_up(a: argparse.Namespace) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM as vLLM's engine core takes it (``run_engine_core``, installed before the
+    engine, and so its connector, is built): the busy loop ends, the engine shuts down."""
+    raise SystemExit(0)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, on_sigterm)
     ap = arg_parser()
     ap.add_argument("--kv-layout", choices=("blocks", "heads"), default="blocks")
     ap.add_argument("--inner", choices=("mooncake", "nixl"), default="mooncake",
