@@ -28,6 +28,11 @@ With ``--serve-after-s S`` it registers first and starts its HTTP servers S seco
 (until then a connection is refused), as a vLLM engine registers its KV caches before its
 API server answers.
 
+On SIGTERM it drains as a wrapped engine does (``shmhb.board.drain.SigtermDrain``, the
+connector's own path): its instance reads draining, it serves what it owes (requests in
+flight; for a prefill, the KV of every request it answered that no decode has fetched
+yet) for up to ``--drain-timeout-s`` (0: it stops at once), then stops.
+
 It registers on its host's board the way ``ShmhbConnector`` does: its rank slot
 ``vllm/<engine>/dp0/tp0/pp0`` and its instance slot (``shmhb.board.instances.register_instance``)
 with its serving and bootstrap addresses, then prints ``ready``.  Every request it
@@ -50,6 +55,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import shmhb
+from shmhb.board.drain import DrainConfig, SigtermDrain
 from shmhb.board.instances import register_instance
 
 KV_TIMEOUT_S = 3.0
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-after-s", type=float, default=0.0,
                     help="register on the board first, start the HTTP servers this much later "
                          "(as vLLM registers its KV caches before its API server is up)")
+    ap.add_argument("--drain-timeout-s", type=float, default=10.0)
     ap.add_argument("--log", required=True)
     a = ap.parse_args(argv)
     assert a.host.startswith("127."), "stand-ins serve on loopback only"
@@ -100,6 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     def note(path: str) -> None:
         with log_lock:
             log.write(f"{time.monotonic_ns()} {path}\n")
+
+    # What it owes, for its drain: requests in flight, and (a prefill) the KV of requests
+    # it took minus the KV fetches it served (signed: a decode of sglang-router's may ask
+    # before the prefill's own request arrives).
+    owed = {"in_flight": 0, "kv": 0}
+    owed_lock = threading.Lock()
+
+    def count(what: str, n: int) -> None:
+        with owed_lock:
+            owed[what] += n
+
+    def owing() -> int:
+        with owed_lock:
+            return owed["in_flight"] + max(owed["kv"], 0)
 
     class Api(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -134,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
                 self.reply(404, {"error": path})
 
         def do_POST(self) -> None:
+            count("in_flight", 1)
+            try:
+                self.post()
+            finally:
+                count("in_flight", -1)
+
+        def post(self) -> None:
             n = int(self.headers.get("content-length") or 0)
             try:
                 body = json.loads(self.rfile.read(n) or b"{}")
@@ -146,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 return self.reply(404, {"error": path})
             note(path)
             if a.role == "prefill":
+                count("kv", 1)
                 time.sleep(a.compute_ms / 1000)
                 return self.reply(200, {"id": "p", "object": "text_completion",
                                         "choices": [{"text": "", "index": 0, "finish_reason": "length"}],
@@ -189,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     (404, {"error": f"engine {want} not here (this is {engine})"})
                 if code == 200:
                     note("/kv")  # a decode got its KV from this engine: it served
+                    count("kv", -1)
             else:
                 code, doc = 404, {"error": u.path}
             out = json.dumps(doc).encode()
@@ -223,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                       bootstrap=boot, interval_s=0.05)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    SigtermDrain(board, engine, owing, DrainConfig(timeout_s=a.drain_timeout_s)).install()
     print("ready", flush=True)
     done.wait()
     hb.close()  # the instance slot closes with it: LEFT

@@ -29,11 +29,12 @@ KINDS = ("vllm", "sglang", "smg")
 ADDS = ("sglang", "smg")  # the kinds that take a P/D worker over HTTP
 
 
-def up(stack: PdStack, kind: str, *, serving_url: bool = True) -> None:
+def up(stack: PdStack, kind: str, *, serving_url: bool = True, decodes: int = 1) -> None:
     require_router(kind)
     stack.add_instance("p1", "prefill", 0, serving_url=serving_url)
     stack.add_instance("p2", "prefill", 1, serving_url=serving_url)
-    stack.add_instance("d1", "decode", 2)
+    for n in range(1, decodes + 1):
+        stack.add_instance(f"d{n}", "decode", 2)
     stack.start_router(kind)
     stack.start_feeder(kind)
 
@@ -191,6 +192,36 @@ def test_a_drained_prefill_leaves_at_once_and_returns_when_the_drain_is_called_o
     if kind in ADDS:
         wait_for(lambda: stack.listed(p2.url), 10, "p2 back in the router")
         assert actions(stack, "add", p2.url)[0]["t_ns"] > removes[0]["t_ns"]
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_instance_sigtermed_under_load_drains_and_no_request_fails(
+        stack: PdStack, kind: str, role: str) -> None:
+    """SIGTERM to a prefill (p2) or a decode (d2, beside d1) under a steady stream: it
+    reads draining, the feeder takes it out of the router at once, it serves what it owes
+    (its requests in flight, the KV its decodes have not fetched) and then stops; the
+    client sees no failure, on every router (vllm-router, which does not retry, too)."""
+    up(stack, kind, decodes=2)
+    name = "p2" if role == "prefill" else "d2"
+    inst = stack.instances[name]
+    c = Client(stack.router_port, rate_hz=50).start()
+    try:
+        wait_for(lambda: len(inst.served_since(0)) >= 5, 20, f"{name} serving")
+        t_term = stack.kill(name, signal.SIGTERM)
+        wait_for(lambda: not stack.listed(inst.url, healthy_only=False), 10,
+                 f"{name} out of the router")
+        removes = actions(stack, "remove", inst.url)
+        assert "draining" in removes[0]["why"] and removes[0]["t_ns"] > t_term
+        assert inst.proc is not None and inst.proc.wait(15) == 0  # it drained and stopped
+        t_gone = time.monotonic_ns()
+        wait_for(lambda: len([r for r in c.results if r.t_send > t_gone]) >= 10, 20,
+                 "requests sent after it stopped")
+    finally:
+        res = c.stop()
+    failed = [r for r in res if r.status != 200]
+    assert len(res) >= 20 and failed == [], \
+        f"{len(failed)} of {len(res)} requests failed around the drain of {name}"
 
 
 def test_vllm_router_workers_are_matched_by_bootstrap_port(stack: PdStack) -> None:
