@@ -17,6 +17,13 @@ router on 127.0.0.1, and a client sending ``--rate-hz`` requests per second (tim
 3. **stop**: p3 SIGSTOPped (p2 stays healthy throughout, so there is always somewhere
    to send).
 
+Then, per router, a **drain** run in a fresh stack of prefills p1, p2 and decodes d1, d2,
+in three setups: *stock* (an engine stops at once on SIGTERM, as vLLM does by default,
+nothing tells the router), *tuned* (the same, tight health check) and *shmhb* (the
+engine drains on SIGTERM as ShmhbConnector does, ``shmhb.board.drain``, and ``shmhb
+feed`` feeds the router): p2 SIGTERMed, then d2, each at a random phase of the
+client's schedule and followed by a window.
+
 Per phase: requests failed (sent in the window, or in flight at the fault), how long
 after the fault the router still sent to the faulty instance (the send time of the
 last request that failed, sent after the fault: a request fails only through the faulty
@@ -37,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -52,6 +60,7 @@ from tests.routers.stack import TUNED, Client, PdStack, Result, bench_refusal, w
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- routers:begin -->", "<!-- routers:end -->"
 MODES = ("defaults", "tuned", "shmhb", "shmhb-flip")
+DRAIN_MODES = ("stock", "tuned", "shmhb")
 KINDS = ("vllm", "sglang", "smg")
 #: the feeder's flag that flips its default choice on suspect instances, per kind
 FLIP = {"vllm": "--act-on-suspect", "sglang": "--no-act-on-suspect", "smg": "--no-act-on-suspect"}
@@ -116,6 +125,65 @@ def run_setup(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
         if tried:
             raise SystemExit(f"a router tried to reach a model hub: {tried}")
         return out
+
+
+def run_drain(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str, Any]:
+    """The drain run: p2, then d2, SIGTERMed under load (see the module's docstring)."""
+    drain_s = 10.0 if mode == "shmhb" else 0.0
+    with tempfile.TemporaryDirectory(prefix="shmhb-bench-drain-") as tmp:
+        s = PdStack(tmp, hosts=4, policy=POLICY)
+        try:
+            insts = [s.add_instance("p1", "prefill", 0, drain_timeout_s=drain_s),
+                     s.add_instance("p2", "prefill", 1, drain_timeout_s=drain_s),
+                     s.add_instance("d1", "decode", 2, drain_timeout_s=drain_s),
+                     s.add_instance("d2", "decode", 3, drain_timeout_s=drain_s)]
+            s.start_router(kind, TUNED if mode == "tuned" else [])
+            if mode == "shmhb":
+                s.start_feeder(kind)
+            c = Client(s.router_port, rate_hz=rate_hz).start()
+            wait_for(lambda: all(len(i.served_since(0)) >= 3 for i in insts), 30,
+                     "every instance serving")
+            out: dict[str, Any] = {}
+            marks = []
+            for name in ("p2", "d2"):
+                time.sleep(random.uniform(0, 1 / rate_hz))  # a random phase of the schedule
+                t = s.kill(name, signal.SIGTERM)
+                marks.append((name, t))
+                time.sleep(window_s)  # the bench's observation window (a measured span)
+            res = c.stop()
+            acts = s.feed_actions()
+            for k, (name, t) in enumerate(marks):
+                end = marks[k + 1][1] if k + 1 < len(marks) else t + int(window_s * 1e9)
+                ph = phase(res, t, end, last=k + 1 == len(marks))
+                url = s.instances[name].url
+                rm = [a["t_ns"] for a in acts if a.get("event") == "remove" and a["url"] == url
+                      and a["t_ns"] > t]
+                ph["feed_ms"] = (rm[0] - t) / 1e6 if rm else None
+                out["drain " + name] = ph
+            out["requests"] = len(res)
+        finally:
+            s.close()
+        tried = s.hub_lookups()
+        if tried:
+            raise SystemExit(f"a router tried to reach a model hub: {tried}")
+        return out
+
+
+def drain_table(runs: dict[tuple[str, str], list[dict[str, Any]]], window_s: float) -> list[str]:
+    never = f"> {window_s - 1:g} s"
+    rows = ["| router | setup | prefill SIGTERM: failed, in flight + after | still sent to it "
+            "for ms | feeder call ms | decode SIGTERM: failed, in flight + after | still sent "
+            "to it for ms | feeder call ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (kind, mode), rs in runs.items():
+        def g(ph: str, k: str) -> list[Any]:
+            return [r[ph].get(k) for r in rs]
+        cells = []
+        for ph in ("drain p2", "drain d2"):
+            cells += [f"{cell(g(ph, 'inflight'))} + {cell(g(ph, 'after'))}",
+                      cell(g(ph, "stop_ms"), none=never), cell(g(ph, "feed_ms"))]
+        rows.append(f"| {kind if kind == 'smg' else kind + '-router'} | {mode} | "
+                    + " | ".join(cells) + " |")
+    return rows
 
 
 def feeder_cpu(seconds: float = 10.0) -> float:
@@ -198,7 +266,8 @@ def table(runs: dict[tuple[str, str], list[dict[str, Any]]], window_s: float) ->
     return rows
 
 
-def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Namespace,
+def section(runs: dict[tuple[str, str], list[dict[str, Any]]],
+            drains: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Namespace,
             wall_s: float) -> str:
     vers = []
     for pkg in ("vllm-router", "sglang-router", "smg"):
@@ -248,7 +317,20 @@ def section(runs: dict[tuple[str, str], list[dict[str, Any]]], a: argparse.Names
               "stop to the call within about a second where the router takes the instance "
               "back; failed requests at most those inside the dead instance; a restarted "
               "instance serving within 1 s of its registration (sglang-router, smg; "
-              "vllm-router's PD mode cannot take it back).", END]
+              "vllm-router's PD mode cannot take it back).", ""]
+    if drains:
+        lines += ["### A drain under steady load", "",
+                  "Per router, a fresh stack of prefills p1, p2 and decodes d1, d2; p2 "
+                  f"SIGTERMed, then d2, each at a random phase of the client's schedule and "
+                  f"followed by {a.window_s:g} s. *stock*: the engine stops at once on SIGTERM "
+                  "(vLLM's default, `--shutdown-timeout 0`), nothing tells the router; "
+                  "*tuned*: the same with the tight health check; *shmhb*: the engine drains "
+                  "as ShmhbConnector does (reads draining, serves its requests in flight and "
+                  "the KV its decodes have not fetched, then stops; `shmhb.board.drain`) and "
+                  "`shmhb feed` feeds the router. Columns as above.", ""]
+        lines += drain_table(drains, a.window_s)
+        lines += ["", "Target: a drain loses no request, on every router."]
+    lines.append(END)
     return "\n".join(lines) + "\n"
 
 
@@ -280,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, default=6.0)
     ap.add_argument("--rate-hz", type=float, default=50.0)
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    ap.add_argument("--no-drain", action="store_true", help="skip the drain runs")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--feeder-cpu-only", action="store_true",
                     help="only measure shmhb feed's own CPU while idle (no routers needed)")
@@ -300,7 +383,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{k} {m} run {i + 1}/{a.repeats} ...", file=sys.stderr, flush=True)
                 runs.setdefault((k, m), []).append(run_setup(k, m, a.window_s, a.rate_hz))
                 print(f"  {runs[(k, m)][-1]}", file=sys.stderr, flush=True)
-    text = section(runs, a, time.monotonic() - t0)
+    drains: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for k in [] if a.no_drain else a.kinds:
+        for m in DRAIN_MODES:
+            for i in range(a.repeats):
+                print(f"{k} drain {m} run {i + 1}/{a.repeats} ...", file=sys.stderr, flush=True)
+                drains.setdefault((k, m), []).append(run_drain(k, m, a.window_s, a.rate_hz))
+                print(f"  {drains[(k, m)][-1]}", file=sys.stderr, flush=True)
+    text = section(runs, drains, a, time.monotonic() - t0)
     write_section(text, Path(a.out))
     print(text)
     return 0

@@ -149,6 +149,9 @@ class Instance:
     engine_id: str
     log: str
     proc: subprocess.Popen[str] | None = None
+    compute_ms: float = 20.0  # per prefill and per KV fetch
+    serving_url: bool = True  # registered with its serving address (else bootstrap only)
+    drain_timeout_s: float = 10.0  # its drain on SIGTERM (0: it stops at once, as stock)
 
     @property
     def url(self) -> str:
@@ -262,13 +265,13 @@ class PdStack:
             return ""
 
     def add_instance(self, name: str, role: str, host: int, *, serving_url: bool = True,
-                     compute_ms: float = 20.0) -> Instance:
+                     compute_ms: float = 20.0, drain_timeout_s: float = 10.0) -> Instance:
         ip = self.ips[host]
         port = free_port([ip], span=2)
         inst = Instance(name, role, ip, port, port + 1 if role == "prefill" else None,
-                        self.boards[ip].name, "", os.path.join(self.tmp, name + ".served"))
-        inst.compute_ms = compute_ms  # type: ignore[attr-defined]
-        inst.serving_url = serving_url  # type: ignore[attr-defined]
+                        self.boards[ip].name, "", os.path.join(self.tmp, name + ".served"),
+                        compute_ms=compute_ms, serving_url=serving_url,
+                        drain_timeout_s=drain_timeout_s)
         self.instances[name] = inst
         self.start(name)
         return inst
@@ -281,11 +284,11 @@ class PdStack:
         cmd = [sys.executable, "-m", "tests.routers.standin", "--role", inst.role, "--host",
                inst.ip, "--port", str(inst.port), "--board", inst.board, "--engine-id",
                inst.engine_id, "--log", inst.log,
-               "--compute-ms", str(getattr(inst, "compute_ms", 20.0)),
-               "--serve-after-s", str(serve_after_s)]
+               "--compute-ms", str(inst.compute_ms), "--serve-after-s", str(serve_after_s),
+               "--drain-timeout-s", str(inst.drain_timeout_s)]
         if inst.bootstrap_port is not None:
             cmd += ["--bootstrap-port", str(inst.bootstrap_port)]
-        if not getattr(inst, "serving_url", True):
+        if not inst.serving_url:
             cmd += ["--no-serving-url"]
         p = self._spawn(cmd, name, text=True)
         line = p.stdout.readline() if p.stdout else ""
