@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own P/D on Mooncake, stock against shmhb's wrapper: each scenario's
 outcome and its time, written to ``bench/results_sglang.md``.
 
-    python -m bench.sglang [--out PATH] [--cap-s 40]     # about 7 minutes on 2 busy cores
+    python -m bench.sglang [--out PATH] [--cap-s 40]     # about 14 minutes on 2 busy cores
 
 Run in the venv of ``.ci/sglang``.  The stack is ``tests/sglang/stack.py``'s: a prefill
 rank on 127.0.0.2 and a decode rank on 127.0.0.3, each its own process with SGLang's real
@@ -136,6 +136,79 @@ def decode_killed(stack: Stack, cap_s: float) -> str:
     return f"the prefill freed the room {ev['t'] - t0:.2f} s after the fault"
 
 
+def _left(t0: float, cap_s: float) -> float:
+    return max(0.5, cap_s - (time.monotonic() - t0))
+
+
+def _next_room(p: Rank, d: Rank, seed: int, cap_s: float) -> str:
+    """A room issued to ``p`` now: what the decode reported, from the issue."""
+    room = new_room()
+    p.send("prefill", room=room, seed=seed)
+    t = d.send_at("recv", room=room, bootstrap=p.bootstrap)
+    try:
+        ev = d.expect("received", "recv_failed", room=room, timeout_s=cap_s)
+    except AssertionError:
+        return f"**not concluded {cap_s:.0f} s after it was issued**"
+    ok = ev["ev"] == "received" and ev["digest"] == expected_digest(seed, 64)
+    return f"{'served' if ok else 'failed'} {ev['t'] - t:.2f} s after it was issued"
+
+
+def _pending(d: Rank, room: int, t0: float, cap_s: float) -> str:
+    try:  # an event already in is taken from what was read meanwhile
+        ev = d.expect("received", "recv_failed", room=room, timeout_s=_left(t0, cap_s))
+    except AssertionError:
+        return f"**not concluded {cap_s:.0f} s after the fault**"
+    return f"{'served' if ev['ev'] == 'received' else 'failed'} {ev['t'] - t0:.2f} s after the fault"
+
+
+def restarted_after_detection(stack: Stack, cap_s: float) -> str:
+    p, d = _ranks(stack)
+    room = new_room()
+    p.send("prefill", room=room, seed=6, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    t0 = p.kill()
+    pending = _pending(d, room, t0, cap_s)
+    p2 = stack.start("prefill")
+    up = time.monotonic() - t0
+    return (f"pending room {pending}; restarted then (up {up:.1f} s after the fault), the "
+            f"next room {_next_room(p2, d, 7, cap_s)}")
+
+
+def restarted_before_detection(stack: Stack, cap_s: float) -> str:
+    p, d = _ranks(stack)
+    room = new_room()
+    p.send("prefill", room=room, seed=8, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    t0 = p.kill()
+    p2 = stack.start("prefill")  # at once, on the same address
+    up = time.monotonic() - t0
+    pending = _pending(d, room, t0, cap_s)
+    return (f"restarted at once (up {up:.1f} s after the fault); pending room {pending}; "
+            f"the next room {_next_room(p2, d, 9, cap_s)}")
+
+
+def decode_restarted(stack: Stack, cap_s: float) -> str:
+    p, d = _ranks(stack)
+    room = new_room()
+    p.send("prefill", room=room, seed=10, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    t0 = d.kill()
+    d2 = stack.start("decode")
+    up = time.monotonic() - t0
+    p.send("go", room=room)  # the write the prefill was about to do, to the old decode
+    try:
+        ev = p.expect("sent", "send_failed", room=room, timeout_s=_left(t0, cap_s))
+        held = (f"the prefill's room {'written' if ev['ev'] == 'sent' else 'failed'} "
+                f"{ev['t'] - t0:.2f} s after the fault")
+    except AssertionError:
+        held = f"**the prefill still holds the room {cap_s:.0f} s after the fault**"
+    return (f"{held}; restarted (up {up:.1f} s after the fault, then the write released), "
+            f"the new decode's next room {_next_room(p, d2, 11, cap_s)}")
+
+
 ROWS = (
     Row("killed while the decode waits", "the prefill killed after the decode's transfer "
         "request reached it, before its KV was computed: the decode's room", killed_while_waiting),
@@ -145,9 +218,18 @@ ROWS = (
         "once the decode's room has concluded (or at the cap), the write next in line",
         stopped_while_waiting),
     Row("killed mid-transfer", "the prefill killed with the first pages of a 128 MiB room "
-        "landed (a granted write: the wrapper leaves it to SGLang)", killed_mid_transfer),
+        "landed (a granted write: the wrapped decode holds the room for its go-ahead's lease)", killed_mid_transfer),
     Row("decode killed", "the decode killed while the prefill holds its room (bootstrapped, "
         "not computed yet): the prefill's room", decode_killed),
+    Row("prefill restarted after detection", "the prefill killed while the decode waits, "
+        "restarted on the same address once the decode's room has concluded (or at the "
+        "cap); then a new room", restarted_after_detection),
+    Row("prefill restarted before detection", "the prefill killed while the decode waits "
+        "and restarted at once on the same address (before SGLang's health check can "
+        "miss two polls); the pending room, then a new room", restarted_before_detection),
+    Row("decode restarted", "the decode killed while the prefill holds its room and "
+        "restarted at once; then the prefill's write is released; then a room from the "
+        "new decode", decode_restarted),
 )
 
 
@@ -217,10 +299,12 @@ entry to the dead process's rank port (SGLang's ZMQ PUSH socket queues it) and w
 the health check; wrapped: the board has dropped the rank, its entries are gone, and
 the room fails asking the bootstrap server (a real decode scheduler keeps such a request
 queued until its bootstrap timeout, and a restarted prefill on that address serves it).
-"Killed mid-transfer": the wrapper fails no granted write early (a stopped prefill could
-resume and finish it), so both modes wait for SGLang's health check; the wrapped decode
-evicts the dead rank's entries at once all the same (docs/SGLANG.md, "A write already
-under way").
+"Killed mid-transfer": the wrapper fails no granted room before its go-ahead's lease
+ran out (a stopped prefill could resume and finish the write): the wrapped decode holds
+the room for the lease (`SHMHB_SGLANG_GRANT_LEASE_S`, 30 s here, its default), then fails
+it; it evicts the dead rank's entries at once all the same (docs/SGLANG.md, "The
+lease").  Stock fails it at its health check, about 10 s, with nothing to stop a
+resumed prefill from writing into the pages it freed.
 """
 
 

@@ -84,3 +84,54 @@ def test_importing_the_package_imports_no_sglang() -> None:
                           "print('sglang' in sys.modules)"],
                          capture_output=True, text=True, env=child_env(), check=True)
     assert out.stdout.strip() == "False", out
+
+
+# -- the lease rule's bookkeeping (shmhb.sglang.lease) ------------------------------------------
+
+
+def test_the_prefill_writes_a_granted_room_only_while_its_lease_runs() -> None:
+    from shmhb.sglang.lease import Lease, PrefillLeases, RoomRank
+    leases, key, other = PrefillLeases(), RoomRank(7, "127.0.0.3:4000"), RoomRank(7, "127.0.0.4:4000")
+    assert leases.check(key, 0) is Lease.NOT_ASKED
+    leases.granted(key, 1_000)
+    assert leases.check(key, 999) is Lease.RUNS
+    assert leases.check(key, 1_000) is Lease.RAN_OUT  # the end itself is past the lease
+    assert leases.check(other, 999) is Lease.NOT_ASKED  # per decode rank
+    leases.granted(other, None)  # a decode without shmhb: no lease binds it
+    assert leases.check(other, 10**18) is Lease.RUNS
+    leases.forget([key])
+    assert leases.check(key, 0) is Lease.NOT_ASKED and len(leases) == 1
+
+
+def test_the_decode_fails_a_held_room_once_its_last_lease_ran_out() -> None:
+    from shmhb.sglang.lease import DecodeHolds
+    holds = DecodeHolds()
+    holds.hold(1, 100, "a")
+    assert holds.hold(1, 50, "b").until_ns == 100  # an earlier end never shortens a hold
+    holds.hold(1, 200, "c")  # a later one (another rank's grant) extends it
+    holds.hold(2, 150, "d")
+    assert holds.due(99) == []
+    assert [h.room for h in holds.due(150)] == [2]  # room 1 waits for its later lease
+    assert holds.due(199) == []
+    (h,) = holds.due(200)
+    assert (h.room, h.until_ns, h.reason) == (1, 200, "c")
+    assert holds.due(10**9) == [] and len(holds) == 0  # each handed out once
+
+
+def test_a_room_that_concluded_is_not_failed_at_its_lease_end() -> None:
+    from shmhb.sglang.lease import DecodeHolds
+    holds = DecodeHolds()
+    holds.hold(3, 100, "r")
+    assert holds.release(3) and not holds.release(3)
+    assert holds.due(10**9) == [] and holds.held(3) is None
+
+
+def test_the_lease_is_a_setting_with_its_unit_and_outlasts_the_wait() -> None:
+    assert SglangSettings().grant_lease_s == 30.0
+    assert SglangSettings.from_env({"SHMHB_SGLANG_GRANT_LEASE_S": "4",
+                                    "SHMHB_SGLANG_GRANT_TIMEOUT_S": "1"}).grant_lease_s == 4.0
+    with pytest.raises(InvalidConfig, match="SHMHB_SGLANG_GRANT_LEASE_S"):
+        SglangSettings.from_env({"SHMHB_SGLANG_GRANT_LEASE_S": "0.5"})
+    with pytest.raises(InvalidConfig, match="twice"):
+        SglangSettings.from_env({"SHMHB_SGLANG_GRANT_LEASE_S": "3",
+                                 "SHMHB_SGLANG_GRANT_TIMEOUT_S": "2"})

@@ -12,9 +12,13 @@ the one release it supports, ``release.SUPPORTED``):
   with the rank it goes to), ``clear`` (a room concluded), ``addr_to_rooms_tracker``,
   ``connection_pool``, ``prefill_info_table``, ``heartbeat_failures`` (what SGLang's own
   ``_handle_node_failure`` evicts), ``disconnect_endpoint`` (the cached sockets);
+* decode, also: ``_handle_node_failure`` (SGLang's health check failing a prefill: its
+  granted rooms are held until their leases end);
 * prefill: ``_make_worker_recv`` (the bootstrap thread's reads of transfer requests),
-  ``transfer_worker`` (its queue's ``get``: the chunk about to be written), and
-  ``transfer_infos`` (a room's decode ranks);
+  ``transfer_worker`` (its queue's ``get``: the chunk it works on next; then its
+  ``check_status`` of the chunk's room once the chunk's ``wait_event`` is done, its last
+  look at the room before it writes the chunk), ``conclude_failure`` (fail a room and
+  tell its decode) and ``transfer_infos`` (a room's decode ranks);
 * both: ``record_failure`` and ``update_status(room, KVPoll.Failed)``, how SGLang fails a
   room itself.
 """
@@ -72,12 +76,19 @@ class _Rooms:
         with self.m.connection_lock:
             return list(self.m.addr_to_rooms_tracker.get(addr, ()))
 
-    def evict(self, addr: str, keep: set[int]) -> None:
-        """What SGLang's ``_handle_node_failure`` evicts, but the rooms in ``keep``
-        (granted writes): while there are any, the prefill's parallel info stays, so
-        SGLang's own health check (where on) still fails them if the prefill stays
-        down; its rank entries go all the same, so the next room asks the bootstrap
-        server for the ranks again and no room goes to the dropped rank's port."""
+    def untrack(self, addr: str, rooms: set[int]) -> None:
+        """Take ``rooms`` (held until their leases end) out of the prefill's rooms, so
+        SGLang's own ``_handle_node_failure`` does not fail them."""
+        with self.m.connection_lock:
+            tracked = self.m.addr_to_rooms_tracker.get(addr)
+            if tracked is not None:
+                tracked.difference_update(rooms)
+
+    def evict(self, addr: str) -> None:
+        """What SGLang's ``_handle_node_failure`` evicts (its rooms are failed or held
+        by the guard): the prefill's rank entries, parallel info and rooms, and the
+        cached sockets to its ranks, so the next room asks the bootstrap server for the
+        ranks again and no room goes to the dropped rank's port."""
         m = self.m
         stale = set()
         with m.connection_lock:
@@ -85,12 +96,9 @@ class _Rooms:
                 for info in m.connection_pool.pop(k):
                     if info.get("rank_ip") and info.get("rank_port"):
                         stale.add(NetworkAddress(info["rank_ip"], int(info["rank_port"])).to_tcp())
-            if not keep:
-                m.prefill_info_table.pop(addr, None)
-                m.heartbeat_failures.pop(addr, None)
-            rooms = m.addr_to_rooms_tracker.get(addr)
-            if rooms is not None:
-                rooms.intersection_update(keep)
+            m.prefill_info_table.pop(addr, None)
+            m.heartbeat_failures.pop(addr, None)
+            m.addr_to_rooms_tracker.pop(addr, None)
         for ep in stale:
             MooncakeKVReceiver.disconnect_endpoint(ep)
 
@@ -105,18 +113,24 @@ class _Rooms:
                 and self.live(room)]
 
 
-class _GatedQueue:
-    """A transfer worker's queue whose ``get`` asks the go-ahead for the chunk it hands
-    out; everything else is the queue's own."""
+class _Armed(threading.local):
+    """The chunk a transfer worker thread took off its queue and has not written yet."""
 
-    def __init__(self, queue: Any, gate: Any) -> None:
+    chunk: Any = None
+
+
+class _ArmingQueue:
+    """A transfer worker's queue whose ``get`` notes, for the thread, the chunk it hands
+    out (``check_status`` then decides on it right before the write); everything else
+    is the queue's own."""
+
+    def __init__(self, queue: Any, armed: _Armed) -> None:
         self.queue = queue
-        self.gate = gate
+        self.armed = armed
 
     def get(self) -> Any:
         chunk = self.queue.get()
-        if chunk is not None:
-            self.gate(chunk.room)
+        self.armed.chunk = chunk  # None: the stop sentinel
         return chunk
 
     def __getattr__(self, name: str) -> Any:
@@ -130,6 +144,7 @@ class ShmhbMooncakeKVManager(MooncakeKVManager):  # type: ignore[misc]
     def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any,
                  is_mla_backend: bool | None = False) -> None:
         self.shmhb_ready = threading.Event()  # the worker threads start in super().__init__
+        self._shmhb_armed = _Armed()
         settings = SglangSettings.from_env()
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         try:
@@ -187,18 +202,50 @@ class ShmhbMooncakeKVManager(MooncakeKVManager):  # type: ignore[misc]
 
     def transfer_worker(self, queue: Any, executor: Any, staging_buffer: Any = None,
                         worker_index: int = 0) -> Any:
-        return super().transfer_worker(_GatedQueue(queue, self._shmhb_gate), executor,
+        return super().transfer_worker(_ArmingQueue(queue, self._shmhb_armed), executor,
                                        staging_buffer, worker_index)
 
-    def _shmhb_gate(self, room: int) -> None:
+    def check_status(self, bootstrap_room: int) -> Any:
+        """SGLang's, but on a prefill's transfer worker thread, at its last look at the
+        room of the chunk it took (after the chunk's ``wait_event``: the forward that
+        computes it) and before it writes the chunk: the guard decides there (the go-ahead,
+        its lease), and a chunk it refuses reads as a failed room, which SGLang skips.
+        Every chunk of a room goes through one worker thread (SGLang shards its queues by
+        the room's decode sessions), so once the room fails here no chunk of it is
+        written after."""
+        status = super().check_status(bootstrap_room)
+        armed = self._shmhb_armed
+        chunk = armed.chunk
+        if chunk is None or chunk.room != bootstrap_room or chunk.wait_event is not None:
+            return status  # not that look (the scheduler's, or the one before the wait)
+        armed.chunk = None
+        if status == KVPoll.Failed:
+            return status
+        return KVPoll.Failed if self._shmhb_gate(bootstrap_room) else status
+
+    def _shmhb_gate(self, room: int) -> bool:
+        """Whether the chunk of ``room`` about to be written was refused (the room failed)."""
         self.shmhb_ready.wait(READY_WAIT_S)
         g = self.shmhb_prefill
-        if g is None or room not in self.request_status or self.check_status(room) == KVPoll.Failed:
-            return  # SGLang skips a failed room's chunk itself
-        why = g.may_write(room)
-        if why is not None:
-            self.record_failure(room, why)
+        if g is None:
+            return False
+        v = g.may_write(room)
+        if v.why is None:
+            return False
+        if v.lease_ran_out:
+            self.conclude_failure(bootstrap_room=room, failure_reason=v.why)
+        else:
+            self.record_failure(room, v.why)
             self.update_status(room, KVPoll.Failed)
+        return True
+
+    # -- decode: SGLang's own health check failed a prefill --------------------------------------
+
+    def _handle_node_failure(self, failed_bootstrap_addr: str) -> None:
+        g = self.shmhb_decode
+        if g is not None:
+            g.node_failed(failed_bootstrap_addr)  # its granted rooms: held, not failed here
+        super()._handle_node_failure(failed_bootstrap_addr)
 
 
 class ShmhbMooncakeKVReceiver(MooncakeKVReceiver):  # type: ignore[misc]

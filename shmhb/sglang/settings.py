@@ -25,14 +25,19 @@ class SglangSettings:
     """``board``: the host's board (None: ``$SHMHB_BOARD`` or "shmhb").
     ``act_on_suspect``: treat SUSPECT as a drop (off: a flap fails no room).
     ``grant_timeout_s``: how long a prefill waits for its decode's go-ahead before it
-    gives the write up.  ``beat_interval_s``: the rank's heartbeat.  ``poll_interval_s``:
-    how often the decode reads the board's verdicts on its prefills (each read is one
-    counter when nothing changed).  ``serving_url``: the server's API address as routers
+    gives the write up.  ``grant_lease_s``: what a decode's go-ahead promises (read
+    from the decode's setting; ``shmhb.sglang.lease``): the prefill writes a granted
+    room's chunks only within it (counted from its ask), and the decode fails a granted
+    room no earlier than that after granting it; over twice ``grant_timeout_s``, so an
+    answer read at the end of the wait leaves time to write.  ``beat_interval_s``: the
+    rank's heartbeat.  ``poll_interval_s``: how often the decode reads the board's
+    verdicts on its prefills (each read is one counter when nothing changed).  ``serving_url``: the server's API address as routers
     reach it (``http://host:port``), recorded in its instance slot for ``shmhb feed``."""
 
     board: str | None = None
     act_on_suspect: bool = False
     grant_timeout_s: float = 2.0
+    grant_lease_s: float = 30.0
     beat_interval_s: float = 0.1
     poll_interval_s: float = 0.005
     serving_url: str | None = None
@@ -48,8 +53,14 @@ class SglangSettings:
                 check_endpoint(serving.removeprefix("http://").rstrip("/"))
             except InvalidAddress as err:
                 raise InvalidConfig(f"SHMHB_SGLANG_SERVING_URL: {err}") from None
-        return cls(board=board, act_on_suspect=suspect,
-                   grant_timeout_s=_seconds(e, "SHMHB_SGLANG_GRANT_TIMEOUT_S", 2.0, 0.01, 60.0),
+        grant = _seconds(e, "SHMHB_SGLANG_GRANT_TIMEOUT_S", 2.0, 0.01, 60.0)
+        lease = _seconds(e, "SHMHB_SGLANG_GRANT_LEASE_S", 30.0, 1.0, 3600.0)
+        if lease <= 2 * grant:
+            raise InvalidConfig(f"SHMHB_SGLANG_GRANT_LEASE_S ({lease}) must be over twice "
+                                f"SHMHB_SGLANG_GRANT_TIMEOUT_S ({grant}): an answer read at "
+                                "the end of the wait must leave time to write")
+        return cls(board=board, act_on_suspect=suspect, grant_timeout_s=grant,
+                   grant_lease_s=lease,
                    beat_interval_s=_seconds(e, "SHMHB_SGLANG_BEAT_INTERVAL_S", 0.1, 0.005, 5.0),
                    poll_interval_s=_seconds(e, "SHMHB_SGLANG_POLL_INTERVAL_S", 0.005, 0.001, 1.0),
                    serving_url=serving)

@@ -14,7 +14,8 @@ server does (``load_plugins``): with ``SHMHB_SGLANG=1`` in its environment, shmh
 point installs the wrapped manager; without it the rank is stock.
 
 Commands (``op``): ``prefill`` (a room: its sender waits for the decode's metadata, then
-sends unless ``hold``), ``go`` (send a held room), ``recv`` (a room on the decode: its
+sends unless ``hold``; with ``split`` N, in two chunks: the first N pages, then the rest
+on ``rest``), ``go`` (send a held room), ``rest`` (send a split room's second chunk), ``recv`` (a room on the decode: its
 receiver sends its metadata and waits), ``digest`` (of decode pages), ``landed`` (how
 many pages hold bytes), ``state`` (the decode manager's tables), ``quit``.  Events
 (``ev``): ``ready``, ``waiting``, ``metadata_sent``, ``sent``, ``send_failed``,
@@ -138,13 +139,15 @@ class Engine:
             self.server = server(host=a.ip, port=a.bootstrap_port)
         self.mgr = get_kv_class(self.backend, KVClassType.MANAGER)(k, mode, sa, False)
         self.held: dict[int, threading.Event] = {}
+        self.rest: dict[int, threading.Event] = {}
         emit("ready", pid=os.getpid(), rank_port=self.mgr.rank_port,
              session=self.mgr.get_session_id(), manager=type(self.mgr).__module__,
              bootstrap=self.bootstrap)
 
     # -- prefill ---------------------------------------------------------------------------
 
-    def prefill(self, room: int, seed: int, start: int, pages: int, hold: bool) -> None:
+    def prefill(self, room: int, seed: int, start: int, pages: int, hold: bool,
+                split: int = 0) -> None:
         import numpy as np
         from sglang.srt.disaggregation.base import KVPoll
         data = room_bytes(seed, pages)
@@ -170,7 +173,16 @@ class Engine:
                 if go.is_set():
                     break
             time.sleep(0.002)
-        sender.send(np.arange(start, start + pages, dtype=np.int32))
+        indices = np.arange(start, start + pages, dtype=np.int32)
+        if 0 < split < pages:  # two chunks, as a chunked prefill sends them
+            sender.send(indices[:split])
+            rest = self.rest.setdefault(room, threading.Event())
+            while not rest.wait(0.002):
+                if sender.poll() == KVPoll.Failed:
+                    return emit("send_failed", room=room, after_s=time.monotonic() - t0,
+                                reason=self.mgr.failure_records.get(room, ""))
+            indices = indices[split:]
+        sender.send(indices)
         while True:
             st = sender.poll()
             if st == KVPoll.Success:
@@ -245,9 +257,11 @@ def main() -> None:
         if op == "prefill":
             threading.Thread(target=eng.prefill, daemon=True, args=(
                 cmd["room"], cmd["seed"], cmd.get("start", 0), cmd.get("pages", a.pages),
-                cmd.get("hold", False))).start()
+                cmd.get("hold", False), cmd.get("split", 0))).start()
         elif op == "go":
             eng.held.setdefault(cmd["room"], threading.Event()).set()
+        elif op == "rest":
+            eng.rest.setdefault(cmd["room"], threading.Event()).set()
         elif op == "recv":
             threading.Thread(target=eng.recv, daemon=True, args=(
                 cmd["room"], cmd["bootstrap"], cmd.get("start", 0),

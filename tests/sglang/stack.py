@@ -105,6 +105,12 @@ class Rank:
                 return ev
             self.seen.append(ev)
 
+    def send_at(self, op: str, **kw: Any) -> float:
+        """``send``, returning ``time.monotonic()`` from before it (the ranks' clock)."""
+        t = time.monotonic()
+        self.send(op, **kw)
+        return t
+
     def request(self, op: str, reply: str, **kw: Any) -> dict[str, Any]:
         self.send(op, **kw)
         return self.expect(reply)

@@ -150,56 +150,6 @@ def test_decode_killed_while_the_prefill_holds_its_room_frees_it_at_once(stack: 
     served(p, decode(stack), seed=8)
 
 
-BIG = 2048  # pages of 64 KiB: a 128 MiB room, a few hundred ms over Mooncake's TCP
-
-
-def test_prefill_killed_mid_transfer_the_room_fails_and_no_later_room_goes_to_it(
-        stack: Stack) -> None:
-    """A write under way was granted: the decode keeps its pages out of SGLang's hands
-    until SGLang's own health check fails the room (a stopped prefill could resume and
-    finish the write), but evicts the dead rank's entries at once, so no later room is
-    sent to it; once the room has failed, a restarted prefill serves the next one."""
-    for r in stack.ranks:
-        r.close()
-    try:
-        _killed_mid_transfer(stack)
-    finally:  # the ranks of BIG rooms go: the tests after this one use rooms of 64 pages
-        for r in stack.ranks:
-            r.close()
-
-
-def _killed_mid_transfer(stack: Stack) -> None:
-    p, d = stack.start("prefill", pages=BIG), stack.start("decode", pages=BIG)
-    served_big = new_room()
-    p.send("prefill", room=served_big, seed=9)
-    d.send("recv", room=served_big, bootstrap=p.bootstrap)
-    assert d.expect("received", "recv_failed", room=served_big, timeout_s=60)["ev"] == "received"
-    alive_on_decode_host(stack, p)
-    room = new_room()
-    p.send("prefill", room=room, seed=10, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
-    p.send("go", room=room)
-    n = wait_until(lambda: d.request("landed", "landed")["pages"], timeout_s=30,
-                   what="the first page of the write")
-    p.kill()
-    landed = d.request("landed", "landed")["pages"]
-    print(f"killed with {n}..{landed} of {BIG} pages landed")
-    wait_until(lambda: not any(k.startswith(p.bootstrap) for k in
-                               d.request("state", "state")["connection_pool"]),
-               timeout_s=FAST_S, what="the dead rank's entries evicted")
-    done = d.expect("received", "recv_failed", room=room, timeout_s=60)
-    if done["ev"] == "received":
-        pytest.skip("the write finished before the kill: nothing was cut (a faster machine)")
-    print(f"room failed {done['after_s']:.3f} s after it began: {done['reason']}")
-    p2 = stack.start("prefill", pages=BIG)
-    served_after = new_room()
-    p2.send("prefill", room=served_after, seed=11)
-    d.send("recv", room=served_after, bootstrap=p2.bootstrap)
-    ev = d.expect("received", "recv_failed", room=served_after, timeout_s=60)
-    assert ev["ev"] == "received" and ev["digest"] == expected_digest(11, BIG), ev
-
-
 def test_a_suspect_prefill_convicts_nothing(stack: Stack) -> None:
     """Stopped past suspect-after but resumed before dead-after (a long pause): the
     room it holds is written and served, as if nothing happened."""
