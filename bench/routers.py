@@ -113,18 +113,26 @@ def run_setup(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
             served = p1.served_since(t_reg, "/kv")
             out["restart"]["serve_ms"] = (served[0] - t_reg) / 1e6 if served else None
             acts = s.feed_actions()
-            rm = [a["t_ns"] for a in acts if a.get("event") == "remove" and a["url"] == p1.url
-                  and a["t_ns"] > t_kill]
-            out["kill"]["feed_ms"] = (rm[0] - t_kill) / 1e6 if rm else None
-            rm2 = [a["t_ns"] for a in acts if a.get("event") == "remove" and a["url"] == p3.url
-                   and a["t_ns"] > t_stop]
-            out["stop"]["feed_ms"] = (rm2[0] - t_stop) / 1e6 if rm2 else None
+            out["kill"]["feed_ms"] = removal_ms(acts, p1.url, t_kill)
+            out["stop"]["feed_ms"] = removal_ms(acts, p3.url, t_stop)
         finally:
-            s.close()
-        tried = s.hub_lookups()
-        if tried:
-            raise SystemExit(f"a router tried to reach a model hub: {tried}")
+            close(s)
         return out
+
+
+def removal_ms(actions: list[dict[str, Any]], url: str, t_ns: int) -> float | None:
+    """From ``t_ns`` to the feeder's first removal of ``url`` after it (None: none)."""
+    rm = [a["t_ns"] for a in actions if a.get("event") == "remove" and a["url"] == url
+          and a["t_ns"] > t_ns]
+    return (rm[0] - t_ns) / 1e6 if rm else None
+
+
+def close(s: PdStack) -> None:
+    """End the stack; a router that tried to reach a model hub fails the bench."""
+    s.close()
+    tried = s.hub_lookups()
+    if tried:
+        raise SystemExit(f"a router tried to reach a model hub: {tried}")
 
 
 def run_drain(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str, Any]:
@@ -155,17 +163,11 @@ def run_drain(kind: str, mode: str, window_s: float, rate_hz: float) -> dict[str
             for k, (name, t) in enumerate(marks):
                 end = marks[k + 1][1] if k + 1 < len(marks) else t + int(window_s * 1e9)
                 ph = phase(res, t, end, last=k + 1 == len(marks))
-                url = s.instances[name].url
-                rm = [a["t_ns"] for a in acts if a.get("event") == "remove" and a["url"] == url
-                      and a["t_ns"] > t]
-                ph["feed_ms"] = (rm[0] - t) / 1e6 if rm else None
+                ph["feed_ms"] = removal_ms(acts, s.instances[name].url, t)
                 out["drain " + name] = ph
             out["requests"] = len(res)
         finally:
-            s.close()
-        tried = s.hub_lookups()
-        if tried:
-            raise SystemExit(f"a router tried to reach a model hub: {tried}")
+            close(s)
         return out
 
 

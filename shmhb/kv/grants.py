@@ -70,6 +70,7 @@ from types import ModuleType
 from typing import Protocol
 
 from ..board.native import PURE_ENV
+from ..errors import InvalidConfig
 from ..periodic import block_host_signals
 from . import fencewire
 
@@ -89,6 +90,16 @@ CLOCK_RATE_SLACK = 0.001
 _ASK = struct.Struct(">BBHQQ16s")
 _REPLY = struct.Struct(">BBHQI")
 _LEN = struct.Struct(">H")
+
+
+def check_lease(lease_s: float, grant_timeout_s: float, names: tuple[str, str]) -> None:
+    """``InvalidConfig`` unless a lease of ``lease_s`` leaves time to write after an
+    answer read at the end of a producer's wait of ``grant_timeout_s`` (over twice it).
+    ``names``: how the caller's settings call the two (lease first)."""
+    if lease_s <= 2 * grant_timeout_s:
+        raise InvalidConfig(f"{names[0]} ({lease_s}) must be over twice {names[1]} "
+                            f"({grant_timeout_s}): an answer read at the end of the wait "
+                            "must leave time to write")
 
 
 def _load() -> ModuleType | None:

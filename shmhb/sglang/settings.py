@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..board.address import check_endpoint
 from ..board.layout import KEY_BYTES
+from ..kv.grants import check_lease
 from ..errors import InvalidAddress, InvalidConfig
 
 #: the variable that turns the wrapper on (SGLang loads every installed plugin)
@@ -55,10 +56,7 @@ class SglangSettings:
                 raise InvalidConfig(f"SHMHB_SGLANG_SERVING_URL: {err}") from None
         grant = _seconds(e, "SHMHB_SGLANG_GRANT_TIMEOUT_S", 2.0, 0.01, 60.0)
         lease = _seconds(e, "SHMHB_SGLANG_GRANT_LEASE_S", 30.0, 1.0, 3600.0)
-        if lease <= 2 * grant:
-            raise InvalidConfig(f"SHMHB_SGLANG_GRANT_LEASE_S ({lease}) must be over twice "
-                                f"SHMHB_SGLANG_GRANT_TIMEOUT_S ({grant}): an answer read at "
-                                "the end of the wait must leave time to write")
+        check_lease(lease, grant, ("SHMHB_SGLANG_GRANT_LEASE_S", "SHMHB_SGLANG_GRANT_TIMEOUT_S"))
         return cls(board=board, act_on_suspect=suspect, grant_timeout_s=grant,
                    grant_lease_s=lease,
                    beat_interval_s=_seconds(e, "SHMHB_SGLANG_BEAT_INTERVAL_S", 0.1, 0.005, 5.0),

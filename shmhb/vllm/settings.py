@@ -11,6 +11,7 @@ from typing import Any
 from ..board.address import check_endpoint
 from ..errors import InvalidAddress, InvalidConfig
 from ..board.layout import KEY_BYTES
+from ..kv.grants import check_lease
 
 #: what a consumer does with a request whose producer engine the board reports gone
 ON_DEAD_PEER = ("recompute", "fail")
@@ -67,10 +68,7 @@ class ConnectorSettings:
             raise InvalidConfig(f"act_on_suspect must be true or false, got {suspect!r}")
         grant = _seconds(extra, "grant_timeout_s", 2.0, 0.01, 60.0)
         lease = _seconds(extra, "grant_lease_s", 30.0, 1.0, 3600.0)
-        if lease <= 2 * grant:
-            raise InvalidConfig(f"grant_lease_s ({lease}) must be over twice grant_timeout_s "
-                                f"({grant}): an answer read at the end of the wait must "
-                                "leave time to write")
+        check_lease(lease, grant, ("grant_lease_s", "grant_timeout_s"))
         beat = _seconds(extra, "beat_interval_s", 0.1, 0.005, 5.0)
         serving = _serving(extra.get("serving_url"))
         drain = _seconds(extra, "drain_timeout_s", 30.0, 0.0, 86400.0)
