@@ -72,9 +72,14 @@ class _Run:
         self.procs: list[subprocess.Popen[Any]] = []
         self.tmp = tempfile.mkdtemp(prefix="shmhb-chaos-local-")
 
-    def spawn(self, cmd: list[str], *, text: bool = False) -> subprocess.Popen[Any]:
+    def spawn(self, cmd: list[str], *, text: bool = False, log: str | None = None
+              ) -> subprocess.Popen[Any]:
+        """``log``: a file for its stderr (else discarded)."""
+        err: Any = subprocess.DEVNULL if log is None else open(log, "wb")
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE if text else subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=text)
+                             stderr=err, stdin=subprocess.PIPE, text=text)
+        if log is not None:
+            err.close()  # the child has its own
         self.procs.append(p)
         return p
 
@@ -244,8 +249,13 @@ def conflict(r: _Run, ip: str, port: int) -> dict[str, Any]:
     if stray.returncode != 2 or "another shmhb pinger runs" not in stray.stderr:
         raise _Fail(f"a stray pinger with other flags was not refused: rc {stray.returncode}, "
                     f"{stray.stderr[-300:]!r}")
-    standby = r.spawn(PINGER + mine)
-    time.sleep(1.0)  # pacing: the standby has started and stored (or not) by now
+    log = os.path.join(r.tmp, "standby.log")
+    standby = r.spawn(PINGER + mine, log=log)
+
+    def started() -> bool:  # it logs this once its flags were checked (and stored, or not)
+        with open(log, errors="replace") as f:
+            return "waiting for the agent role" in f.read() or standby.poll() is not None
+    r.until(started, 30, "the standby pinger started")
     if standby.poll() is not None:
         raise _Fail(f"a standby with the board's own flags exited {standby.returncode}")
     net = r.board.network()
