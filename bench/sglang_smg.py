@@ -138,8 +138,11 @@ def outcome(res: list[Result], w: Window, window_s: float) -> Outcome:
                    before_ms=pct(ms(before)), after_ms=pct(ms(after)), note=w.note)
 
 
-def measure(scenario: str, wrapped: bool, window_s: float, rate_hz: float) -> Outcome:
-    tmp = tempfile.mkdtemp(prefix=f"bench-sglang-smg-{'w' if wrapped else 's'}-")
+def measure(scenario: str, wrapped: bool, window_s: float, rate_hz: float,
+            tmp: str | None = None) -> Outcome:
+    """One cell: a fresh stack in ``tmp`` (None: a new temporary folder), the scenario's
+    fault under load, what the client saw; everything started is ended."""
+    tmp = tmp or tempfile.mkdtemp(prefix=f"bench-sglang-smg-{'w' if wrapped else 's'}-")
     procs = Procs()
     cluster = Cluster(tmp, procs)
     stack = Stack(cluster, tmp, wrapped=wrapped)
