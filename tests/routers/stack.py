@@ -225,19 +225,24 @@ class Client:
 
 
 class PdStack:
-    def __init__(self, tmp: str, *, hosts: int = 3, policy: shmhb.Policy | None = None) -> None:
+    def __init__(self, tmp: str, *, hosts: int = 3, policy: shmhb.Policy | None = None,
+                 boards: dict[str, shmhb.Board] | None = None) -> None:
+        """``hosts`` simulated hosts of its own (boards and pingers, removed by ``close``),
+        or ``boards``: hosts someone else runs, by ip (their instances added with
+        ``add_served``), for the router and the feeder alone."""
         self.tmp = tmp
-        self.ips = [f"127.0.0.{2 + i}" for i in range(hosts)]
+        self.own_boards = boards is None
+        self.ips = [f"127.0.0.{2 + i}" for i in range(hosts)] if boards is None else list(boards)
         self.policy = policy or shmhb.Policy(suspect_after_s=0.5, dead_after_s=1.0)
         self.procs: list[subprocess.Popen[Any]] = []
-        self.boards: dict[str, shmhb.Board] = {}
+        self.boards: dict[str, shmhb.Board] = dict(boards or {})
         self.instances: dict[str, Instance] = {}
         self.router: subprocess.Popen[bytes] | None = None
         self.router_port = 0
         self.feeder: subprocess.Popen[str] | None = None
         self.feed_lines: list[str] = []
         tag = uuid.uuid4().hex[:8]
-        for i, ip in enumerate(self.ips):
+        for i, ip in enumerate(self.ips if self.own_boards else ()):
             name = f"shmhb-rt-{tag}-{i}"
             self.boards[ip] = shmhb.Board.create(name, policy=self.policy, slots=16)
             self._spawn([sys.executable, "-m", "shmhb", "pinger", "--board", name,
@@ -274,6 +279,15 @@ class PdStack:
                         drain_timeout_s=drain_timeout_s)
         self.instances[name] = inst
         self.start(name)
+        return inst
+
+    def add_served(self, name: str, role: str, ip: str, port: int,
+                   bootstrap_port: int | None) -> Instance:
+        """An instance another process serves at ``ip:port`` (on the host of board
+        ``self.boards[ip]``), for ``start_router``; it is not started or ended here."""
+        inst = Instance(name, role, ip, port, bootstrap_port, self.boards[ip].name, name,
+                        os.path.join(self.tmp, name + ".served"))
+        self.instances[name] = inst
         return inst
 
     def start(self, name: str, serve_after_s: float = 0.0) -> Instance:
@@ -401,6 +415,6 @@ class PdStack:
                 pass
             if p.stdout is not None:
                 p.stdout.close()
-        for b in self.boards.values():
+        for b in self.boards.values() if self.own_boards else ():
             b.unlink()
             b.close()

@@ -67,6 +67,62 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+#: the paths a P/D request comes on (smg and sglang-router keep the client's)
+GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+
+
+def answer(role: str, engine: str) -> dict[str, Any]:
+    """A served request's body, as the routers read it: a prefill's carries its engine id
+    for vllm-router's decode request, a decode's is the completion."""
+    if role == "prefill":
+        return {"id": "p", "object": "text_completion",
+                "choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+                "kv_transfer_params": {"remote_engine_id": engine}}
+    return {"id": "d", "object": "text_completion",
+            "choices": [{"text": "ok", "index": 0, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+class Answers(BaseHTTPRequestHandler):
+    """What a serving instance answers a router besides its requests (GET ``/health``,
+    ``/metrics``, ``/v1/models``, ``/server_info``, ``/model_info``) and ``reply``; a
+    subclass sets ``role`` and ``engine_id`` and serves POST.  Also the HTTP front of
+    tests/sglang's rank processes (``tests/sglang/front.py``)."""
+
+    protocol_version = "HTTP/1.1"
+    role = ""
+    engine_id = ""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def reply(self, code: int, doc: Any) -> None:
+        out = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            out = b"# stand-in\n"
+            self.send_response(200)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+        elif path == "/v1/models":
+            self.reply(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+        elif path == "/health":
+            self.reply(200, {"role": self.role, "engine_id": self.engine_id})
+        elif path in ("/server_info", "/model_info"):
+            self.reply(200, {})  # no model_path, no tokenizer_path: see the docstring
+        else:
+            self.reply(404, {"error": path})
+
+
 def _fetch_kv(host: str, port: int, engine: str | None, room: object) -> str | None:
     """The stand-in KV transfer: None if it worked, else why not."""
     q = urllib.parse.urlencode({"engine_id": engine or "", "room": room or ""})
@@ -122,37 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         with owed_lock:
             return owed["in_flight"] + max(owed["kv"], 0)
 
-    class Api(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def reply(self, code: int, doc: Any) -> None:
-            out = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                out = b"# stand-in\n"
-                self.send_response(200)
-                self.send_header("content-type", "text/plain")
-                self.send_header("content-length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-            elif path == "/v1/models":
-                self.reply(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
-            elif path == "/health":
-                self.reply(200, {"role": a.role, "engine_id": engine})
-            elif path in ("/server_info", "/model_info"):
-                self.reply(200, {})  # no model_path, no tokenizer_path: see the docstring
-            else:
-                self.reply(404, {"error": path})
+    class Api(Answers):
+        role, engine_id = a.role, engine
 
         def do_POST(self) -> None:
             count("in_flight", 1)
@@ -170,15 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             path = self.path.split("?", 1)[0]
             if path.endswith("/render"):
                 return self.reply(200, {"prompt_token_ids": [1, 2, 3]})
-            if path not in ("/v1/completions", "/v1/chat/completions", "/generate"):
+            if path not in GENERATE_PATHS:
                 return self.reply(404, {"error": path})
             note(path)
             if a.role == "prefill":
                 count("kv", 1)
                 time.sleep(a.compute_ms / 1000)
-                return self.reply(200, {"id": "p", "object": "text_completion",
-                                        "choices": [{"text": "", "index": 0, "finish_reason": "length"}],
-                                        "kv_transfer_params": {"remote_engine_id": engine}})
+                return self.reply(200, answer("prefill", engine))
             kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
             why = None
             if isinstance(kv, dict) and kv.get("do_remote_prefill"):
@@ -194,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 why = _fetch_kv(h, p, None, body.get("bootstrap_room"))
             if why is not None:
                 return self.reply(500, {"error": why})
-            return self.reply(200, {"id": "d", "object": "text_completion",
-                                    "choices": [{"text": "ok", "index": 0, "finish_reason": "length"}],
-                                    "usage": {"prompt_tokens": 3, "completion_tokens": 1,
-                                              "total_tokens": 4}})
+            return self.reply(200, answer("decode", engine))
 
     class Boot(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

@@ -9,6 +9,9 @@ receiver that ``get_kv_class`` returns.  The KV pool is one CPU tensor of ``--pa
 pages; a prefill fills a room's pages with bytes derived from the room's seed, so a
 decode can tell a right transfer (``expected_digest``) from none (``zeros_digest``).
 
+With ``--http-port`` it also serves an HTTP front there (``tests/sglang/front.py``), a
+stand-in for SGLang's HTTP server: a router's P/D requests become rooms.
+
 Before anything is built it loads SGLang's plugins as every scheduler process of a real
 server does (``load_plugins``): with ``SHMHB_SGLANG=1`` in its environment, shmhb's entry
 point installs the wrapped manager; without it the rank is stock.
@@ -19,7 +22,8 @@ on ``rest``), ``go`` (send a held room), ``rest`` (send a split room's second ch
 receiver sends its metadata and waits), ``digest`` (of decode pages), ``landed`` (how
 many pages hold bytes), ``state`` (the decode manager's tables), ``quit``.  Events
 (``ev``): ``ready``, ``waiting``, ``metadata_sent``, ``sent``, ``send_failed``,
-``received``, ``recv_failed``, ``digest``, ``landed``, ``state``.
+``received``, ``recv_failed``, ``digest``, ``landed``, ``state``; with the HTTP front,
+``served`` (a request's room served).
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dist-port", type=int, required=True)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--pages", type=int, default=64)
+    ap.add_argument("--http-port", type=int, default=0,
+                    help="serve an HTTP front on it (tests/sglang/front.py): requests from a "
+                         "router become rooms")
     return ap.parse_args()
 
 
@@ -140,9 +147,21 @@ class Engine:
         self.mgr = get_kv_class(self.backend, KVClassType.MANAGER)(k, mode, sa, False)
         self.held: dict[int, threading.Event] = {}
         self.rest: dict[int, threading.Event] = {}
+        if a.http_port:
+            from .front import Front
+            Front(self, a.http_port, emit)
         emit("ready", pid=os.getpid(), rank_port=self.mgr.rank_port,
              session=self.mgr.get_session_id(), manager=type(self.mgr).__module__,
-             bootstrap=self.bootstrap)
+             bootstrap=self.bootstrap, http_port=a.http_port or None)
+
+    def fill(self, start: int, seed: int, pages: int) -> None:
+        """Write the bytes of a room seeded ``seed`` into pages ``start``..."""
+        import numpy as np
+        view = self.kv[start * PAGE_BYTES:(start + pages) * PAGE_BYTES].numpy()
+        view[:] = np.frombuffer(room_bytes(seed, pages), dtype=np.uint8)
+
+    def zero(self, start: int, pages: int) -> None:
+        self.kv[start * PAGE_BYTES:(start + pages) * PAGE_BYTES] = 0
 
     # -- prefill ---------------------------------------------------------------------------
 
@@ -150,9 +169,7 @@ class Engine:
                 split: int = 0) -> None:
         import numpy as np
         from sglang.srt.disaggregation.base import KVPoll
-        data = room_bytes(seed, pages)
-        view = self.kv[start * PAGE_BYTES:(start + pages) * PAGE_BYTES].numpy()
-        view[:] = np.frombuffer(data, dtype=np.uint8)
+        self.fill(start, seed, pages)
         sender = self.get_kv_class(self.backend, self.KVClassType.SENDER)(
             self.mgr, self.bootstrap, room)
         sender.init(pages, room % AUX_SLOTS)
@@ -197,7 +214,7 @@ class Engine:
     def recv(self, room: int, bootstrap: str, start: int, pages: int) -> None:
         import numpy as np
         from sglang.srt.disaggregation.base import KVPoll
-        self.kv[start * PAGE_BYTES:(start + pages) * PAGE_BYTES] = 0
+        self.zero(start, pages)
         t0 = time.monotonic()
         if not self.mgr.try_ensure_parallel_info(bootstrap):
             # the decode scheduler keeps such a request queued and asks again next step;

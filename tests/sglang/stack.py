@@ -44,20 +44,29 @@ class Rank:
     """One rank process: commands in on stdin, JSON events out on stdout."""
 
     def __init__(self, role: str, ip: str, board: str, *, wrapped: bool, bootstrap_port: int,
-                 log_dir: str, pages: int = 64, env: dict[str, str] | None = None) -> None:
+                 log_dir: str, pages: int = 64, env: dict[str, str] | None = None,
+                 http_port: int | None = None) -> None:
+        """``http_port``: its HTTP front's (``tests/sglang/front.py``), also its serving
+        URL for the wrapper (``SHMHB_SGLANG_SERVING_URL``: the instance slot routers are
+        fed from)."""
         self.role, self.ip, self.wrapped = role, ip, wrapped
+        self.bootstrap_port = bootstrap_port
         self.bootstrap = f"{ip}:{bootstrap_port}"
+        self.http_port = http_port
         e = child_env(**ENV)
         e["PYTHONPATH"] = os.pathsep.join([e["PYTHONPATH"], STUB])
         e["SHMHB_BOARD"] = board
         e["SHMHB_SGLANG"] = "1" if wrapped else "0"
+        if http_port is not None:
+            e["SHMHB_SGLANG_SERVING_URL"] = self.url
         e.update(env or {})
         self.log_path = os.path.join(log_dir, f"{role}-{'w' if wrapped else 's'}-"
                                               f"{uuid.uuid4().hex[:6]}.log")
         cmd = [sys.executable, "-m", "tests.sglang.engine", "--role", role, "--ip", ip,
                "--bootstrap-port", str(bootstrap_port), "--dist-port",
                str(free_port([ip])), "--model-dir", os.path.join(log_dir, "model"),
-               "--pages", str(pages)]
+               "--pages", str(pages)] + ([] if http_port is None else
+                                         ["--http-port", str(http_port)])
         with open(self.log_path, "wb") as log:
             self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=log, env=e)
@@ -66,6 +75,11 @@ class Rank:
         threading.Thread(target=self._read, daemon=True).start()
         self.pid = self.p.pid
         self.ready = self.expect("ready", timeout_s=240)
+
+    @property
+    def url(self) -> str:
+        """Its HTTP front's address (with ``http_port``)."""
+        return f"http://{self.ip}:{self.http_port}"
 
     def _read(self) -> None:
         assert self.p.stdout is not None
@@ -173,8 +187,8 @@ class Stack:
     def start(self, role: str, **kw: Any) -> Rank:
         host = self.prefill_host if role == "prefill" else self.decode_host
         kw.setdefault("wrapped", self.wrapped)
-        r = Rank(role, host.ip, host.name, bootstrap_port=self.bootstrap_port,
-                 log_dir=self.log_dir, **kw)
+        kw.setdefault("bootstrap_port", self.bootstrap_port)
+        r = Rank(role, host.ip, host.name, log_dir=self.log_dir, **kw)
         self.ranks.append(r)
         return r
 
