@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tests.conftest import Procs
 from tests.hosts import Cluster
@@ -54,6 +55,23 @@ def _ranks(stack: Stack, pages: int = 64) -> tuple[Rank, Rank]:
     return p, d
 
 
+class HeldRoom(NamedTuple):
+    p: Rank  # the prefill holding the room
+    d: Rank  # its decode
+    room: int
+
+
+def _held_room(stack: Stack, seed: int, pages: int = 64) -> HeldRoom:
+    """Fresh ranks (``_ranks``) and a room the prefill holds: bootstrapped, the decode's
+    transfer request read, its KV not computed yet (it writes on ``go``)."""
+    p, d = _ranks(stack, pages)
+    room = new_room()
+    p.send("prefill", room=room, seed=seed, hold=True)
+    d.send("recv", room=room, bootstrap=p.bootstrap)
+    p.expect("waiting", room=room)
+    return HeldRoom(p, d, room)
+
+
 def _outcome(d: Rank, room: int, t0: float, cap_s: float) -> str:
     try:
         ev = d.expect("received", "recv_failed", room=room, timeout_s=cap_s)
@@ -64,11 +82,7 @@ def _outcome(d: Rank, room: int, t0: float, cap_s: float) -> str:
 
 
 def killed_while_waiting(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack)
-    room = new_room()
-    p.send("prefill", room=room, seed=2, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 2)
     return _outcome(d, room, p.kill(), cap_s)
 
 
@@ -88,11 +102,7 @@ def killed_before_the_room(stack: Stack, cap_s: float) -> str:
 
 
 def stopped_while_waiting(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack)
-    room = new_room()
-    p.send("prefill", room=room, seed=3, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 3)
     t0 = p.stop()
     p.send("go", room=room)  # what it does first when resumed
     out = _outcome(d, room, t0, cap_s)
@@ -108,11 +118,7 @@ def stopped_while_waiting(stack: Stack, cap_s: float) -> str:
 
 
 def killed_mid_transfer(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack, BIG)
-    room = new_room()
-    p.send("prefill", room=room, seed=4, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 4, BIG)
     p.send("go", room=room)
     deadline = time.monotonic() + 30
     while d.request("landed", "landed")["pages"] == 0 and time.monotonic() < deadline:
@@ -123,11 +129,7 @@ def killed_mid_transfer(stack: Stack, cap_s: float) -> str:
 
 
 def decode_killed(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack)
-    room = new_room()
-    p.send("prefill", room=room, seed=5, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 5)
     t0 = d.kill()
     try:
         ev = p.expect("send_failed", room=room, timeout_s=cap_s)
@@ -162,11 +164,7 @@ def _pending(d: Rank, room: int, t0: float, cap_s: float) -> str:
 
 
 def restarted_after_detection(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack)
-    room = new_room()
-    p.send("prefill", room=room, seed=6, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 6)
     t0 = p.kill()
     pending = _pending(d, room, t0, cap_s)
     p2 = stack.start("prefill")
@@ -176,11 +174,7 @@ def restarted_after_detection(stack: Stack, cap_s: float) -> str:
 
 
 def restarted_before_detection(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack)
-    room = new_room()
-    p.send("prefill", room=room, seed=8, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 8)
     t0 = p.kill()
     p2 = stack.start("prefill")  # at once, on the same address
     up = time.monotonic() - t0
@@ -190,11 +184,7 @@ def restarted_before_detection(stack: Stack, cap_s: float) -> str:
 
 
 def decode_restarted(stack: Stack, cap_s: float) -> str:
-    p, d = _ranks(stack)
-    room = new_room()
-    p.send("prefill", room=room, seed=10, hold=True)
-    d.send("recv", room=room, bootstrap=p.bootstrap)
-    p.expect("waiting", room=room)
+    p, d, room = _held_room(stack, 10)
     t0 = d.kill()
     d2 = stack.start("decode")
     up = time.monotonic() - t0

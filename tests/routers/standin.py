@@ -83,6 +83,15 @@ def answer(role: str, engine: str) -> dict[str, Any]:
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 
 
+def send_json(h: BaseHTTPRequestHandler, code: int, doc: Any) -> None:
+    out = json.dumps(doc).encode()
+    h.send_response(code)
+    h.send_header("content-type", "application/json")
+    h.send_header("content-length", str(len(out)))
+    h.end_headers()
+    h.wfile.write(out)
+
+
 class Answers(BaseHTTPRequestHandler):
     """What a serving instance answers a router besides its requests (GET ``/health``,
     ``/metrics``, ``/v1/models``, ``/server_info``, ``/model_info``) and ``reply``; a
@@ -97,12 +106,7 @@ class Answers(BaseHTTPRequestHandler):
         pass
 
     def reply(self, code: int, doc: Any) -> None:
-        out = json.dumps(doc).encode()
-        self.send_response(code)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        send_json(self, code, doc)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -243,12 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     count("kv", -1)
             else:
                 code, doc = 404, {"error": u.path}
-            out = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+            send_json(self, code, doc)
 
     servers: list[Server] = []
 
