@@ -143,18 +143,26 @@ def held_others(fd: int, mine: int) -> set[int]:
 
 class StallWatch:
     """A standby's view of the holder's heartbeat word: how long it has stood still, by
-    this process's own clock (no other process's clock or time namespace involved)."""
+    this process's own clock (no other process's clock or time namespace involved).
 
-    __slots__ = ("_word", "_since_ns")
+    The count is of one term's heartbeat: a new term (``agent_term`` moved) starts it
+    afresh, whatever the heartbeat word reads.  A new holder writes that word only at
+    its first step, after ``claim`` moved the term; counted on, the silence of the
+    holder it replaced would be charged to it, and a second standby would take the role
+    from a holder still setting up (seen under load: the second one could not listen
+    beside the stopped daemon, which the first would have, and the host went unheard)."""
+
+    __slots__ = ("_term", "_word", "_since_ns")
 
     def __init__(self) -> None:
+        self._term = -1
         self._word = -1
         self._since_ns = 0
 
-    def still_for_ns(self, word: int, now_ns: int) -> int:
-        if word != self._word:
-            self._word, self._since_ns = word, now_ns
+    def still_for_ns(self, term: int, word: int, now_ns: int) -> int:
+        if word != self._word or term != self._term:
+            self._term, self._word, self._since_ns = term, word, now_ns
         return now_ns - self._since_ns
 
     def reset(self) -> None:
-        self._word = -1
+        self._term = self._word = -1

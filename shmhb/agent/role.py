@@ -235,7 +235,7 @@ class Agent:
         if locks.is_held(fd, term_byte(t)):
             # Held: ours only if its heartbeat stands still past the bound; embedded
             # standbys wait longer, so a waiting daemon wins the role.
-            still = self._stall.still_for_ns(int(words[HB_WORD]), now)
+            still = self._stall.still_for_ns(t, int(words[HB_WORD]), now)
             if still < stall_bound_ns(words) + (0 if self.daemon else DAEMON_GRACE_NS):
                 self._free_since_ns = None  # a spell kept would date the next from then
                 return None
