@@ -243,9 +243,9 @@ def test_stopped_during_the_pull(stack: AscendStack) -> None:
         dead_on(stack, p)  # the verdict came...
     # ...and the granted read is not failed for it: a fence acts within a step of the
     # verdict, so a second after it shows that; the window ends where stock's does
-    # (half STOCK_WAIT_S from the stop): counted from a verdict that came late under
-    # load, it ran long enough for the read from the stopped peer to end on its own
-    # (once in a CI-stage run here)
+    # (half STOCK_WAIT_S from the stop). Counted from the verdict, which comes late under
+    # load, it once saw the load end in a CI-stage run here: likely the transport's own
+    # end of a read from a stopped peer, which stock would meet as late
     window_s = max(1.0, t_stop + STOCK_WAIT_S / 2 - time.monotonic())
     with pytest.raises(AssertionError):
         d.expect("loaded", "load_failed", rid=rid, timeout_s=window_s)
