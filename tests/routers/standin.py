@@ -108,6 +108,12 @@ class Answers(BaseHTTPRequestHandler):
     def reply(self, code: int, doc: Any) -> None:
         send_json(self, code, doc)
 
+    def json_body(self) -> Any:
+        """The request's JSON body (``{}`` when empty); ``ValueError`` when it is none,
+        a bad content-length included."""
+        n = int(self.headers.get("content-length") or 0)
+        return json.loads(self.rfile.read(n) or b"{}")
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
@@ -193,9 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 count("in_flight", -1)
 
         def post(self) -> None:
-            n = int(self.headers.get("content-length") or 0)
             try:
-                body = json.loads(self.rfile.read(n) or b"{}")
+                body = self.json_body()
             except ValueError:
                 return self.reply(400, {"error": "not JSON"})
             path = self.path.split("?", 1)[0]

@@ -25,7 +25,6 @@ aux slot of the same index until it concludes; with none free for ``SLOT_WAIT_S`
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -102,9 +101,8 @@ class Front:
             role, engine_id = front.eng.role, front.eng.bootstrap
 
             def do_POST(self) -> None:
-                n = int(self.headers.get("content-length") or 0)
                 try:
-                    body = json.loads(self.rfile.read(n) or b"{}")
+                    body = self.json_body()
                 except ValueError:
                     return self.reply(400, {"error": "not JSON"})
                 if self.path.split("?", 1)[0] not in GENERATE_PATHS:
